@@ -1,0 +1,43 @@
+"""epass: a pass manager for torch.export.ExportedProgram that keeps state shared."""
+
+from epass.errors import (
+    EpassError,
+    InstrumentError,
+    OrderingError,
+    PassError,
+    StateConflictError,
+    StateMutationError,
+    VerificationError,
+)
+from epass.instruments import Instrument, PassInfo
+from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
+from epass.manager import PassManager, PassRecord, PipelineResult
+from epass.passes import Decompose
+from epass.protocol import FxPass, Pass, PassResult
+from epass.verify import verify_program
+
+__all__ = [
+    "Decompose",
+    "DictReport",
+    "EpassError",
+    "FxPass",
+    "Instrument",
+    "InstrumentError",
+    "LinkReport",
+    "LinkResult",
+    "OrderingError",
+    "Pass",
+    "PassError",
+    "PassInfo",
+    "PassManager",
+    "PassRecord",
+    "PassResult",
+    "PipelineResult",
+    "StateConflictError",
+    "StateLinker",
+    "StateMutationError",
+    "VerificationError",
+    "verify_program",
+]
+
+__version__ = "0.1.0"

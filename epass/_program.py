@@ -1,0 +1,226 @@
+"""The one place that touches ExportedProgram private fields or rebuilds programs.
+
+Everything here leans on torch internals; ``tests/test_program.py`` fails loudly
+when torch renames or reshapes any of them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ConstantArgument,
+    CustomObjArgument,
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputSpec,
+)
+
+__all__ = [
+    "PRIVATE_FIELDS",
+    "copy_graph_module",
+    "private_view",
+    "rebuild_from_graph_module",
+    "set_state",
+    "shallow_clone",
+]
+
+# Private ExportedProgram attributes epass reads or writes directly. Setting them
+# avoids the constructor, which re-validates the graph (tens of ms per pass).
+PRIVATE_FIELDS = ("_state_dict", "_constants", "_graph_module", "_graph_signature")
+
+
+def set_state(
+    ep: ExportedProgram,
+    state_dict: dict[str, Any] | None = None,
+    constants: dict[str, Any] | None = None,
+) -> None:
+    """Point ``ep`` at the given dict objects without copying or re-validating."""
+    if state_dict is not None:
+        ep._state_dict = state_dict
+    if constants is not None:
+        ep._constants = constants
+
+
+def shallow_clone(ep: ExportedProgram) -> ExportedProgram:
+    """A new ExportedProgram object sharing every field (graph and dicts) with ``ep``."""
+    return copy.copy(ep)
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Copy a GraphModule's graph (and those of nested GraphModules), sharing tensors.
+
+    Node ``meta`` is copied shallowly, so fake values are shared, not duplicated.
+    """
+    new_graph = copy.deepcopy(gm.graph)
+    root: dict[str, Any] = {}
+    for node in new_graph.nodes:
+        if node.op not in ("get_attr", "call_module"):
+            continue
+        target = str(node.target)
+        value = _get_qualified(gm, target)
+        if isinstance(value, torch.fx.GraphModule):
+            value = copy_graph_module(value)
+        root[target] = value
+    new_gm = torch.fx.GraphModule(root, new_graph, gm.__class__.__name__)
+    new_gm.meta.update(gm.meta)
+    return new_gm
+
+
+def _get_qualified(module: torch.nn.Module, target: str) -> Any:
+    obj: Any = module
+    for atom in target.split("."):
+        obj = getattr(obj, atom)
+    return obj
+
+
+def private_view(ep: ExportedProgram, *, copy_graph: bool) -> ExportedProgram:
+    """A program a pass may own: private dict copies (same tensors), and a private
+    graph and signature when ``copy_graph`` is set."""
+    view = shallow_clone(ep)
+    view._state_dict = dict(ep.state_dict)
+    view._constants = dict(ep.constants)
+    if copy_graph:
+        view._graph_module = copy_graph_module(ep.graph_module)
+        view._graph_signature = copy.deepcopy(ep.graph_signature)
+        view._module_call_graph = copy.deepcopy(ep.module_call_graph)
+        view._range_constraints = dict(ep.range_constraints)
+    return view
+
+
+def _rederive_signature(
+    old: ExportGraphSignature, gm: torch.fx.GraphModule
+) -> ExportGraphSignature:
+    """Match the new graph's placeholders and outputs to the old specs by name.
+
+    Placeholders may be removed (their specs go too); new placeholders and a
+    changed number of outputs cannot be given a kind, so they are rejected.
+    """
+    by_name: dict[str, InputSpec] = {}
+    for spec in old.input_specs:
+        name = getattr(spec.arg, "name", None)
+        if name is not None:
+            by_name[name] = spec
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    old_names = [getattr(s.arg, "name", None) for s in old.input_specs]
+    new_inputs: list[InputSpec] = []
+    positional = len(placeholders) == len(old.input_specs)
+    for i, node in enumerate(placeholders):
+        spec = old.input_specs[i] if positional else by_name.get(node.name)
+        if spec is None:
+            raise ValueError(
+                f"the graph has a new placeholder {node.name!r} that matches no input "
+                f"spec (known: {[n for n in old_names if n]}); a graph pass may remove "
+                "inputs but cannot add them"
+            )
+        new_inputs.append(
+            InputSpec(spec.kind, _renamed(spec.arg, node.name), spec.target, spec.persistent)
+        )
+    user_inputs_before = sum(s.kind == InputKind.USER_INPUT for s in old.input_specs)
+    user_inputs_after = sum(s.kind == InputKind.USER_INPUT for s in new_inputs)
+    if user_inputs_before != user_inputs_after:
+        raise ValueError(
+            f"the pass changed the number of user inputs from {user_inputs_before} to "
+            f"{user_inputs_after}; the calling convention must stay the same"
+        )
+    output_node = gm.graph.output_node()
+    outputs = list(torch.utils._pytree.tree_leaves(output_node.args[0]))
+    if len(outputs) != len(old.output_specs):
+        raise ValueError(
+            f"the pass changed the number of outputs from {len(old.output_specs)} to "
+            f"{len(outputs)}; the calling convention must stay the same"
+        )
+    new_outputs = [
+        OutputSpec(spec.kind, _renamed(spec.arg, getattr(node, "name", None)), spec.target)
+        for spec, node in zip(old.output_specs, outputs, strict=True)
+    ]
+    return ExportGraphSignature(input_specs=new_inputs, output_specs=new_outputs)
+
+
+def _renamed(arg: Any, name: str | None) -> Any:
+    if name is None or isinstance(arg, (ConstantArgument, CustomObjArgument)):
+        return arg
+    return type(arg)(name=name)
+
+
+def rebuild_from_graph_module(
+    ep: ExportedProgram,
+    gm: torch.fx.GraphModule,
+    *,
+    state_dict: Mapping[str, Any] | None = None,
+    constants: Mapping[str, Any] | None = None,
+    graph_signature: ExportGraphSignature | None = None,
+) -> ExportedProgram:
+    """A new, validated program from ``ep`` with ``gm`` as its graph.
+
+    The signature is re-derived from ``gm``'s placeholders and outputs unless given.
+    State entries whose placeholders are gone are dropped from the new dicts.
+    """
+    from torch.export.exported_program import _get_updated_range_constraints
+
+    signature = graph_signature or _rederive_signature(ep.graph_signature, gm)
+    sd = dict(ep.state_dict if state_dict is None else state_dict)
+    consts = dict(ep.constants if constants is None else constants)
+    referenced = {s.target for s in signature.input_specs if s.target is not None}
+    for spec in ep.graph_signature.input_specs:
+        if spec.target is not None and spec.target not in referenced:
+            sd.pop(spec.target, None)
+            consts.pop(spec.target, None)
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=signature,
+        state_dict=sd,
+        range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
+        module_call_graph=copy.deepcopy(ep.module_call_graph),
+        example_inputs=ep.example_inputs,
+        constants=consts,
+        verifiers=ep.verifiers,
+    )
+
+
+def tensor_version(value: Any) -> int | None:
+    """The in-place write counter of a tensor, or None for other values."""
+    if isinstance(value, torch.Tensor):
+        try:
+            return int(value._version)
+        except (RuntimeError, AttributeError):  # inference tensors and some subclasses
+            return None
+    return None
+
+
+def same_view(a: Any, b: Any) -> bool:
+    """True when ``a`` and ``b`` are the same object, or tensors viewing the same memory
+    with the same dtype, shape, strides, offset, device and Parameter-ness.
+
+    No tensor bytes are read.
+    """
+    if a is b:
+        return True
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if isinstance(a, torch.nn.Parameter) is not isinstance(b, torch.nn.Parameter):
+        return False
+    if (
+        a.dtype != b.dtype
+        or a.shape != b.shape
+        or a.device != b.device
+        or a.layout is not torch.strided
+        or b.layout is not torch.strided
+    ):
+        return False
+    if a.device.type == "meta" or a.is_sparse:
+        return False
+    try:
+        if a.stride() != b.stride() or a.storage_offset() != b.storage_offset():
+            return False
+        if a.numel() == 0:
+            return True
+        return bool(a.data_ptr() == b.data_ptr())
+    except RuntimeError:  # fake tensors and subclasses without storage
+        return False

@@ -1,0 +1,273 @@
+"""StateLinker: reconcile a pass output's ``state_dict`` and ``constants`` with its input's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import attrs
+import torch
+from torch.export import ExportedProgram
+
+from epass import _program
+from epass.errors import StateConflictError
+
+__all__ = ["DictReport", "Journal", "LinkReport", "LinkResult", "Policy", "StateLinker"]
+
+Policy = Literal["share", "strict", "in_place"]
+_POLICIES = ("share", "strict", "in_place")
+_MISSING = object()
+
+
+@attrs.frozen
+class DictReport:
+    """How the entries of one dict (``state_dict`` or ``constants``) were linked.
+
+    Attributes:
+        unchanged: keys whose value was the very same object.
+        relinked: keys whose value was a new object over the same memory; the
+            output now holds the original object.
+        relinked_by_value: keys whose value was equal by ``torch.equal`` (only
+            with ``compare_values=True``); the output holds the original object.
+        added: keys the pass introduced.
+        removed: keys the pass dropped.
+        changed: keys whose value the pass replaced.
+        shared: whether the output's dict is the store (the input's dict object).
+    """
+
+    unchanged: tuple[str, ...] = ()
+    relinked: tuple[str, ...] = ()
+    relinked_by_value: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    shared: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class LinkReport:
+    """The outcome of linking one program to another, for both dicts."""
+
+    policy: str
+    state_dict: DictReport
+    constants: DictReport
+
+    @property
+    def shared(self) -> bool:
+        """True when both output dicts are the store's dict objects."""
+        return self.state_dict.shared and self.constants.shared
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        return _qualified(self, "added")
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        return _qualified(self, "removed")
+
+    @property
+    def changed(self) -> tuple[str, ...]:
+        return _qualified(self, "changed")
+
+    def summary(self) -> str:
+        """One line, e.g. ``shared; +2 added, -1 removed``."""
+        parts = []
+        for label, keys in (("added", self.added), ("removed", self.removed)):
+            if keys:
+                parts.append(f"{len(keys)} {label}")
+        if self.changed:
+            parts.append(f"{len(self.changed)} changed")
+        head = "shared" if self.shared else "diverged"
+        return head + (f"; {', '.join(parts)}" if parts else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "shared": self.shared,
+            "state_dict": self.state_dict.as_dict(),
+            "constants": self.constants.as_dict(),
+        }
+
+
+def _qualified(report: LinkReport, field: str) -> tuple[str, ...]:
+    return tuple(f"state_dict:{k}" for k in getattr(report.state_dict, field)) + tuple(
+        f"constants:{k}" for k in getattr(report.constants, field)
+    )
+
+
+@attrs.frozen
+class LinkResult:
+    """The linked program and the report of how its state was linked."""
+
+    program: ExportedProgram
+    report: LinkReport
+
+
+class Journal:
+    """Records writes into store dicts so that a failed pipeline can undo them."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[dict[str, Any], str, Any]] = []
+
+    def set(self, store: dict[str, Any], key: str, value: Any) -> None:
+        self._entries.append((store, key, store.get(key, _MISSING)))
+        store[key] = value
+
+    def delete(self, store: dict[str, Any], key: str) -> None:
+        self._entries.append((store, key, store[key]))
+        del store[key]
+
+    def rollback(self) -> None:
+        """Undo every recorded write, newest first; the dicts end as they began."""
+        while self._entries:
+            store, key, old = self._entries.pop()
+            if old is _MISSING:
+                store.pop(key, None)
+            else:
+                store[key] = old
+
+
+@attrs.define
+class _Plan:
+    report: DictReport
+    output: dict[str, Any]  # values for the output dict, originals where unchanged
+
+
+def _plan(store: dict[str, Any], new: dict[str, Any], compare_values: bool) -> _Plan:
+    unchanged: list[str] = []
+    relinked: list[str] = []
+    by_value: list[str] = []
+    added: list[str] = []
+    changed: list[str] = []
+    output: dict[str, Any] = {}
+    for key, value in new.items():
+        old = store.get(key, _MISSING)
+        if old is _MISSING:
+            added.append(key)
+            output[key] = value
+        elif old is value:
+            unchanged.append(key)
+            output[key] = old
+        elif _program.same_view(old, value):
+            relinked.append(key)
+            output[key] = old
+        elif compare_values and _equal_values(old, value):
+            by_value.append(key)
+            output[key] = old
+        else:
+            changed.append(key)
+            output[key] = value
+    removed = [k for k in store if k not in new] if len(output) - len(added) != len(store) else []
+    report = DictReport(
+        unchanged=tuple(unchanged),
+        relinked=tuple(relinked),
+        relinked_by_value=tuple(by_value),
+        added=tuple(added),
+        removed=tuple(removed),
+        changed=tuple(changed),
+    )
+    return _Plan(report, output)
+
+
+def _equal_values(a: Any, b: Any) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if isinstance(a, torch.nn.Parameter) is not isinstance(b, torch.nn.Parameter):
+        return False
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if a.device.type == "meta":
+        return False
+    return bool(torch.equal(a, b))
+
+
+@attrs.define
+class StateLinker:
+    """Reconciles a new program's ``state_dict`` and ``constants`` with an original's.
+
+    The original's dicts are the *store*. With the default ``share`` policy the
+    output reuses the store's dict objects whenever no existing value changed,
+    inserting any added entries into the store; when values changed, the output
+    gets its own dict in which every unchanged entry is still the original
+    object, and the store is left alone. ``strict`` raises
+    :class:`~epass.StateConflictError` instead, and ``in_place`` writes the
+    changes into the store (the original program is consumed).
+
+    No tensor bytes are read unless ``compare_values`` is set.
+
+    Example::
+
+        ep = torch.export.export(model, args)
+        out = StateLinker().link(ep, ep.run_decompositions()).program
+        assert out.state_dict is ep.state_dict
+    """
+
+    policy: Policy = attrs.field(default="share", validator=attrs.validators.in_(_POLICIES))
+    compare_values: bool = False
+
+    def link(
+        self,
+        original: ExportedProgram,
+        new: ExportedProgram,
+        *,
+        pass_name: str | None = None,
+        journal: Journal | None = None,
+    ) -> LinkResult:
+        """Rewire ``new``'s dicts against ``original``'s and return it with a report.
+
+        ``new`` is updated in place (only its dict references) and returned.
+        Writes into the store go through ``journal`` when one is given.
+        """
+        plans = {
+            "state_dict": _plan(original.state_dict, new.state_dict, self.compare_values),
+            "constants": _plan(original.constants, new.constants, self.compare_values),
+        }
+        if self.policy == "strict":
+            conflicts = [f"{name}:{k}" for name, p in plans.items() for k in p.report.changed]
+            if conflicts:
+                raise StateConflictError(
+                    f"changed the value of existing state entries {conflicts}; the "
+                    "'strict' policy forbids this (use 'share' to give the output its "
+                    "own dict, or 'in_place' to overwrite the store)",
+                    keys=conflicts,
+                    pass_name=pass_name,
+                )
+        write: Callable[[dict[str, Any], str, Any], None]
+        delete: Callable[[dict[str, Any], str], None]
+        if journal is not None:
+            write, delete = journal.set, journal.delete
+        else:
+            write, delete = dict.__setitem__, dict.__delitem__
+        dicts: dict[str, dict[str, Any]] = {}
+        reports: dict[str, DictReport] = {}
+        for name, plan in plans.items():
+            store: dict[str, Any] = getattr(original, name)
+            report = plan.report
+            if new is original:
+                dicts[name], reports[name] = store, report
+                continue
+            if self.policy == "in_place" or not report.changed:
+                for key in report.added:
+                    write(store, key, plan.output[key])
+                if self.policy == "in_place":
+                    for key in report.changed:
+                        write(store, key, plan.output[key])
+                    for key in report.removed:
+                        delete(store, key)
+                dicts[name] = store
+            else:
+                dicts[name] = plan.output
+                report = attrs.evolve(report, shared=False)
+            reports[name] = report
+        _program.set_state(new, dicts["state_dict"], dicts["constants"])
+        return LinkResult(
+            program=new,
+            report=LinkReport(
+                policy=self.policy,
+                state_dict=reports["state_dict"],
+                constants=reports["constants"],
+            ),
+        )

@@ -1,0 +1,164 @@
+"""The ``Pass`` protocol, ``PassResult``, and adapters for functions and torch.fx passes.
+
+The contract, checked by :class:`~epass.PassManager` around every call:
+
+=====================  =========================================================
+what a pass may do     what the manager guarantees
+=====================  =========================================================
+return a new program   it is verified and its state linked to the store
+return its input       it counts as unmodified; the input program is kept
+mutate its input       only passes with ``changes_input = True`` (the default
+                       for unknown passes) do; they are handed a private graph
+                       copy whenever the program is one the caller holds
+write to a dict        the dicts a pass sees are private copies; only the
+                       linker writes to the store
+write to a tensor      detected (``_version`` counters) and raised as
+                       :class:`~epass.StateMutationError` naming the keys
+=====================  =========================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+import attrs
+import torch
+from torch.export import ExportedProgram
+from torch.fx.passes.infra.pass_base import PassBase
+
+from epass import _program
+
+__all__ = [
+    "FxPass",
+    "Pass",
+    "PassLike",
+    "PassResult",
+    "adapt",
+    "pass_name",
+]
+
+
+@attrs.frozen
+class PassResult:
+    """What a pass returns: the resulting program and whether it differs from the input."""
+
+    program: ExportedProgram = attrs.field(validator=attrs.validators.instance_of(ExportedProgram))
+    modified: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+
+
+@runtime_checkable
+class Pass(Protocol):
+    """Anything callable as ``(ExportedProgram) -> PassResult | ExportedProgram``.
+
+    Optional attributes a pass may declare:
+
+    * ``name``: used in records and errors (default: the function or class name);
+    * ``requires(ep)`` / ``ensures(ep)``: checks on the input / on the *result*;
+      return False or raise to fail;
+    * ``run_before`` / ``run_after``: names or types of passes it must precede or follow;
+    * ``changes_input``: set False when the pass never mutates the program it gets,
+      so the manager need not copy the graph for it;
+    * ``skip_reason(ep)``: return a reason string when the pass would be a no-op on
+      ``ep``; the manager then skips it and records why.
+    """
+
+    def __call__(self, ep: ExportedProgram, /) -> PassResult | ExportedProgram: ...
+
+
+PassLike: TypeAlias = "Pass | PassBase | Callable[[ExportedProgram], Any] | str"
+
+
+def pass_name(p: Any) -> str:
+    """The name a pass goes by in records and errors."""
+    name = getattr(p, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    if hasattr(p, "__name__"):
+        return str(p.__name__)
+    return type(p).__name__
+
+
+class FxPass:
+    """Runs a torch.fx pass (``GraphModule -> PassResult | GraphModule | None``) on a program.
+
+    The pass works on a copy of the graph, so the input program's graph is never
+    touched (unlike ``ExportedProgram._transform_do_not_use``); tensors are never
+    copied. The signature is re-derived from the new graph: placeholders may be
+    removed (their state entries leave the output's dicts); adding inputs or
+    changing the number of outputs is an error.
+
+    Example::
+
+        def relu_to_gelu(gm):
+            for node in gm.graph.nodes:
+                if node.target is torch.ops.aten.relu.default:
+                    node.target = torch.ops.aten.gelu.default
+            gm.recompile()
+            return gm
+
+        PassManager([FxPass(relu_to_gelu)]).run(ep)
+    """
+
+    changes_input = False
+
+    def __init__(self, fn: Callable[[torch.fx.GraphModule], Any], *, name: str | None = None):
+        if not callable(fn):
+            raise TypeError(f"FxPass needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = name or pass_name(fn)
+
+    def __repr__(self) -> str:
+        return f"FxPass({self.name})"
+
+    def __call__(self, ep: ExportedProgram) -> PassResult:
+        gm = _program.copy_graph_module(ep.graph_module)
+        before = gm.code
+        out = self.fn(gm)
+        if out is None:
+            new_gm, modified = gm, None
+        elif isinstance(out, torch.fx.GraphModule):
+            new_gm, modified = out, None
+        elif hasattr(out, "graph_module") and hasattr(out, "modified"):
+            new_gm, modified = out.graph_module, bool(out.modified)
+        else:
+            raise TypeError(
+                f"fx pass {self.name!r} returned {type(out).__name__}; expected a "
+                "torch.fx PassResult, a GraphModule or None"
+            )
+        if not isinstance(new_gm, torch.fx.GraphModule):
+            raise TypeError(
+                f"fx pass {self.name!r} returned a result whose graph_module is "
+                f"{type(new_gm).__name__}, not a GraphModule"
+            )
+        new_gm.recompile()
+        if modified is None:
+            modified = new_gm.code != before
+        if not modified:
+            return PassResult(ep, False)
+        return PassResult(_program.rebuild_from_graph_module(ep, new_gm), True)
+
+
+def adapt(p: Any, *, position: int | None = None) -> Any:
+    """Turn a pass-like object into something the manager can call, or raise TypeError."""
+    if isinstance(p, str):
+        from epass.registry import create_pass
+
+        return create_pass(p)
+    if isinstance(p, PassBase):
+        return FxPass(p, name=pass_name(p))
+    if isinstance(p, (ExportedProgram, torch.nn.Module)) or not callable(p):
+        where = f"pipeline position {position}: " if position is not None else ""
+        raise TypeError(
+            f"{where}{p!r} ({type(p).__name__}) is not a pass; a pass is a callable "
+            "taking an ExportedProgram and returning a PassResult or ExportedProgram, "
+            "a torch.fx PassBase, or FxPass(fn) around a GraphModule function"
+        )
+    return p
+
+
+def ordering_names(p: Any, attr: str) -> Sequence[Any]:
+    value = getattr(p, attr, ())
+    if isinstance(value, (str, type)):
+        return (value,)
+    return tuple(value or ())

@@ -1,0 +1,44 @@
+"""Program checks run after each pass: torch's verifier plus state/signature consistency."""
+
+from __future__ import annotations
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+__all__ = ["state_problems", "verify_program"]
+
+
+def state_problems(ep: ExportedProgram) -> list[str]:
+    """Every way the signature and the state dicts disagree, as readable lines."""
+    problems: list[str] = []
+    sd, consts = ep.state_dict, ep.constants
+    for spec in ep.graph_signature.input_specs:
+        target = spec.target
+        if spec.kind == InputKind.PARAMETER:
+            if target not in sd:
+                problems.append(f"parameter {target!r} is missing from state_dict")
+            elif not isinstance(sd[target], torch.nn.Parameter):
+                problems.append(f"parameter {target!r} is not an nn.Parameter")
+        elif spec.kind == InputKind.BUFFER:
+            if spec.persistent:
+                if target not in sd:
+                    problems.append(f"persistent buffer {target!r} is missing from state_dict")
+            elif target not in consts:
+                problems.append(f"non-persistent buffer {target!r} is missing from constants")
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            if target not in consts:
+                problems.append(f"constant {target!r} is missing from constants")
+            elif not isinstance(consts[target], torch.Tensor):
+                problems.append(f"constant {target!r} is not a tensor")
+        elif spec.kind == InputKind.CUSTOM_OBJ and target not in consts:
+            problems.append(f"custom object {target!r} is missing from constants")
+    return problems
+
+
+def verify_program(ep: ExportedProgram) -> None:
+    """Run ``ep.validate()`` and the state checks; raise ValueError listing every problem."""
+    ep.validate()
+    problems = state_problems(ep)
+    if problems:
+        raise ValueError("inconsistent program state:\n  " + "\n  ".join(problems))

@@ -1,0 +1,41 @@
+"""A full fingerprint of an ExportedProgram: graph code, signature, dict and tensor
+identities, bytes and version counters."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+
+def _tensor_digest(t: torch.Tensor) -> str:
+    data = t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+def fingerprint(ep: ExportedProgram) -> dict[str, Any]:
+    """Everything about ``ep`` that a pass must not change when it is the user's input."""
+
+    def entries(d: dict[str, Any]) -> list[tuple[Any, ...]]:
+        out = []
+        for key, value in d.items():
+            if isinstance(value, torch.Tensor):
+                out.append(
+                    (key, id(value), type(value).__name__, value._version, _tensor_digest(value))
+                )
+            else:
+                out.append((key, id(value), type(value).__name__))
+        return out
+
+    return {
+        "code": ep.graph_module.code,
+        "graph": str(ep.graph),
+        "graph_module": id(ep.graph_module),
+        "signature": str(ep.graph_signature),
+        "state_dict_id": id(ep.state_dict),
+        "constants_id": id(ep.constants),
+        "state_dict": entries(ep.state_dict),
+        "constants": entries(ep.constants),
+    }
