@@ -7,6 +7,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fingerprint import fingerprint  # noqa: E402
+from fingerprint import fingerprint
 
 __all__ = ["fingerprint"]

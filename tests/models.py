@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -58,7 +59,7 @@ class MLP(nn.Module):
     def __init__(self, dims: tuple[int, ...] = (8, 16, 16, 4)) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for a, b in zip(dims[:-1], dims[1:], strict=True):
+        for a, b in itertools.pairwise(dims):
             layers += [nn.Linear(a, b), nn.ReLU()]
         self.net = nn.Sequential(*layers[:-1])
 
@@ -128,7 +129,9 @@ def build(name: str, seed: int = 0) -> nn.Module:
     return module
 
 
-def export(name: str, *, dynamic: bool = False, seed: int = 0) -> tuple[nn.Module, ExportedProgram, tuple[Any, ...]]:
+def export(
+    name: str, *, dynamic: bool = False, seed: int = 0
+) -> tuple[nn.Module, ExportedProgram, tuple[Any, ...]]:
     """Build a zoo module and export it (optionally with a dynamic batch dimension).
 
     Returns the eager module, the program and the example inputs.

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+import attrs
 import torch
 from torch.export import ExportedProgram
 
@@ -13,12 +14,28 @@ from epass.protocol import PassResult
 __all__ = ["Decompose"]
 
 
+def _table(value: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
+    return None if value is None else dict(value)
+
+
+def _ops(value: Iterable[Any]) -> tuple[Any, ...]:
+    ops = tuple(value)
+    for op in ops:
+        if not isinstance(op, torch._ops.OperatorBase):
+            raise TypeError(
+                "Decompose(keep=...) takes ATen operators such as "
+                f"torch.ops.aten.linear.default, got {op!r}"
+            )
+    return ops
+
+
+@attrs.define(eq=False)
 class Decompose:
     """Run ``ExportedProgram.run_decompositions`` as a pass.
 
-    Graph: retraces the program with the decomposition table. State: none added,
-    changed or removed; torch hands back a new ``state_dict`` dict over the same
-    tensors, which the linker replaces with the store.
+    Graph: retraces the program with the decomposition table. State: nothing is
+    added, changed or removed; torch hands back a new ``state_dict`` dict over the
+    same tensors, and the linker puts the store back in its place.
 
     Args:
         table: ``None`` for torch's default core-ATen table; a mapping for exactly
@@ -30,33 +47,16 @@ class Decompose:
         out = PassManager([Decompose(keep=[torch.ops.aten.linear.default])]).run(ep)
     """
 
-    name = "decompose"
-    changes_input = False
+    name: ClassVar[str] = "decompose"
+    changes_input: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        table: Mapping[torch._ops.OperatorBase, Callable[..., Any]] | None = None,
-        keep: Iterable[torch._ops.OperatorBase] = (),
-    ) -> None:
-        self.table = None if table is None else dict(table)
-        self.keep = tuple(keep)
-        for op in self.keep:
-            if not isinstance(op, torch._ops.OperatorBase):
-                raise TypeError(
-                    f"Decompose(keep=...) takes ATen overloads such as "
-                    f"torch.ops.aten.linear.default, got {op!r}"
-                )
+    table: dict[Any, Callable[..., Any]] | None = attrs.field(default=None, converter=_table)
+    keep: tuple[Any, ...] = attrs.field(default=(), converter=_ops)
 
-    def __repr__(self) -> str:
-        keep = f", keep={[str(op) for op in self.keep]}" if self.keep else ""
-        table = "" if self.table is None else f"table=<{len(self.table)} ops>"
-        return f"Decompose({table}{keep})"
-
-    def decomp_table(self) -> dict[torch._ops.OperatorBase, Callable[..., Any]]:
+    def decomp_table(self) -> dict[Any, Callable[..., Any]]:
         """The table handed to ``run_decompositions``."""
-        table: Any = (
-            torch.export.default_decompositions() if self.table is None else dict(self.table)
-        )
+        table: Any
+        table = torch.export.default_decompositions() if self.table is None else dict(self.table)
         for op in self.keep:
             table.pop(op, None)
         return table  # type: ignore[no-any-return]
