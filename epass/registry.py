@@ -1,0 +1,606 @@
+"""The pass registry: names to factories, built-ins by module path, plugins by entry point.
+
+A name maps to a *factory*: a class or a function called with the pass's options as
+keyword arguments, returning a pass. A function with a required positional
+parameter cannot be a factory (options are keywords), so it is registered as the
+pass itself, taking no options.
+
+Built-ins are registered lazily by ``"module:attribute"``; third-party passes come
+from the entry-point group ``epass.passes``. Nothing is imported until a pass is
+used (or :func:`list_passes` is asked for its options), so a missing or broken
+module only fails the name that needs it.
+
+Example::
+
+    @register_pass("double-relu", description="Replace relu with relu twice")
+    @attrs.define(eq=False)
+    class DoubleRelu: ...
+
+    pm = PassManager(["decompose", "double-relu"])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import importlib.metadata
+import inspect
+import re
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, overload
+
+import attrs
+
+from epass.errors import EpassError
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "OptionInfo",
+    "PassEntry",
+    "PluginError",
+    "RegistryError",
+    "UnknownPassError",
+    "create_pass",
+    "describe_pass",
+    "get_factory",
+    "list_passes",
+    "pass_names",
+    "refresh_plugins",
+    "register_pass",
+    "unregister_pass",
+]
+
+ENTRY_POINT_GROUP = "epass.passes"
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*")
+# Words the pipeline grammar gives a meaning of its own.
+RESERVED = frozenset({"repeat", "fixpoint", "true", "false", "none"})
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RegistryError(EpassError, LookupError):
+    """A pass name cannot be registered or resolved."""
+
+    def __str__(self) -> str:  # LookupError would quote the message like a KeyError
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownPassError(RegistryError):
+    """No pass is registered under a name.
+
+    Attributes:
+        name: the name asked for.
+        suggestions: close registered names, best first.
+    """
+
+    def __init__(self, name: str, suggestions: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.suggestions = suggestions
+        hint = f"; did you mean {suggestions[0]!r}?" if suggestions else ""
+        super().__init__(f"unknown pass {name!r}{hint}")
+
+
+class PluginError(RegistryError):
+    """A registered pass could not be loaded, or two providers claim one name."""
+
+
+BUILTINS: dict[str, str] = {
+    "decompose": "epass.passes.decompose:Decompose",
+    "lift-constants": "epass.passes.lift_constants:LiftConstants",
+    "fold-constants": "epass.passes.constant_fold:ConstantFold",
+    "dce": "epass.passes.dce:DeadCodeElimination",
+    "cse": "epass.passes.cse:CSE",
+    "remove-asserts": "epass.passes.remove_assertions:RemoveAssertions",
+    "replace-ops": "epass.passes.replace_ops:ReplaceOps",
+    "cast-dtype": "epass.passes.cast_dtype:CastDtype",
+    "fuse-conv-bn": "epass.passes.fuse_conv_bn:FuseConvBN",
+    "lower": "epass.passes.presets:lower",
+    "cleanup": "epass.passes.presets:cleanup",
+}
+BUILTIN_DESCRIPTIONS = {
+    "lower": "Preset: decompose, remove-asserts, fold-constants, cse, dce",
+    "cleanup": "Preset: clean a program up without lowering it",
+}
+
+
+@attrs.frozen
+class OptionInfo:
+    """One option a pass takes: its name, type (as text) and default."""
+
+    name: str
+    type: str
+    default: Any
+    required: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        from epass.pipeline import format_value
+
+        try:
+            default = None if self.required else format_value(self.default)
+        except ValueError:
+            default = repr(self.default)
+        return {"name": self.name, "type": self.type, "default": default, "required": self.required}
+
+
+@attrs.frozen
+class PassEntry:
+    """What :func:`list_passes` reports about one registered name.
+
+    Attributes:
+        name: the registry name.
+        description: the first line of the factory's docstring, or the one given.
+        source: the distribution that provides it (``"epass"`` for built-ins; the
+            registering module for passes registered at run time).
+        kind: ``"builtin"``, ``"plugin"`` or ``"user"``.
+        target: ``"module:attribute"`` for lazy entries, else the factory's path.
+        options: the options, when the factory could be inspected.
+        error: why the entry cannot be loaded, or None.
+    """
+
+    name: str
+    description: str
+    source: str
+    kind: str
+    target: str
+    options: tuple[OptionInfo, ...] = ()
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "source": self.source,
+            "kind": self.kind,
+            "target": self.target,
+            "options": [o.as_dict() for o in self.options],
+            "error": self.error,
+        }
+
+
+@attrs.define
+class _Entry:
+    name: str
+    source: str
+    kind: str
+    target: str
+    description: str | None = None
+    factory: Any = None  # loaded lazily from ``target`` when None
+    is_pass: bool = False
+    error: str | None = None  # a load error, kept so it is reported the same way each time
+    conflict: tuple[str, ...] = ()  # other providers of this name
+
+
+_lock = threading.RLock()
+_entries: dict[str, _Entry] = {}
+_plugins_loaded = False
+# Objects made by create_pass -> (name, options), so pipelines print back as written.
+_origin: weakref.WeakKeyDictionary[Any, tuple[str, dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _init_builtins() -> None:
+    for name, target in BUILTINS.items():
+        _entries[name] = _Entry(
+            name, "epass", "builtin", target, description=BUILTIN_DESCRIPTIONS.get(name)
+        )
+
+
+_init_builtins()
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise RegistryError(
+            f"invalid pass name {name!r}: use letters, digits and '_' in words joined by "
+            "single '-' (kebab-case, such as 'fold-constants')"
+        )
+    if name in RESERVED:
+        raise RegistryError(f"{name!r} is a reserved word of the pipeline grammar")
+
+
+def _target_of(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return f"{module}:{qualname}"
+
+
+def _takes_ep(obj: Any) -> bool:
+    """True when ``obj`` is a function pass (a required positional parameter), not a factory."""
+    if isinstance(obj, type):
+        return False
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        for p in sig.parameters.values()
+    )
+
+
+@overload
+def register_pass(
+    name: str, factory: None = None, *, description: str | None = None, replace: bool = False
+) -> Callable[[F], F]: ...
+@overload
+def register_pass(
+    name: str, factory: F, *, description: str | None = None, replace: bool = False
+) -> F: ...
+def register_pass(
+    name: str,
+    factory: Any = None,
+    *,
+    description: str | None = None,
+    replace: bool = False,
+) -> Any:
+    """Register ``factory`` under ``name``; usable as a decorator.
+
+    Args:
+        name: a kebab-case name, such as ``"fold-constants"``.
+        factory: a class or function called with the pass options as keyword
+            arguments and returning a pass; or a function pass itself (one with a
+            required positional parameter, the program), which takes no options.
+        description: one line for ``epass passes`` (default: the docstring's first line).
+        replace: allow replacing an existing registration of that name.
+
+    Raises:
+        RegistryError: the name is invalid, or already registered by another
+            provider (the message names both).
+    """
+    if factory is None:
+
+        def decorate(obj: F) -> F:
+            register_pass(name, obj, description=description, replace=replace)
+            return obj
+
+        return decorate
+    _check_name(name)
+    if not callable(factory):
+        raise RegistryError(f"cannot register {factory!r} as {name!r}: it is not callable")
+    target = _target_of(factory)
+    with _lock:
+        _load_plugins()
+        old = _entries.get(name)
+        if old is not None and not replace and old.target != target:
+            raise RegistryError(
+                f"pass {name!r} is already registered by {old.source} ({old.target}); "
+                f"cannot register {target} under the same name (pass replace=True to override)"
+            )
+        module = getattr(factory, "__module__", None) or "?"
+        _entries[name] = _Entry(
+            name,
+            source=_distribution_of(module) or module,
+            kind="user",
+            target=target,
+            description=description,
+            factory=factory,
+            is_pass=_takes_ep(factory),
+        )
+    return factory
+
+
+def unregister_pass(name: str) -> None:
+    """Remove a registration (built-in names come back with :func:`refresh_plugins`)."""
+    with _lock:
+        if _entries.pop(name, None) is None:
+            raise _unknown(name)
+
+
+def _distribution_of(module: str) -> str | None:
+    top = module.split(".")[0]
+    try:
+        dists = importlib.metadata.packages_distributions().get(top)
+    except Exception:
+        return None
+    return dists[0] if dists else None
+
+
+def refresh_plugins() -> None:
+    """Forget loaded plugins and read the ``epass.passes`` entry points again.
+
+    Call it after installing a plugin into a running interpreter. Passes
+    registered with :func:`register_pass` at run time are kept.
+    """
+    global _plugins_loaded
+    with _lock:
+        for name in [n for n, e in _entries.items() if e.kind in ("plugin", "builtin")]:
+            del _entries[name]
+        for entry in _entries.values():
+            entry.conflict = ()
+        _init_builtins()
+        _plugins_loaded = False
+        importlib.invalidate_caches()
+        _load_plugins()
+
+
+def _load_plugins() -> None:
+    """Read entry-point metadata (cheap: nothing is imported here)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    try:
+        eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # a broken metadata directory must not break epass
+        return
+    for ep in eps:
+        dist = ep.dist.name if ep.dist is not None else "?"
+        entry = _Entry(ep.name, dist, "plugin", ep.value)
+        try:
+            _check_name(ep.name)
+        except RegistryError as exc:
+            entry.error = str(exc)
+        old = _entries.get(ep.name)
+        if old is not None:
+            if (old.source, old.target) == (dist, ep.value):
+                continue  # the same distribution seen twice on sys.path
+            old.conflict = (*old.conflict, f"{dist} ({ep.value})")
+            continue
+        _entries[ep.name] = entry
+
+
+def _unknown(name: str) -> UnknownPassError:
+    return UnknownPassError(name, tuple(difflib.get_close_matches(name, _entries, n=3)))
+
+
+def _lookup(name: str) -> _Entry:
+    with _lock:
+        _load_plugins()
+        entry = _entries.get(name)
+        if entry is None:
+            raise _unknown(name)
+        if entry.conflict:
+            providers = [f"{entry.source} ({entry.target})", *entry.conflict]
+            raise PluginError(
+                f"pass {name!r} is provided by more than one package: "
+                f"{' and '.join(providers)}; uninstall one of them"
+            )
+        if entry.error is not None:
+            raise PluginError(entry.error)
+        if entry.factory is None:
+            try:
+                entry.factory = _import(entry.target)
+            except Exception as exc:
+                what = "plugin" if entry.kind == "plugin" else "pass"
+                provider = f" from {entry.source}" if entry.kind == "plugin" else ""
+                entry.error = (
+                    f"{what} {name!r}{provider} ({entry.target}) failed to load: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+                raise PluginError(entry.error) from exc
+            entry.is_pass = _takes_ep(entry.factory)
+        return entry
+
+
+def _import(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name.strip())
+    for part in attr.strip().split(".") if attr.strip() else ():
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{target} is {type(obj).__name__}, not a pass factory")
+    return obj
+
+
+def pass_names() -> list[str]:
+    """Every registered name, sorted (nothing is imported)."""
+    with _lock:
+        _load_plugins()
+        return sorted(_entries)
+
+
+def get_factory(name: str) -> Any:
+    """The loaded factory (or function pass) registered under ``name``."""
+    return _lookup(name).factory
+
+
+def option_infos(factory: Any) -> tuple[OptionInfo, ...]:
+    """The options a factory takes: attrs fields with ``init``, or keyword parameters."""
+    if isinstance(factory, type) and attrs.has(factory):
+        out = []
+        for f in attrs.fields(factory):
+            if not f.init:
+                continue
+            default = f.default
+            if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+                default = default.factory(None) if default.takes_self else default.factory()
+            required = default is attrs.NOTHING
+            out.append(
+                OptionInfo(
+                    getattr(f, "alias", None) or f.name.lstrip("_"),
+                    _type_text(f.type),
+                    None if required else default,
+                    required,
+                )
+            )
+        return tuple(out)
+    if _takes_ep(factory):
+        return ()
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return ()
+    return tuple(
+        OptionInfo(
+            p.name,
+            _type_text(p.annotation) if p.annotation is not p.empty else "",
+            None if p.default is p.empty else p.default,
+            p.default is p.empty,
+        )
+        for p in sig.parameters.values()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+
+
+def _type_text(t: Any) -> str:
+    if t is None:
+        return ""
+    if isinstance(t, str):
+        return t
+    return str(getattr(t, "__name__", t)).replace("typing.", "")
+
+
+def _description(entry: _Entry) -> str:
+    if entry.description:
+        return entry.description
+    doc = inspect.getdoc(entry.factory) if entry.factory is not None else None
+    return doc.strip().splitlines()[0] if doc else ""
+
+
+def describe_pass(name: str) -> PassEntry:
+    """The :class:`PassEntry` for one name; load errors are reported in ``error``."""
+    error = None
+    try:
+        entry = _lookup(name)
+    except UnknownPassError:
+        raise
+    except RegistryError as exc:
+        error = str(exc)
+        entry = _entries[name]
+    options = option_infos(entry.factory) if entry.factory is not None else ()
+    return PassEntry(
+        name=entry.name,
+        description=_description(entry),
+        source=entry.source,
+        kind=entry.kind,
+        target=entry.target,
+        options=options,
+        error=error,
+    )
+
+
+def list_passes() -> list[PassEntry]:
+    """Every registered pass with its description, source distribution and options.
+
+    Loads each factory to read its options; one that fails to load is listed
+    with ``error`` set, and the others are unaffected.
+    """
+    return [describe_pass(name) for name in pass_names()]
+
+
+def create_pass(spec: str | Any, /, **options: Any) -> Any:
+    """Make a pass from a name and options, or from pipeline text.
+
+    ``create_pass("cast-dtype", dtype=torch.bfloat16)`` and
+    ``create_pass("cast-dtype(dtype=bfloat16)")`` give the same pass. Text holding
+    several passes (``"decompose, dce"``) gives a nested :class:`~epass.PassManager`.
+    """
+    if not isinstance(spec, str):
+        raise TypeError(f"create_pass takes a name or pipeline text, got {type(spec).__name__}")
+    if NAME_PATTERN.fullmatch(spec.strip()):
+        try:
+            return instantiate(spec.strip(), options)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"bad options for pass {spec.strip()!r}: {exc}") from exc
+    if options:
+        raise TypeError("pass options either in the text or as keywords, not both")
+    from epass.pipeline import parse_pipeline
+
+    passes = parse_pipeline(spec)
+    return passes[0] if len(passes) == 1 else _manager(passes, spec)
+
+
+def _manager(passes: list[Any], text: str) -> Any:
+    from epass.manager import PassManager
+
+    return PassManager(passes, name=text.strip())
+
+
+def instantiate(name: str, options: Mapping[str, Any]) -> Any:
+    """Call the factory registered as ``name`` with ``options``.
+
+    Raises:
+        UnknownPassError / PluginError: the name does not resolve.
+        TypeError / ValueError: the options do not fit the factory.
+    """
+    entry = _lookup(name)
+    options = dict(options)
+    if entry.is_pass:
+        if options:
+            raise TypeError(f"pass {name!r} takes no options, got {sorted(options)}")
+        obj = entry.factory
+    else:
+        known = option_infos(entry.factory)
+        names = [o.name for o in known]
+        takes_any = _takes_var_keywords(entry.factory)
+        for key in options:
+            if not takes_any and key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                valid = f" (options: {', '.join(names)})" if names and not close else ""
+                raise TypeError(f"no option {key!r}{hint}{valid}")
+        obj = entry.factory(**options)
+    # Objects that are not weak-referenceable print from their attrs fields instead.
+    with contextlib.suppress(TypeError):
+        _origin[obj] = (name, options)
+    return obj
+
+
+def _takes_var_keywords(factory: Any) -> bool:
+    if isinstance(factory, type) and attrs.has(factory):
+        return False
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def spec_of(p: Any) -> tuple[str, dict[str, Any]] | None:
+    """The registry name and options that recreate pass ``p``, or None if unknown.
+
+    attrs passes are read from their fields (only options that differ from the
+    default are kept); other objects made by :func:`create_pass` from the name and
+    options they were made with.
+    """
+    cls = type(p)
+    if attrs.has(cls) and not isinstance(p, type):
+        name = _registered_name_of_class(p)
+        if name is not None:
+            options: dict[str, Any] = {}
+            fields = [f for f in attrs.fields(cls) if f.init]
+            for info, field in zip(option_infos(cls), fields, strict=True):
+                value = getattr(p, field.name)
+                if not info.required and _same(value, info.default):
+                    continue
+                options[info.name] = value
+            return name, options
+    try:
+        origin = _origin.get(p)
+    except TypeError:
+        origin = None
+    if origin is not None:
+        return origin[0], dict(origin[1])
+    with _lock:
+        for name, entry in _entries.items():
+            if entry.is_pass and entry.factory is p:
+                return name, {}
+    return None
+
+
+def _registered_name_of_class(p: Any) -> str | None:
+    cls = type(p)
+    target = _target_of(cls)
+    with _lock:
+        _load_plugins()
+        candidates = [getattr(p, "name", None), *list(_entries)]
+        for name in candidates:
+            entry = _entries.get(name) if isinstance(name, str) else None
+            if entry is None:
+                continue
+            if entry.factory is cls or (entry.factory is None and entry.target == target):
+                return name
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(type(a) is type(b) and a == b) or (
+            isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and list(a) == list(b)
+        )
+    except Exception:
+        return False
