@@ -235,6 +235,28 @@ class PassManager:
         names = ", ".join(pass_name(p) for p in self.passes)
         return f"PassManager([{names}], steps={self.steps})"
 
+    @classmethod
+    def from_text(cls, text: str, **kwargs: Any) -> PassManager:
+        """Build a manager from pipeline text, such as ``"decompose, repeat(2, [dce])"``.
+
+        Keyword arguments go to the constructor. See ``docs/pipelines.md`` for the
+        grammar; errors are :class:`epass.pipeline.PipelineError` with a caret line.
+        """
+        from epass.pipeline import parse_pipeline
+
+        return cls(parse_pipeline(text), **kwargs)
+
+    def to_text(self) -> str:
+        """The pipeline text that :meth:`from_text` reads back into this pipeline.
+
+        Raises ValueError when a pass is not registered or has an option with no
+        textual form. ``steps > 1`` prints as ``repeat(steps, [...])``.
+        """
+        from epass.pipeline import to_text
+
+        text = to_text(self.passes)
+        return f"repeat({self.steps}, [{text}])" if self.steps > 1 else text
+
     def run(self, ep: ExportedProgram) -> ExportedProgram:
         """Run the pipeline and return the resulting program."""
         return self(ep).program
