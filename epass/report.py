@@ -1,0 +1,318 @@
+"""Pipeline reports: a JSON document with stable keys and a self-contained HTML page.
+
+The JSON document (``schema: "epass.report/1"``) holds:
+
+``schema``, ``epass_version``, ``torch_version``, ``created`` (UTC, ISO 8601),
+``pipeline`` (text, or null when the pipeline has no textual form), ``input`` /
+``output`` (file paths or null), ``modified``, ``shared`` (every output dict is the
+store), ``seconds`` (sum over top-level passes), ``nodes_before``, ``nodes_after``,
+``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol"}``), and
+``passes``: one object per pass run, in order, with every key of
+:meth:`epass.PassRecord.as_dict` (``children`` nest the same way) plus ``path``
+(``"lower/dce"`` for nested passes), ``spec`` (the pass as pipeline text, or null),
+``options`` (JSON values; dtypes and operators as their text) and ``memory``
+(null unless measured).
+
+Example::
+
+    report = build_report(result, manager=pm, pipeline="decompose")
+    write_report("report.html", report)
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from epass.manager import PassManager, PassRecord, PipelineResult
+
+__all__ = ["SCHEMA", "build_report", "render_html", "write_report"]
+
+SCHEMA = "epass.report/1"
+
+
+def _json_value(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    from epass.pipeline import format_value
+
+    try:
+        return format_value(value)
+    except ValueError:
+        return repr(value)
+
+
+def _pass_spec(p: Any) -> tuple[str | None, dict[str, Any]]:
+    from epass import registry
+    from epass.pipeline import PassSpec, format_item
+
+    spec = registry.spec_of(p)
+    if spec is None:
+        return None, {}
+    name, options = spec
+    try:
+        text: str | None = format_item(PassSpec(name, tuple(options.items())))
+    except ValueError:
+        text = None
+    return text, {k: _json_value(v) for k, v in options.items()}
+
+
+def _record_dict(record: PassRecord, p: Any, prefix: str) -> dict[str, Any]:
+    out = record.as_dict()
+    path = f"{prefix}{record.name}"
+    spec, options = _pass_spec(p) if p is not None else (None, {})
+    inner = p.passes if isinstance(p, PassManager) else []
+    out["children"] = [
+        _record_dict(c, inner[c.index] if c.index < len(inner) else None, f"{path}/")
+        for c in record.children
+    ]
+    out["path"] = path
+    out["spec"] = spec
+    out["options"] = options
+    out["memory"] = getattr(record, "memory", None)
+    return out
+
+
+def build_report(
+    result: PipelineResult,
+    *,
+    manager: PassManager | None = None,
+    pipeline: str | None = None,
+    input_path: str | None = None,
+    output_path: str | None = None,
+    numerics: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON-ready report of one pipeline run (see the module docstring for keys)."""
+    import epass
+
+    passes = manager.passes if manager is not None else []
+    if pipeline is None and manager is not None:
+        try:
+            pipeline = manager.to_text()
+        except ValueError:
+            pipeline = None
+    records = result.records
+    return {
+        "schema": SCHEMA,
+        "epass_version": epass.__version__,
+        "torch_version": torch.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "pipeline": pipeline,
+        "input": input_path,
+        "output": output_path,
+        "modified": result.modified,
+        "shared": result.shared,
+        "seconds": sum(r.seconds for r in records),
+        "nodes_before": records[0].nodes_before if records else len(result.program.graph.nodes),
+        "nodes_after": len(result.program.graph.nodes),
+        "numerics": dict(numerics) if numerics is not None else None,
+        "passes": [
+            _record_dict(r, passes[r.index] if r.index < len(passes) else None, "") for r in records
+        ],
+    }
+
+
+def flatten(passes: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Every pass entry of a report, nested ones after their parent, in run order."""
+    out: list[Mapping[str, Any]] = []
+    for p in passes:
+        out.append(p)
+        out.extend(flatten(p["children"]))
+    return out
+
+
+def _leaves(passes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Passes that ran a program step themselves (nested pipelines replaced by their passes)."""
+    out: list[Mapping[str, Any]] = []
+    for p in passes:
+        if p["children"]:
+            out.extend(_leaves(p["children"]))
+        else:
+            out.append(p)
+    return out
+
+
+def _state_status(p: Mapping[str, Any]) -> tuple[str, str]:
+    """(css class, text) for a pass's state-sharing status."""
+    if p["skipped"]:
+        return "skip", "skipped"
+    link = p["link"]
+    if link is None:
+        return "same", "unchanged"
+    return ("shared", "shared") if link["shared"] else ("diverged", "diverged")
+
+
+def _keys(link: Mapping[str, Any] | None, field: str) -> list[str]:
+    if link is None:
+        return []
+    return [f"{label}:{k}" for label in ("state_dict", "constants") for k in link[label][field]]
+
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;
+max-width:1100px;color:#1d2330;padding:0 1em}
+h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:2em;
+border-bottom:1px solid #dde;padding-bottom:.2em}
+code{background:#f2f3f7;padding:1px 4px;border-radius:3px}
+table{border-collapse:collapse;width:100%;margin-top:.5em}
+th,td{border-bottom:1px solid #e4e6ee;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f6f7fb}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.meta{color:#555}.badge{display:inline-block;padding:0 6px;border-radius:8px;font-size:.9em}
+.shared{background:#dff3e4;color:#176a2c}.diverged{background:#fde2e1;color:#9b1c1c}
+.same{background:#eef0f5;color:#444}.skip{background:#fff4d6;color:#7a5a00}
+.plus{color:#176a2c}.minus{color:#9b1c1c}
+svg text{font:12px system-ui,sans-serif;fill:#1d2330}
+rect.bar{fill:#4a72d8}rect.bar.modified-false{fill:#a9b7dc}
+polyline.nodes{fill:none;stroke:#d8614a;stroke-width:2}circle.node{fill:#d8614a}
+"""
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _bar_chart(leaves: Sequence[Mapping[str, Any]]) -> str:
+    row, label_w, chart_w = 22, 240, 560
+    top = max((p["seconds"] for p in leaves), default=0.0) or 1.0
+    height = row * len(leaves) + 10
+    parts = [
+        f'<svg class="chart time" width="{label_w + chart_w + 90}" height="{height}" '
+        f'role="img" aria-label="time per pass">'
+    ]
+    for i, p in enumerate(leaves):
+        y = i * row + 4
+        width = max(1.0, chart_w * p["seconds"] / top)
+        name = _esc(p["path"])
+        modified = "true" if p["modified"] else "false"
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end">{name}</text>'
+            f'<rect class="bar modified-{modified}" data-pass="{name}" x="{label_w}" y="{y}" '
+            f'width="{width:.1f}" height="{row - 6}"><title>{name}: {p["seconds"]:.4f}s'
+            f"</title></rect>"
+            f'<text x="{label_w + width + 6:.1f}" y="{y + 14}">{p["seconds"] * 1000:.1f} ms</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _node_line(leaves: Sequence[Mapping[str, Any]], start: int) -> str:
+    values = [start, *[p["nodes_after"] for p in leaves]]
+    labels = ["input", *[p["path"] for p in leaves]]
+    w, h, pad = 860, 220, 50
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1
+    step = (w - 2 * pad) / max(1, len(values) - 1)
+
+    def xy(i: int, v: int) -> tuple[float, float]:
+        return pad + i * step, h - pad - (v - lo) * (h - 2 * pad) / span
+
+    points = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(i, v) for i, v in enumerate(values)))
+    parts = [
+        f'<svg class="chart nodes" width="{w}" height="{h}" role="img" '
+        f'aria-label="node count across the pipeline">',
+        f'<text x="4" y="{pad - 20}">{hi} nodes</text><text x="4" y="{h - pad + 16}">{lo}</text>',
+        f'<polyline class="nodes" points="{points}"/>',
+    ]
+    for i, (v, label) in enumerate(zip(values, labels, strict=True)):
+        x, y = xy(i, v)
+        parts.append(
+            f'<circle class="node" cx="{x:.1f}" cy="{y:.1f}" r="3.5">'
+            f"<title>{_esc(label)}: {v} nodes</title></circle>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_html(report: Mapping[str, Any]) -> str:
+    """One self-contained HTML page (inline CSS and SVG, no scripts, no external assets)."""
+    everything = flatten(report["passes"])
+    leaves = _leaves(report["passes"])
+    title = f"epass report: {report['pipeline'] or 'pipeline'}"
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
+        "<h1>epass report</h1>",
+        f'<p class="meta">pipeline <code>{_esc(report["pipeline"] or "(no text form)")}</code>'
+        f" &middot; input <code>{_esc(report['input'] or '-')}</code>"
+        f" &middot; output <code>{_esc(report['output'] or '-')}</code>"
+        f" &middot; torch {_esc(report['torch_version'])}"
+        f" &middot; epass {_esc(report['epass_version'])} &middot; {_esc(report['created'])}</p>",
+        f"<p>{len(everything)} pass runs in {report['seconds']:.3f}s; nodes "
+        f"{report['nodes_before']} &rarr; {report['nodes_after']}; state "
+        f'<span class="badge {"shared" if report["shared"] else "diverged"}">'
+        f"{'shared' if report['shared'] else 'diverged'}</span></p>",
+    ]
+    numerics = report.get("numerics")
+    if numerics:
+        cls = "shared" if numerics.get("ok") else "diverged"
+        out.append(
+            f"<p>numerics: max abs diff {numerics.get('max_abs_diff', float('nan')):.3g} "
+            f'<span class="badge {cls}">{"ok" if numerics.get("ok") else "FAILED"}</span></p>'
+        )
+    out += ["<h2>Time per pass</h2>", _bar_chart(leaves)]
+    out += ["<h2>Node count across the pipeline</h2>", _node_line(leaves, report["nodes_before"])]
+    out += [
+        "<h2>Passes and state sharing</h2>",
+        "<table><thead><tr><th>pass</th><th>step</th><th>seconds</th><th>nodes</th>"
+        "<th>state</th><th>added</th><th>removed</th><th>changed</th></tr></thead><tbody>",
+    ]
+    for p in everything:
+        cls, text = _state_status(p)
+        if p["skipped"] and p["skip_reason"]:
+            text += f": {p['skip_reason']}"
+        name = "&nbsp;&nbsp;" * p["depth"] + _esc(p["spec"] or p["name"])
+        cells = [
+            f'<td class="pass">{name}</td>',
+            f'<td class="num">{p["step"]}</td>',
+            f'<td class="num">{p["seconds"]:.4f}</td>',
+            f'<td class="num">{p["nodes_before"]}&rarr;{p["nodes_after"]}</td>',
+            f'<td><span class="badge {cls}">{_esc(text)}</span></td>',
+        ]
+        for field in ("added", "removed", "changed"):
+            keys = _keys(p["link"], field)
+            shown = ", ".join(_esc(k) for k in keys[:8]) + (" &hellip;" if len(keys) > 8 else "")
+            cells.append(f'<td title="{len(keys)}">{len(keys) or ""} {shown}</td>')
+        out.append(f'<tr class="state {cls}">{"".join(cells)}</tr>')
+    out.append("</tbody></table>")
+    out += [
+        "<h2>Op delta per pass</h2>",
+        "<table><thead><tr><th>pass</th><th>op</th><th>delta</th></tr></thead><tbody>",
+    ]
+    any_delta = False
+    for p in leaves:
+        for op, delta in sorted(p["op_delta"].items(), key=lambda kv: (kv[1], kv[0])):
+            any_delta = True
+            sign = "plus" if delta > 0 else "minus"
+            out.append(
+                f'<tr class="delta"><td>{_esc(p["path"])}</td><td><code>{_esc(op)}</code></td>'
+                f'<td class="num {sign}">{delta:+d}</td></tr>'
+            )
+    if not any_delta:
+        out.append('<tr><td colspan="3">no pass changed the op histogram</td></tr>')
+    out.append("</tbody></table></body></html>")
+    return "\n".join(out)
+
+
+def write_report(path: str | Path, report: Mapping[str, Any]) -> Path:
+    """Write ``report`` as JSON (``.json``) or HTML (``.html`` / ``.htm``)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    elif suffix in (".html", ".htm"):
+        path.write_text(render_html(report))
+    else:
+        raise ValueError(f"report file must end in .json or .html, got {path.name!r}")
+    return path
