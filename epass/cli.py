@@ -119,15 +119,16 @@ def load_program(path: str | os.PathLike[str], *, trust: bool = False) -> Export
             )
     guard = contextlib.nullcontext() if trust else _weights_only_unpickling()
     try:
-        with guard, _quiet_torch_logs():
+        with guard, _quiet_torch_logs(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             ep = torch.export.load(p)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "weights_only" in str(exc) or "Unpickl" in type(exc).__name__:
             raise CliError(
-                f"{p}: refused to unpickle an object that is not plain tensor data "
-                f"({type(exc).__name__}: {first}); rerun with --trust only if you trust "
-                "where the file came from"
+                f"{p}: holds a pickled object that is not plain tensor data, and "
+                "torch.load(weights_only=True) refused it; rerun with --trust only if you "
+                "trust where the file came from"
             ) from exc
         raise CliError(f"{p}: cannot load ({type(exc).__name__}: {first})") from exc
     if not isinstance(ep, ExportedProgram):

@@ -2,7 +2,7 @@
 
 Grammar (whitespace and ``# comments`` are ignored between tokens)::
 
-    pipeline := [item ("," item)*]
+    pipeline := [item ("," item)* [","]]
     item     := "repeat" "(" INT "," "[" pipeline "]" ")"
               | "fixpoint" "(" "[" pipeline "]" ["," "max" "=" INT] ")"
               | NAME ["(" [option ("," option)*] ")"]
@@ -202,6 +202,9 @@ class _Parser:
             items.append(self.item())
             if self.at(","):
                 self.i += 1
+                # A trailing comma is fine (handy in multi-line config files).
+                if (closing is None and self.tok.kind == "end") or (closing and self.at(closing)):
+                    return tuple(items)
                 continue
             if closing is None and self.tok.kind != "end":
                 raise self.error(f"expected ',' between passes, found {self.describe(self.tok)}")
