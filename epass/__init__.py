@@ -13,7 +13,9 @@ from epass.instruments import Instrument, PassInfo
 from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
 from epass.manager import PassManager, PassRecord, PipelineResult
 from epass.passes import Decompose
+from epass.pipeline import PipelineError
 from epass.protocol import FxPass, Pass, PassResult
+from epass.registry import create_pass, list_passes, register_pass
 from epass.verify import verify_program
 
 __all__ = [
@@ -32,11 +34,15 @@ __all__ = [
     "PassManager",
     "PassRecord",
     "PassResult",
+    "PipelineError",
     "PipelineResult",
     "StateConflictError",
     "StateLinker",
     "StateMutationError",
     "VerificationError",
+    "create_pass",
+    "list_passes",
+    "register_pass",
     "verify_program",
 ]
 
