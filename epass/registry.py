@@ -532,10 +532,45 @@ def instantiate(name: str, options: Mapping[str, Any]) -> Any:
                 valid = f" (options: {', '.join(names)})" if names and not close else ""
                 raise TypeError(f"no option {key!r}{hint}{valid}")
         obj = entry.factory(**options)
+    obj = _named(obj, name)
     # Objects that are not weak-referenceable print from their attrs fields instead.
     with contextlib.suppress(TypeError):
         _origin[obj] = (name, options)
     return obj
+
+
+class NamedPass:
+    """A registered pass that has no ``name`` of its own, under its registry name.
+
+    Records and errors then show the registry name. Other attributes (``requires``,
+    ``changes_input``, ...) are the wrapped pass's.
+    """
+
+    def __init__(self, name: str, inner: Any) -> None:
+        self.name = name
+        self.inner = inner
+
+    def __call__(self, ep: Any) -> Any:
+        return self.inner(ep)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "inner":  # not set yet (copying, unpickling)
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
+    def __repr__(self) -> str:
+        return f"NamedPass({self.name!r}, {self.inner!r})"
+
+
+def _named(obj: Any, name: str) -> Any:
+    own = getattr(obj, "name", None)
+    if isinstance(own, str) and own:
+        return obj
+    if not isinstance(obj, type) and not inspect.isroutine(obj):
+        with contextlib.suppress(AttributeError, TypeError):
+            obj.name = name  # a fresh instance from the factory: ours to label
+            return obj
+    return NamedPass(name, obj)
 
 
 def _takes_var_keywords(factory: Any) -> bool:
@@ -575,7 +610,7 @@ def spec_of(p: Any) -> tuple[str, dict[str, Any]] | None:
         return origin[0], dict(origin[1])
     with _lock:
         for name, entry in _entries.items():
-            if entry.is_pass and entry.factory is p:
+            if entry.is_pass and entry.factory is getattr(p, "inner", p):
                 return name, {}
     return None
 

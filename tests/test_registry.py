@@ -93,7 +93,9 @@ def test_function_pass_and_factory_function(fresh: None) -> None:
     def make(*, factor: int = 2) -> Scale:
         return Scale(factor=float(factor))
 
-    assert registry.create_pass("identity-test") is identity
+    named = registry.create_pass("identity-test")
+    assert named.name == "identity-test" and named.inner is identity
+    assert not hasattr(identity, "name")  # the user's function is not relabelled
     assert registry.create_pass("factory-test(factor=4)").factor == 4.0
     with pytest.raises(TypeError, match="takes no options"):
         registry.create_pass("identity-test", x=1)
