@@ -68,7 +68,7 @@ def _pass_spec(p: Any) -> tuple[str | None, dict[str, Any]]:
 
 
 def _record_dict(record: PassRecord, p: Any, prefix: str) -> dict[str, Any]:
-    out = record.as_dict()
+    out: dict[str, Any] = _json_value(record.as_dict())  # tuples become lists, as in JSON
     path = f"{prefix}{record.name}"
     spec, options = _pass_spec(p) if p is not None else (None, {})
     inner = p.passes if isinstance(p, PassManager) else []

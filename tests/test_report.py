@@ -1,0 +1,214 @@
+"""Reports: stable JSON keys and a self-contained HTML page, rendered in a real browser."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import pytest
+import torch
+
+from epass import FxPass, PassManager, PassResult, registry
+from epass.report import SCHEMA, build_report, render_html, write_report
+
+RECORD_KEYS = {
+    "name", "index", "step", "seconds", "modified", "nodes_before", "nodes_after", "op_delta",
+    "link", "skipped", "skip_reason", "depth", "children", "path", "spec", "options", "memory",
+}  # fmt: skip
+TOP_KEYS = {
+    "schema", "epass_version", "torch_version", "created", "pipeline", "input", "output",
+    "modified", "shared", "seconds", "nodes_before", "nodes_after", "numerics", "passes",
+}  # fmt: skip
+
+
+class Affine(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((4,), 2.0))
+        self.b = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * self.w + self.b)
+
+
+def _drop_bias(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    for node in list(gm.graph.nodes):
+        if node.target is torch.ops.aten.add.Tensor:
+            mul, bias = node.args
+            node.replace_all_uses_with(mul)
+            gm.graph.erase_node(node)
+            gm.graph.erase_node(bias)
+    return gm
+
+
+@attrs.define(eq=False)
+class Rescale:
+    """Replace the weight ``w`` by a new tensor (a changed state entry)."""
+
+    name: ClassVar[str] = "rescale-test"
+    dtype: torch.dtype = torch.float32
+    factor: float = 3.0
+
+    def __call__(self, ep: Any) -> PassResult:
+        new = (ep.state_dict["w"].detach() * self.factor).to(self.dtype)
+        ep.state_dict["w"] = torch.nn.Parameter(new)
+        return PassResult(ep, True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def test_passes() -> Iterator[None]:
+    registry.register_pass("drop-bias-report", lambda: FxPass(_drop_bias, name="drop-bias-report"))
+    registry.register_pass("rescale-test", Rescale)
+    yield
+    registry.unregister_pass("drop-bias-report")
+    registry.unregister_pass("rescale-test")
+
+
+TEXT = "decompose, repeat(2, [drop-bias-report]), rescale-test(factor=0.5)"
+
+
+@pytest.fixture(scope="module")
+def run() -> tuple[PassManager, Any, Any]:
+    ep = torch.export.export(Affine(), (torch.randn(3, 4),))
+    pm = PassManager.from_text(TEXT)
+    return pm, pm(ep), ep
+
+
+def test_json_keys_are_stable(run: tuple[PassManager, Any, Any]) -> None:
+    pm, result, _ = run
+    report = build_report(result, manager=pm, input_path="in.pt2")
+    assert set(report) == TOP_KEYS
+    assert report["schema"] == SCHEMA == "epass.report/1"
+    assert report["pipeline"] == TEXT
+    passes = report["passes"]
+    assert [p["path"] for p in passes] == ["decompose", "repeat", "rescale-test"]
+    for p in passes:
+        assert set(p) == RECORD_KEYS
+    nested = passes[1]["children"]
+    assert [(c["path"], c["step"]) for c in nested] == [
+        ("repeat/drop-bias-report", 0),
+        ("repeat/drop-bias-report", 1),
+    ]
+    assert all(set(c) == RECORD_KEYS for c in nested)
+    assert passes[2]["spec"] == "rescale-test(factor=0.5)"
+    assert passes[2]["options"] == {"factor": 0.5}
+    assert passes[1]["spec"] is None  # a group, not a registered pass
+    assert nested[0]["link"]["state_dict"]["removed"] == ["b"]
+    assert passes[2]["link"]["state_dict"]["changed"] == ["w"]
+    assert passes[2]["link"]["shared"] is False
+    assert report["shared"] is False
+    assert report["nodes_before"] == passes[0]["nodes_before"]
+    assert json.loads(json.dumps(report)) == report
+
+
+def test_json_options_render_dtypes_and_ops_as_text() -> None:
+    p = Rescale(dtype=torch.bfloat16)
+    ep = torch.export.export(Affine(), (torch.randn(3, 4),))
+    pm = PassManager([p])
+    report = build_report(pm(ep), manager=pm)
+    assert report["passes"][0]["options"] == {"dtype": "bfloat16"}
+    assert report["pipeline"] == "rescale-test(dtype=bfloat16)"
+
+
+def test_write_report_picks_the_format_by_suffix(
+    run: tuple[PassManager, Any, Any], tmp_path: Path
+) -> None:
+    pm, result, _ = run
+    report = build_report(result, manager=pm)
+    assert json.loads(write_report(tmp_path / "r.json", report).read_text())["schema"] == SCHEMA
+    assert write_report(tmp_path / "r.html", report).read_text().startswith("<!DOCTYPE html>")
+    with pytest.raises(ValueError, match=r"\.json or \.html"):
+        write_report(tmp_path / "r.txt", report)
+
+
+def _leaf_paths(report: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+
+    def walk(passes: list[dict[str, Any]]) -> None:
+        for p in passes:
+            if p["children"]:
+                walk(p["children"])
+            else:
+                out.append(p["path"])
+
+    walk(report["passes"])
+    return out
+
+
+def test_html_is_self_contained_and_shows_every_part(run: tuple[PassManager, Any, Any]) -> None:
+    pm, result, _ = run
+    report = build_report(result, manager=pm)
+    page = render_html(report)
+    for forbidden in ("http://", "https://", "<script", "<link", " src=", "@import", "url("):
+        assert forbidden not in page
+    leaves = _leaf_paths(report)
+    assert leaves == [
+        "decompose",
+        "repeat/drop-bias-report",
+        "repeat/drop-bias-report",
+        "rescale-test",
+    ]
+    bars = re.findall(r'<rect class="bar[^"]*" data-pass="([^"]+)"', page)
+    assert bars == leaves
+    assert len(re.findall(r'<circle class="node"', page)) == len(leaves) + 1
+    assert '<polyline class="nodes"' in page
+    assert 'class="delta"' in page and "aten.add.Tensor" in page  # op-delta table
+    assert page.count('class="state diverged"') == 1  # rescale-test changed w
+    assert "state_dict:b" in page and "state_dict:w" in page
+
+
+def _browser() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def test_html_renders_in_headless_chromium(
+    run: tuple[PassManager, Any, Any], tmp_path: Path
+) -> None:
+    browser = _browser()
+    if browser is None:
+        pytest.skip(
+            "chromium is not installed: .ci/run installs Debian's chromium with apt-get, "
+            "and that failed or was not possible on this machine"
+        )
+    pm, result, _ = run
+    report = build_report(result, manager=pm)
+    page = write_report(tmp_path / "report.html", report)
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run(
+        [browser, *flags, "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "<svg" in dom
+    bars = re.findall(r'<rect class="bar[^"]*" data-pass="([^"]+)"', dom)
+    assert bars == _leaf_paths(report)
+    for name in ("decompose", "drop-bias-report", "rescale-test"):
+        assert name in dom
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [browser, *flags, f"--screenshot={shot}", "--window-size=1100,1400", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
