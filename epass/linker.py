@@ -111,23 +111,37 @@ class Journal:
 
     def __init__(self) -> None:
         self._entries: list[tuple[dict[str, Any], str, Any]] = []
+        self._orders: dict[int, tuple[dict[str, Any], list[str]]] = {}
+
+    def _touch(self, store: dict[str, Any]) -> None:
+        if id(store) not in self._orders:
+            self._orders[id(store)] = (store, list(store))
 
     def set(self, store: dict[str, Any], key: str, value: Any) -> None:
+        self._touch(store)
         self._entries.append((store, key, store.get(key, _MISSING)))
         store[key] = value
 
     def delete(self, store: dict[str, Any], key: str) -> None:
+        self._touch(store)
         self._entries.append((store, key, store[key]))
         del store[key]
 
     def rollback(self) -> None:
-        """Undo every recorded write, newest first; the dicts end as they began."""
+        """Undo every recorded write, newest first; the dicts end as they began,
+        key order included."""
         while self._entries:
             store, key, old = self._entries.pop()
             if old is _MISSING:
                 store.pop(key, None)
             else:
                 store[key] = old
+        for store, order in self._orders.values():
+            if list(store) != order:
+                items = [(k, store[k]) for k in order]
+                store.clear()
+                store.update(items)
+        self._orders.clear()
 
 
 @attrs.define
