@@ -10,7 +10,7 @@ from epass.errors import (
     VerificationError,
 )
 from epass.instruments import Instrument, PassInfo
-from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
+from epass.linker import DictReport, LinkReport, LinkResult, StateLinker, prune
 from epass.manager import PassManager, PassRecord, PipelineResult
 from epass.passes import Decompose
 from epass.protocol import FxPass, Pass, PassResult
@@ -37,6 +37,7 @@ __all__ = [
     "StateLinker",
     "StateMutationError",
     "VerificationError",
+    "prune",
     "verify_program",
 ]
 

@@ -12,7 +12,7 @@ from torch.export import ExportedProgram
 from epass import _program
 from epass.errors import StateConflictError
 
-__all__ = ["DictReport", "Journal", "LinkReport", "LinkResult", "Policy", "StateLinker"]
+__all__ = ["DictReport", "Journal", "LinkReport", "LinkResult", "Policy", "StateLinker", "prune"]
 
 Policy = Literal["share", "strict", "in_place"]
 _POLICIES = ("share", "strict", "in_place")
@@ -285,3 +285,25 @@ class StateLinker:
                 constants=reports["constants"],
             ),
         )
+
+
+def prune(ep: ExportedProgram) -> ExportedProgram:
+    """A program holding exactly the state entries its signature references.
+
+    The result gets new dicts (same tensor objects), so it no longer shares the
+    store: sharing ends here by choice. Use it before saving a program that has no
+    user dict to share, such as one loaded from disk.
+
+    Example::
+
+        lean = prune(out)
+        assert set(lean.state_dict) <= set(out.state_dict)
+    """
+    targets = {s.target for s in ep.graph_signature.input_specs if s.target is not None}
+    out = _program.shallow_clone(ep)
+    _program.set_state(
+        out,
+        {k: v for k, v in ep.state_dict.items() if k in targets},
+        {k: v for k, v in ep.constants.items() if k in targets},
+    )
+    return out

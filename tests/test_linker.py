@@ -9,6 +9,7 @@ import pytest
 import torch
 from fingerprint import fingerprint
 
+import epass
 from epass import StateConflictError, StateLinker, _program
 from epass.linker import Journal
 
@@ -230,3 +231,16 @@ def test_report_as_dict_has_stable_keys(mixed):
         "changed",
         "shared",
     }
+
+
+def test_prune_keeps_only_referenced_entries(mixed):
+    out = _derived(mixed)
+    out.constants["orphan"] = torch.zeros(1)
+    out.state_dict["stale"] = torch.zeros(1)
+    lean = epass.prune(out)
+    assert "orphan" not in lean.constants and "stale" not in lean.state_dict
+    assert lean.state_dict is not out.state_dict
+    assert all(lean.state_dict[k] is out.state_dict[k] for k in lean.state_dict)
+    assert "orphan" in out.constants  # the input keeps its dicts
+    lean.validate()
+    assert not epass.verify.state_problems(lean)
