@@ -10,7 +10,7 @@ from epass.errors import (
     VerificationError,
 )
 from epass.instruments import Instrument, PassInfo
-from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
+from epass.linker import DictReport, LinkReport, LinkResult, StateLinker, prune
 from epass.manager import PassManager, PassRecord, PipelineResult
 from epass.passes import Decompose
 from epass.pipeline import PipelineError
@@ -42,6 +42,7 @@ __all__ = [
     "VerificationError",
     "create_pass",
     "list_passes",
+    "prune",
     "register_pass",
     "verify_program",
 ]

@@ -12,7 +12,7 @@ from torch.export import ExportedProgram
 from epass import _program
 from epass.errors import StateConflictError
 
-__all__ = ["DictReport", "Journal", "LinkReport", "LinkResult", "Policy", "StateLinker"]
+__all__ = ["DictReport", "Journal", "LinkReport", "LinkResult", "Policy", "StateLinker", "prune"]
 
 Policy = Literal["share", "strict", "in_place"]
 _POLICIES = ("share", "strict", "in_place")
@@ -111,23 +111,37 @@ class Journal:
 
     def __init__(self) -> None:
         self._entries: list[tuple[dict[str, Any], str, Any]] = []
+        self._orders: dict[int, tuple[dict[str, Any], list[str]]] = {}
+
+    def _touch(self, store: dict[str, Any]) -> None:
+        if id(store) not in self._orders:
+            self._orders[id(store)] = (store, list(store))
 
     def set(self, store: dict[str, Any], key: str, value: Any) -> None:
+        self._touch(store)
         self._entries.append((store, key, store.get(key, _MISSING)))
         store[key] = value
 
     def delete(self, store: dict[str, Any], key: str) -> None:
+        self._touch(store)
         self._entries.append((store, key, store[key]))
         del store[key]
 
     def rollback(self) -> None:
-        """Undo every recorded write, newest first; the dicts end as they began."""
+        """Undo every recorded write, newest first; the dicts end as they began,
+        key order included."""
         while self._entries:
             store, key, old = self._entries.pop()
             if old is _MISSING:
                 store.pop(key, None)
             else:
                 store[key] = old
+        for store, order in self._orders.values():
+            if list(store) != order:
+                items = [(k, store[k]) for k in order]
+                store.clear()
+                store.update(items)
+        self._orders.clear()
 
 
 @attrs.define
@@ -271,3 +285,25 @@ class StateLinker:
                 constants=reports["constants"],
             ),
         )
+
+
+def prune(ep: ExportedProgram) -> ExportedProgram:
+    """A program holding exactly the state entries its signature references.
+
+    The result gets new dicts (same tensor objects), so it no longer shares the
+    store: sharing ends here by choice. Use it before saving a program that has no
+    user dict to share, such as one loaded from disk.
+
+    Example::
+
+        lean = prune(out)
+        assert set(lean.state_dict) <= set(out.state_dict)
+    """
+    targets = {s.target for s in ep.graph_signature.input_specs if s.target is not None}
+    out = _program.shallow_clone(ep)
+    _program.set_state(
+        out,
+        {k: v for k, v in ep.state_dict.items() if k in targets},
+        {k: v for k, v in ep.constants.items() if k in targets},
+    )
+    return out

@@ -1,0 +1,113 @@
+"""Loud failures when torch changes the private ExportedProgram API epass relies on."""
+
+from __future__ import annotations
+
+import inspect
+
+import models
+import torch
+from torch.export import ExportedProgram
+
+from epass import _program
+
+
+def test_private_fields_exist_and_back_the_public_properties():
+    _, ep, _ = models.export("mixed")
+    for field in _program.PRIVATE_FIELDS:
+        assert hasattr(ep, field), f"torch renamed ExportedProgram.{field}"
+    assert ep._state_dict is ep.state_dict
+    assert ep._constants is ep.constants
+    assert ep._graph_module is ep.graph_module
+    assert ep._graph_signature is ep.graph_signature
+
+
+def test_set_state_swaps_dicts_without_copying():
+    _, ep, _ = models.export("mixed")
+    clone = _program.shallow_clone(ep)
+    sd, consts = dict(ep.state_dict), dict(ep.constants)
+    _program.set_state(clone, sd, consts)
+    assert clone.state_dict is sd and clone.constants is consts
+    assert ep.state_dict is not sd  # the original keeps its own
+    clone.validate()
+
+
+def test_private_view_copies_dicts_and_optionally_the_graph():
+    _, ep, _ = models.export("mixed")
+    shallow = _program.private_view(ep, copy_graph=False)
+    assert shallow.graph_module is ep.graph_module
+    assert shallow.state_dict is not ep.state_dict and shallow.state_dict == ep.state_dict
+    deep = _program.private_view(ep, copy_graph=True)
+    assert deep.graph_module is not ep.graph_module
+    assert deep.graph is not ep.graph
+    assert deep.graph_module.code == ep.graph_module.code
+    assert deep.graph_signature is not ep.graph_signature
+    assert all(deep.state_dict[k] is v for k, v in ep.state_dict.items())
+
+
+def test_copy_graph_module_copies_nested_graph_modules():
+    class Cond(torch.nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda t: t + 1, lambda t: t - 1, (x,))
+
+    ep = torch.export.export(Cond(), (torch.randn(3),))
+    gm = ep.graph_module
+    copied = _program.copy_graph_module(gm)
+    subs = [n for n, m in gm.named_children() if isinstance(m, torch.fx.GraphModule)]
+    assert subs, "expected cond branches as submodules"
+    for name in subs:
+        assert getattr(copied, name) is not getattr(gm, name)
+        assert getattr(copied, name).code == getattr(gm, name).code
+
+
+def test_exported_program_constructor_keywords_are_unchanged():
+    params = inspect.signature(ExportedProgram.__init__).parameters
+    for name in (
+        "root",
+        "graph",
+        "graph_signature",
+        "state_dict",
+        "range_constraints",
+        "module_call_graph",
+        "example_inputs",
+        "constants",
+        "verifiers",
+    ):
+        assert name in params, f"ExportedProgram.__init__ lost {name!r}"
+
+
+def test_range_constraint_helper_exists():
+    from torch.export.exported_program import _get_updated_range_constraints
+
+    _, ep, _ = models.export("mlp", dynamic=True)
+    assert _get_updated_range_constraints(ep.graph_module, ep.range_constraints)
+
+
+def test_rebuild_from_graph_module_round_trips():
+    _, ep, args = models.export("mixed")
+    gm = _program.copy_graph_module(ep.graph_module)
+    out = _program.rebuild_from_graph_module(ep, gm)
+    assert out.graph_signature == ep.graph_signature
+    torch.testing.assert_close(out.module()(*args), ep.module()(*args))
+
+
+def test_tensor_version_counts_in_place_writes():
+    t = torch.zeros(2)
+    v = _program.tensor_version(t)
+    t.add_(1)
+    assert _program.tensor_version(t) == v + 1
+    assert _program.tensor_version("not a tensor") is None
+
+
+def test_same_view_reads_no_bytes_and_checks_layout():
+    t = torch.randn(4, 4)
+    assert _program.same_view(t, t.view(4, 4))
+    assert not _program.same_view(t, t.t())
+    assert not _program.same_view(t, t.clone())
+    assert not _program.same_view(t, t[1:])
+    assert not _program.same_view(t, t.view(torch.int32))
+    p = torch.nn.Parameter(t)
+    assert not _program.same_view(p, t)
+    assert _program.same_view(p, torch.nn.Parameter(t))
+    m1, m2 = torch.empty(3, device="meta"), torch.empty(3, device="meta")
+    assert not _program.same_view(m1, m2)
+    assert _program.same_view(torch.empty(0), torch.empty(0))
