@@ -137,29 +137,18 @@ def load_program(path: str | os.PathLike[str], *, trust: bool = False) -> Export
 
 
 def prune_state(ep: ExportedProgram) -> tuple[ExportedProgram, list[str]]:
-    """A program whose dicts hold only what its signature references.
+    """:func:`epass.prune` plus the keys it dropped; ``ep`` itself when nothing is unreferenced.
 
-    The dicts are new (sharing ends by choice); tensors are the same objects.
     Returns the program and the pruned keys (``"state_dict:<key>"`` / ``"constants:<key>"``).
     """
-    from epass import _program
+    from epass.linker import prune
 
-    sig = ep.graph_signature
-    in_state = set(sig.parameters) | (set(sig.buffers) - set(sig.non_persistent_buffers))
-    in_constants = (
-        set(sig.lifted_tensor_constants)
-        | set(sig.lifted_custom_objs)
-        | set(sig.non_persistent_buffers)
-    )
-    state = {k: v for k, v in ep.state_dict.items() if k in in_state}
-    constants = {k: v for k, v in ep.constants.items() if k in in_constants}
-    pruned = [f"state_dict:{k}" for k in ep.state_dict if k not in state]
-    pruned += [f"constants:{k}" for k in ep.constants if k not in constants]
+    targets = {s.target for s in ep.graph_signature.input_specs if s.target is not None}
+    pruned = [f"state_dict:{k}" for k in ep.state_dict if k not in targets]
+    pruned += [f"constants:{k}" for k in ep.constants if k not in targets]
     if not pruned:
         return ep, []
-    out = _program.shallow_clone(ep)
-    _program.set_state(out, state_dict=state, constants=constants)
-    return out, pruned
+    return prune(ep), pruned
 
 
 def save_program(ep: ExportedProgram, path: str | os.PathLike[str]) -> list[str]:
