@@ -455,7 +455,8 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     prog = result.program
     out.line()
     out.line(
-        f"{len(result.records)} passes in {elapsed:.2f}s; nodes "
+        f"{len(result.records)} pass{'' if len(result.records) == 1 else 'es'} in "
+        f"{elapsed:.2f}s; nodes "
         f"{len(ep.graph.nodes)} -> {len(prog.graph.nodes)}; "
         f"state_dict shared: {'yes' if prog.state_dict is ep.state_dict else 'no'}, "
         f"constants shared: {'yes' if prog.constants is ep.constants else 'no'}"
@@ -711,6 +712,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    if not debug:
+        # torch's own deprecation inside run_decompositions on loaded programs: noise
+        # for a command-line user, who cannot act on it.
+        warnings.filterwarnings(
+            "ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning
+        )
     try:
         args = build_parser().parse_args(argv)
         out = _Out(plain=args.plain)

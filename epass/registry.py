@@ -446,7 +446,10 @@ def _description(entry: _Entry) -> str:
     if entry.description:
         return entry.description
     doc = inspect.getdoc(entry.factory) if entry.factory is not None else None
-    return doc.strip().splitlines()[0] if doc else ""
+    if not doc:
+        return ""
+    # The first paragraph, on one line (summaries often wrap).
+    return " ".join(doc.strip().split("\n\n")[0].split())
 
 
 def describe_pass(name: str) -> PassEntry:

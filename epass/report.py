@@ -166,7 +166,7 @@ border-bottom:1px solid #dde;padding-bottom:.2em}
 code{background:#f2f3f7;padding:1px 4px;border-radius:3px}
 table{border-collapse:collapse;width:100%;margin-top:.5em}
 th,td{border-bottom:1px solid #e4e6ee;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f6f7fb}td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f6f7fb}td.pass{white-space:nowrap}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .meta{color:#555}.badge{display:inline-block;padding:0 6px;border-radius:8px;font-size:.9em}
 .shared{background:#dff3e4;color:#176a2c}.diverged{background:#fde2e1;color:#9b1c1c}
 .same{background:#eef0f5;color:#444}.skip{background:#fff4d6;color:#7a5a00}
