@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -233,6 +234,7 @@ def test_numerics_failure_exits_1(
     assert "numerics differ: max abs diff 1" in _one_line_error(err)
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_pickled_payload_is_refused_and_not_executed(
     files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -266,6 +268,7 @@ class _Marker:
         return (Path.touch, (Path(self.path),))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_torch_export_load_alone_would_run_the_payload(
     files: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -317,6 +320,27 @@ def test_rich_and_plain_tables_show_the_same_rows(
     assert "━" not in plain_out
     for name in ("decompose", "fold-constants"):
         assert name in rich_out and name in plain_out
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_shown_on_a_terminal_only(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "rich", None)  # the plain progress line
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["run", str(files["mlp"]), "-p", "decompose, repeat(2, [decompose])"]) == 0
+    shown = terminal.getvalue()
+    assert "[1/2] decompose (step 0)" in shown
+    assert "[2/2]   decompose (step 0)" in shown  # nested passes are indented
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: no progress
+    assert main(["run", str(files["mlp"]), "-p", "decompose"]) == 0
+    assert sys.stderr.getvalue() == ""
 
 
 def _cli(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
