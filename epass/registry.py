@@ -108,7 +108,11 @@ BUILTIN_DESCRIPTIONS = {
 
 @attrs.frozen
 class OptionInfo:
-    """One option a pass takes: its name, type (as text) and default."""
+    """One option a pass takes: its name, type (as text) and default.
+
+    ``as_dict()`` gives the default in pipeline-text form (``"bfloat16"``,
+    ``"none"``, ``"aten.relu.default"``), ready to paste into a pipeline.
+    """
 
     name: str
     type: str
