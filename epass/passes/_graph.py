@@ -1,0 +1,260 @@
+"""Graph helpers the built-in passes share: state placeholders, signatures, purity."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ConstantArgument,
+    CustomObjArgument,
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputSpec,
+    TensorArgument,
+)
+
+from epass import _program
+
+__all__ = [
+    "STATE_KINDS",
+    "build_program",
+    "fake_value",
+    "is_mutating",
+    "mutated_nodes",
+    "new_state_placeholder",
+    "remove_unused_state_placeholders",
+    "state_values",
+    "unique_key",
+]
+
+STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+
+def placeholders(gm: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            break
+        yield node
+
+
+def specs_by_name(sig: ExportGraphSignature) -> dict[str, InputSpec]:
+    return {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
+
+
+def state_values(ep: ExportedProgram) -> dict[str, Any]:
+    """Placeholder name -> the tensor (or object) the program feeds it, for state inputs."""
+    out: dict[str, Any] = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.target is None or not hasattr(spec.arg, "name"):
+            continue
+        if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
+            out[spec.arg.name] = ep.state_dict[spec.target]
+        elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
+            out[spec.arg.name] = ep.constants[spec.target]
+    return out
+
+
+def unique_key(base: str, *taken: Iterable[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``... whichever is not in any of ``taken``."""
+    used = set().union(*taken)
+    if base not in used:
+        return base
+    i = 1
+    while f"{base}_{i}" in used:
+        i += 1
+    return f"{base}_{i}"
+
+
+def fake_value(gm: torch.fx.GraphModule, tensor: torch.Tensor) -> Any:
+    """A fake tensor for ``tensor`` in the fake mode of ``gm``'s placeholders (static
+    shapes), or None when the graph carries no fake values."""
+    for node in placeholders(gm):
+        mode = getattr(node.meta.get("val"), "fake_mode", None)
+        if mode is not None:
+            return mode.from_tensor(tensor, static_shapes=True)
+    return None
+
+
+def input_kinds(ep: ExportedProgram) -> dict[str, InputKind]:
+    """Placeholder name -> input kind, from ``ep``'s signature."""
+    return {name: spec.kind for name, spec in specs_by_name(ep.graph_signature).items()}
+
+
+def new_state_placeholder(
+    gm: torch.fx.GraphModule,
+    kinds: dict[str, InputKind],
+    name: str,
+    value: torch.Tensor,
+    kind: InputKind,
+) -> torch.fx.Node:
+    """Insert a placeholder for a new state input where torch.export puts one:
+    parameters after the last parameter, other state before the first user input.
+
+    ``kinds`` maps existing placeholder names to their kinds; the new one is added.
+    """
+    anchor = None
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            anchor = node
+            break
+        existing = kinds.get(node.name)
+        if kind == InputKind.PARAMETER and existing != InputKind.PARAMETER:
+            anchor = node
+            break
+        if existing not in (*STATE_KINDS, InputKind.CUSTOM_OBJ):
+            anchor = node
+            break
+    if anchor is None:
+        raise ValueError("graph has no output node")
+    with gm.graph.inserting_before(anchor):
+        node = gm.graph.placeholder(name)
+    kinds[node.name] = kind
+    val = fake_value(gm, value)
+    if val is not None:
+        node.meta["val"] = val
+    return node
+
+
+def remove_unused_state_placeholders(
+    gm: torch.fx.GraphModule, sig: ExportGraphSignature, only: Iterable[str] | None = None
+) -> list[str]:
+    """Erase parameter, buffer, constant and custom-object placeholders without users
+    (restricted to the names in ``only`` when given). Returns the erased names."""
+    by_name = specs_by_name(sig)
+    allowed = None if only is None else set(only)
+    kinds = (*STATE_KINDS, InputKind.CUSTOM_OBJ)
+    removed = []
+    for node in list(placeholders(gm)):
+        spec = by_name.get(node.name)
+        if node.users or spec is None or spec.kind not in kinds:
+            continue
+        if allowed is not None and node.name not in allowed:
+            continue
+        gm.graph.erase_node(node)
+        removed.append(node.name)
+    return removed
+
+
+def build_program(
+    ep: ExportedProgram,
+    gm: torch.fx.GraphModule,
+    *,
+    new_specs: Mapping[str, InputSpec] | None = None,
+    state_dict: Mapping[str, Any] | None = None,
+    constants: Mapping[str, Any] | None = None,
+) -> ExportedProgram:
+    """A new program from ``ep`` with graph ``gm``, whose placeholders are ``ep``'s
+    (matched by name, some possibly removed) plus the ones named in ``new_specs``."""
+    by_name = specs_by_name(ep.graph_signature)
+    added = dict(new_specs or {})
+    inputs = []
+    for node in placeholders(gm):
+        spec = added.get(node.name) or by_name.get(node.name)
+        if spec is None:
+            raise ValueError(f"placeholder {node.name!r} has no input spec")
+        inputs.append(spec)
+    outs = leaves(gm.graph.output_node().args[0])
+    outputs = []
+    for spec, node in zip(ep.graph_signature.output_specs, outs, strict=True):
+        arg = spec.arg
+        if isinstance(node, torch.fx.Node) and not isinstance(
+            arg, (ConstantArgument, CustomObjArgument)
+        ):
+            arg = type(arg)(name=node.name)
+        outputs.append(OutputSpec(spec.kind, arg, spec.target))
+    gm.recompile()
+    signature = ExportGraphSignature(input_specs=inputs, output_specs=outputs)
+    return _program.rebuild_from_graph_module(
+        ep, gm, state_dict=state_dict, constants=constants, graph_signature=signature
+    )
+
+
+def constant_spec(name: str, key: str) -> InputSpec:
+    return InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(name=name), key)
+
+
+def parameter_spec(name: str, key: str) -> InputSpec:
+    return InputSpec(InputKind.PARAMETER, TensorArgument(name=name), key)
+
+
+def leaves(value: Any) -> list[Any]:
+    """The leaves of nested lists, tuples and dicts of node arguments."""
+    out: list[Any] = []
+    torch.fx.node.map_aggregate(value, out.append)
+    return out
+
+
+def is_mutating(node: torch.fx.Node) -> bool:
+    """True for calls of an operator whose schema writes to one of its inputs."""
+    schema = _program.op_schema(node.target) if node.op == "call_function" else None
+    return schema is not None and bool(schema.is_mutable)
+
+
+def _returns_alias(node: torch.fx.Node) -> bool:
+    schema = _program.op_schema(node.target) if node.op == "call_function" else None
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+
+
+def mutated_nodes(gm: torch.fx.GraphModule, sig: ExportGraphSignature) -> set[torch.fx.Node]:
+    """Nodes whose value changes while the graph runs: the targets of in-place ops
+    (followed back through views) and the inputs the signature says are mutated."""
+    mutated: set[torch.fx.Node] = set()
+    for node in gm.graph.nodes:
+        if not is_mutating(node):
+            continue
+        schema = _program.op_schema(node.target)
+        assert schema is not None
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            for v in leaves(value):
+                while isinstance(v, torch.fx.Node) and v not in mutated:
+                    mutated.add(v)
+                    v = v.args[0] if _returns_alias(v) and v.args else None
+        mutated.add(node)
+    targets = set(sig.buffers_to_mutate.values()) | set(sig.user_inputs_to_mutate.values())
+    names = {
+        s.arg.name
+        for s in sig.input_specs
+        if hasattr(s.arg, "name") and (s.target in targets or s.arg.name in targets)
+    }
+    mutated.update(n for n in placeholders(gm) if n.name in names)
+    return mutated
+
+
+def fake_mode(gm: torch.fx.GraphModule) -> Any:
+    """The fake mode of ``gm``'s placeholder values, or None."""
+    for node in gm.graph.nodes:
+        mode = getattr(node.meta.get("val"), "fake_mode", None)
+        if mode is not None:
+            return mode
+    return None
+
+
+def fill_meta(gm: torch.fx.GraphModule, *, force: bool = False) -> None:
+    """Compute ``meta["val"]`` (a fake value) for call_function nodes that lack one,
+    or for every call_function node when ``force`` is set, by running each operator
+    on its inputs' fake values. Placeholders keep theirs.
+
+    The export verifier wants a value on every node; rewrites that insert nodes
+    use this instead of re-running FakeTensorProp over the unchanged graph.
+    """
+    mode = fake_mode(gm)
+    if mode is None:
+        return
+
+    def val(arg: Any) -> Any:
+        return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+
+    with mode:
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or (not force and "val" in node.meta):
+                continue
+            args = torch.fx.node.map_aggregate(node.args, val)
+            kwargs = torch.fx.node.map_aggregate(node.kwargs, val)
+            node.meta["val"] = node.target(*args, **kwargs)  # type: ignore[operator]
