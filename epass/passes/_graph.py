@@ -199,11 +199,21 @@ def _returns_alias(node: torch.fx.Node) -> bool:
     return schema is not None and any(r.alias_info is not None for r in schema.returns)
 
 
-def mutated_nodes(gm: torch.fx.GraphModule, sig: ExportGraphSignature) -> set[torch.fx.Node]:
-    """Nodes whose value changes while the graph runs: the targets of in-place ops
-    (followed back through views) and the inputs the signature says are mutated."""
-    mutated: set[torch.fx.Node] = set()
+def mutated_nodes(
+    gm: torch.fx.GraphModule, sig: ExportGraphSignature | None = None
+) -> set[torch.fx.Node]:
+    """Nodes whose value changes while the graph runs: every alias (views, in-place
+    results) of a tensor an in-place op writes, plus, when ``sig`` is given, the inputs the
+    signature says are mutated (their value differs from one call to the next)."""
+    # Every node's alias root: views and in-place results share their input's root.
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    written: set[torch.fx.Node] = set()
     for node in gm.graph.nodes:
+        first = node.args[0] if node.args else None
+        if _returns_alias(node) and isinstance(first, torch.fx.Node):
+            root[node] = root.get(first, first)
+        else:
+            root[node] = node
         if not is_mutating(node):
             continue
         schema = _program.op_schema(node.target)
@@ -212,11 +222,10 @@ def mutated_nodes(gm: torch.fx.GraphModule, sig: ExportGraphSignature) -> set[to
             if arg.alias_info is None or not arg.alias_info.is_write:
                 continue
             value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            for v in leaves(value):
-                while isinstance(v, torch.fx.Node) and v not in mutated:
-                    mutated.add(v)
-                    v = v.args[0] if _returns_alias(v) and v.args else None
-        mutated.add(node)
+            written.update(root[v] for v in leaves(value) if isinstance(v, torch.fx.Node))
+    mutated = {n for n, r in root.items() if r in written}
+    if sig is None:
+        return mutated
     targets = set(sig.buffers_to_mutate.values()) | set(sig.user_inputs_to_mutate.values())
     names = {
         s.arg.name
