@@ -235,3 +235,9 @@ def op_schema(target: Any) -> torch.FunctionSchema | None:
     if not isinstance(target, torch._ops.OpOverload):
         return None
     return target._schema
+
+
+def is_op_overload(value: Any) -> bool:
+    """True for an ATen-style operator overload (``torch._ops.OpOverload``), such as
+    ``torch.ops.aten.relu.default``."""
+    return isinstance(value, torch._ops.OpOverload)
