@@ -21,12 +21,21 @@ from epass import _program
 
 __all__ = [
     "STATE_KINDS",
+    "InputKind",
     "build_program",
+    "constant_spec",
+    "fake_mode",
     "fake_value",
+    "fill_meta",
+    "input_kinds",
     "is_mutating",
+    "leaves",
     "mutated_nodes",
     "new_state_placeholder",
+    "parameter_spec",
+    "placeholders",
     "remove_unused_state_placeholders",
+    "specs_by_name",
     "state_values",
     "unique_key",
 ]

@@ -16,6 +16,7 @@ from epass.protocol import PassResult
 __all__ = ["CastDtype"]
 
 _TARGETS = (torch.bfloat16, torch.float16)
+_TO_COPY = torch.ops.aten._to_copy.default
 
 
 def _castable(value: Any, dtype: torch.dtype) -> bool:
@@ -56,7 +57,9 @@ class CastDtype:
     name: ClassVar[str] = "cast-dtype"
     changes_input: ClassVar[bool] = False
 
-    dtype: torch.dtype = attrs.field(default=torch.bfloat16, validator=attrs.validators.in_(_TARGETS))
+    dtype: torch.dtype = attrs.field(
+        default=torch.bfloat16, validator=attrs.validators.in_(_TARGETS)
+    )
     keep_io: bool = True
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
@@ -129,7 +132,7 @@ class CastDtype:
         users = list(node.users)
         first = next(n for n in gm.graph.nodes if n.op != "placeholder")
         with gm.graph.inserting_before(first):
-            cast = gm.graph.call_function(torch.ops.aten._to_copy.default, (node,), {"dtype": dtype})
+            cast = gm.graph.call_function(_TO_COPY, (node,), {"dtype": dtype})
         for user in users:
             user.replace_input_with(node, cast)
 
@@ -140,12 +143,10 @@ class CastDtype:
             if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.USER_INPUT_MUTATION):
                 continue
             val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-            if not _castable(val, self.dtype):
+            if val is None or not _castable(val, self.dtype):
                 continue
             with gm.graph.inserting_before(output):
-                outs[i] = gm.graph.call_function(
-                    torch.ops.aten._to_copy.default, (node,), {"dtype": val.dtype}
-                )
+                outs[i] = gm.graph.call_function(_TO_COPY, (node,), {"dtype": val.dtype})
         output.args = (type(output.args[0])(outs),)
 
 
@@ -154,5 +155,3 @@ def _target(sig: Any, name: str) -> str:
         if getattr(spec.arg, "name", None) == name:
             return str(spec.target)
     raise KeyError(name)
-
-

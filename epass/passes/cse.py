@@ -32,9 +32,12 @@ def _banned(gm: torch.fx.GraphModule) -> set[Any]:
         if node.op != "call_function":
             continue
         target = node.target
-        if node.is_impure() or _graph.is_mutating(node):
-            banned.add(_packet(target))
-        elif (tags := getattr(target, "tags", None)) and torch.Tag.nondeterministic_seeded in tags:
+        tags = getattr(target, "tags", ())
+        if (
+            node.is_impure()
+            or _graph.is_mutating(node)
+            or torch.Tag.nondeterministic_seeded in tags
+        ):
             banned.add(_packet(target))
         elif any(i in mutated for i in node.all_input_nodes):
             # Reads a value an in-place op changes while the graph runs: two

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import attrs
-import torch
 from torch.export import ExportedProgram
 
 from epass import _program
@@ -68,5 +67,3 @@ class DeadCodeElimination:
         _graph.remove_unused_state_placeholders(gm, sig, only=state_names)
         gm.delete_all_unused_submodules()
         return PassResult(_graph.build_program(ep, gm), True)
-
-

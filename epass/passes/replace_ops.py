@@ -6,7 +6,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import attrs
-import torch
 from torch.export import ExportedProgram
 from torch.fx import subgraph_rewriter
 
@@ -89,9 +88,7 @@ class ReplaceOps:
         if traced:
             ep = ep.run_decompositions(traced)
             modified = True
-        retarget = {
-            op: new for op, new in self.ops.items() if _program.is_op_overload(new)
-        }
+        retarget = {op: new for op, new in self.ops.items() if _program.is_op_overload(new)}
         if not retarget and not self.patterns:
             return PassResult(ep, modified)
         gm = _program.copy_graph_module(ep.graph_module)
@@ -103,7 +100,8 @@ class ReplaceOps:
                 node.meta.pop("val", None)
                 changed = True
         for pattern, replacement in self.patterns:
-            changed |= bool(subgraph_rewriter.replace_pattern_with_filters(gm, pattern, replacement))
+            replaced = subgraph_rewriter.replace_pattern_with_filters(gm, pattern, replacement)
+            changed |= bool(replaced)
         if not changed:
             return PassResult(ep, modified)
         _graph.fill_meta(gm)
