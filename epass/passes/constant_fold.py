@@ -135,14 +135,16 @@ class ConstantFold:
             return PassResult(ep, False)
         return self._apply(ep, plan)
 
-    def _plan(self, ep: ExportedProgram) -> dict[str, torch.Tensor]:
-        """Boundary node name -> its folded value (new tensors only)."""
+    def _plan(self, ep: ExportedProgram) -> dict[str, tuple[str, torch.Tensor]]:
+        """Boundary node name -> (name of the node whose value it shares, the value)."""
         graph = ep.graph_module.graph
         state = _graph.state_values(ep)
         mutated = _graph.mutated_nodes(ep.graph_module, ep.graph_signature)
         values: dict[torch.fx.Node, Any] = {}
         trivial: set[torch.fx.Node] = set()
         order: list[torch.fx.Node] = []
+        canon: dict[torch.fx.Node, torch.fx.Node] = {}
+        seen: dict[Any, torch.fx.Node] = {}
         with torch.no_grad():
             for node in graph.nodes:
                 if node in mutated:
@@ -156,9 +158,17 @@ class ConstantFold:
                 inputs = node.all_input_nodes
                 if not _foldable_op(node) or not all(i in values for i in inputs):
                     continue
-                args = torch.fx.node.map_arg(node.args, values.__getitem__)
-                kwargs = torch.fx.node.map_arg(node.kwargs, values.__getitem__)
-                values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+                # Identical computations (tied weights) share one evaluation and
+                # one constant.
+                key = _structure(node, canon)
+                first = seen.setdefault(key, node)
+                canon[node] = canon.get(first, first)
+                if first is node:
+                    args = torch.fx.node.map_arg(node.args, values.__getitem__)
+                    kwargs = torch.fx.node.map_arg(node.kwargs, values.__getitem__)
+                    values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+                else:
+                    values[node] = values[first]
                 order.append(node)
                 schema = _program.op_schema(node.target)
                 if (
@@ -170,7 +180,8 @@ class ConstantFold:
                     trivial.add(node)
         # Walk backwards so each node knows whether its users were folded.
         rejected: set[torch.fx.Node] = set()
-        boundary: dict[str, torch.Tensor] = {}
+        boundary: dict[str, tuple[str, torch.Tensor]] = {}
+        owned: dict[torch.fx.Node, torch.Tensor] = {}
         state_ptrs = {_storage_key(v) for v in state.values() if isinstance(v, torch.Tensor)}
         for node in reversed(order):
             needed = any(u not in values or u in rejected for u in node.users)
@@ -187,30 +198,42 @@ class ConstantFold:
             if value.nbytes > self.max_growth * in_bytes:
                 rejected.add(node)
                 continue
-            with torch.no_grad():
-                boundary[node.name] = _owned(value.detach(), state_ptrs)
+            first = canon[node]
+            if first not in owned:
+                with torch.no_grad():
+                    owned[first] = _owned(value.detach(), state_ptrs)
+            boundary[node.name] = (first.name, owned[first])
         return boundary
 
-    def _apply(self, ep: ExportedProgram, plan: dict[str, torch.Tensor]) -> ConstantFoldResult:
+    def _apply(
+        self, ep: ExportedProgram, plan: dict[str, tuple[str, torch.Tensor]]
+    ) -> ConstantFoldResult:
         gm = _program.copy_graph_module(ep.graph_module)
         kinds = _graph.input_kinds(ep)
         constants = dict(ep.constants)
         new_specs: dict[str, InputSpec] = {}
         used_before = {n.name for n in _graph.placeholders(gm) if n.users}
         folded: list[torch.fx.Node] = []
-        for node in gm.graph.nodes:
-            value = plan.get(node.name)
-            if value is None or node.op != "call_function":
+        lifted: dict[str, torch.fx.Node] = {}
+        nbytes = 0
+        for node in list(gm.graph.nodes):
+            entry = plan.get(node.name)
+            if entry is None or node.op != "call_function":
                 continue
-            key = _graph.unique_key(f"folded_{node.name}", ep.state_dict, constants)
-            placeholder = _graph.new_state_placeholder(
-                gm, kinds, f"c_{key}", value, _graph.InputKind.CONSTANT_TENSOR
-            )
-            if "val" not in placeholder.meta and "val" in node.meta:
-                placeholder.meta["val"] = node.meta["val"]
+            first, value = entry
+            placeholder = lifted.get(first)
+            if placeholder is None:
+                key = _graph.unique_key(f"folded_{first}", ep.state_dict, constants)
+                placeholder = _graph.new_state_placeholder(
+                    gm, kinds, f"c_{key}", value, _graph.InputKind.CONSTANT_TENSOR
+                )
+                if "val" not in placeholder.meta and "val" in node.meta:
+                    placeholder.meta["val"] = node.meta["val"]
+                constants[key] = value
+                new_specs[placeholder.name] = _graph.constant_spec(placeholder.name, key)
+                lifted[first] = placeholder
+                nbytes += value.nbytes
             node.replace_all_uses_with(placeholder)
-            constants[key] = value
-            new_specs[placeholder.name] = _graph.constant_spec(placeholder.name, key)
             folded.append(node)
         # Erase the folded subgraphs: dead call nodes, newest first.
         for node in reversed(list(gm.graph.nodes)):
@@ -220,11 +243,27 @@ class ConstantFold:
         _graph.remove_unused_state_placeholders(gm, ep.graph_signature, only=now_unused)
         program = _graph.build_program(ep, gm, new_specs=new_specs, constants=constants)
         added = tuple(new_specs[p].target or "" for p in new_specs)
-        nbytes = sum(v.nbytes for v in plan.values())
         logger.info("fold-constants: %d nodes folded, %d bytes added", len(folded), nbytes)
         return ConstantFoldResult(
             program, True, folded=tuple(n.name for n in folded), added=added, bytes_added=nbytes
         )
+
+
+def _structure(node: torch.fx.Node, canon: dict[torch.fx.Node, torch.fx.Node]) -> Any:
+    """A hashable description of the computation at ``node``, inputs canonicalized."""
+
+    def freeze(value: Any) -> Any:
+        if isinstance(value, torch.fx.Node):
+            return ("node", canon.get(value, value).name)
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, *(freeze(v) for v in value))
+        if isinstance(value, dict):
+            return ("dict", *sorted((k, freeze(v)) for k, v in value.items()))
+        if isinstance(value, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+            return (type(value).__name__, value)
+        return ("id", id(value))
+
+    return (node.target, freeze(node.args), freeze(node.kwargs))
 
 
 def _owned(value: torch.Tensor, state_ptrs: set[int | None]) -> torch.Tensor:
