@@ -23,6 +23,8 @@ __all__ = [
     "STATE_KINDS",
     "InputKind",
     "build_program",
+    "copy_graph",
+    "original_name",
     "constant_spec",
     "fake_mode",
     "fake_value",
@@ -148,6 +150,33 @@ def remove_unused_state_placeholders(
     return removed
 
 
+def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
+    """A private copy of ``ep``'s graph (tensors shared) whose placeholders remember
+    their input specs.
+
+    Copying a graph can rename nodes (``input`` becomes ``input_1``, because the
+    new graph's namespace avoids Python builtins), so :func:`build_program` finds
+    the spec of an existing input through this tag rather than by name.
+    """
+    gm = _program.copy_graph_module(ep.graph_module)
+    specs = ep.graph_signature.input_specs
+    nodes = list(placeholders(gm))
+    if len(nodes) != len(specs):
+        raise ValueError(f"{len(nodes)} placeholders but {len(specs)} input specs")
+    for node, spec in zip(nodes, specs, strict=True):
+        node.meta[_SPEC] = spec
+    return gm
+
+
+_SPEC = "epass_input_spec"
+
+
+def original_name(node: torch.fx.Node) -> str:
+    """The name a placeholder of :func:`copy_graph` had in the original program."""
+    spec = node.meta.get(_SPEC)
+    return str(spec.arg.name) if spec is not None and hasattr(spec.arg, "name") else node.name
+
+
 def build_program(
     ep: ExportedProgram,
     gm: torch.fx.GraphModule,
@@ -162,9 +191,13 @@ def build_program(
     added = dict(new_specs or {})
     inputs = []
     for node in placeholders(gm):
-        spec = added.get(node.name) or by_name.get(node.name)
+        spec = node.meta.pop(_SPEC, None) or added.get(node.name) or by_name.get(node.name)
         if spec is None:
             raise ValueError(f"placeholder {node.name!r} has no input spec")
+        if hasattr(spec.arg, "name") and spec.arg.name != node.name:
+            spec = InputSpec(
+                spec.kind, type(spec.arg)(name=node.name), spec.target, spec.persistent
+            )
         inputs.append(spec)
     outs = leaves(gm.graph.output_node().args[0])
     outputs = []

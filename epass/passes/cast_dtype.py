@@ -9,7 +9,6 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
-from epass import _program
 from epass.passes import _graph
 from epass.protocol import PassResult
 
@@ -75,7 +74,7 @@ class CastDtype:
         }
         if not cast_names and not float_inputs:
             return PassResult(ep, False)
-        gm = _program.copy_graph_module(gm0)
+        gm = _graph.copy_graph(ep)
         state_dict, constants = self._cast_state(ep, cast_names)
         mode = _graph.fake_mode(gm)
         nodes = list(gm.graph.nodes)
@@ -84,13 +83,14 @@ class CastDtype:
                 node.args = torch.fx.node.map_aggregate(node.args, self._dtype_arg)
                 node.kwargs = torch.fx.node.map_aggregate(node.kwargs, self._dtype_arg)
         for node in _graph.placeholders(gm):
-            if node.name in cast_names:
-                key = _target(sig, node.name)
+            name = _graph.original_name(node)
+            if name in cast_names:
+                key = _target(sig, name)
                 value = state_dict[key] if key in state_dict else constants[key]
                 val = _graph.fake_value(gm, value)
                 if val is not None:
                     node.meta["val"] = val
-            elif node.name in float_inputs:
+            elif name in float_inputs:
                 if self.keep_io:
                     self._cast_after(gm, node, self.dtype)
                 elif mode is not None:

@@ -208,7 +208,7 @@ class ConstantFold:
     def _apply(
         self, ep: ExportedProgram, plan: dict[str, tuple[str, torch.Tensor]]
     ) -> ConstantFoldResult:
-        gm = _program.copy_graph_module(ep.graph_module)
+        gm = _graph.copy_graph(ep)
         kinds = _graph.input_kinds(ep)
         constants = dict(ep.constants)
         new_specs: dict[str, InputSpec] = {}

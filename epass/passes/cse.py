@@ -9,7 +9,6 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.dialect.common.cse_pass import CSEPass, get_CSE_banned_ops
 
-from epass import _program
 from epass.passes import _graph
 from epass.protocol import PassResult
 
@@ -73,7 +72,7 @@ class CSE:
     changes_input: ClassVar[bool] = False
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
-        gm = _program.copy_graph_module(ep.graph_module)
+        gm = _graph.copy_graph(ep)
         result = CSEPass(banned_ops=_banned(gm)).call(gm)
         if not result.modified:
             return PassResult(ep, False)

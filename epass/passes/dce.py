@@ -7,7 +7,6 @@ from typing import ClassVar
 import attrs
 from torch.export import ExportedProgram
 
-from epass import _program
 from epass.passes import _graph
 from epass.protocol import PassResult
 
@@ -62,7 +61,7 @@ class DeadCodeElimination:
         }
         if not _has_dead_code(ep, state_names):
             return PassResult(ep, False)
-        gm = _program.copy_graph_module(ep.graph_module)
+        gm = _graph.copy_graph(ep)
         gm.graph.eliminate_dead_code()
         _graph.remove_unused_state_placeholders(gm, sig, only=state_names)
         gm.delete_all_unused_submodules()

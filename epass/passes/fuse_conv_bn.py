@@ -94,7 +94,7 @@ class FuseConvBN:
         matches = self._matches(ep)
         if not matches:
             return PassResult(ep, False)
-        gm = _program.copy_graph_module(ep.graph_module)
+        gm = _graph.copy_graph(ep)
         nodes = {n.name: n for n in gm.graph.nodes}
         state = _graph.state_values(ep)
         kinds = _graph.input_kinds(ep)

@@ -10,7 +10,6 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputSpec
 
-from epass import _program
 from epass.passes import _graph
 from epass.protocol import PassResult
 
@@ -106,9 +105,9 @@ class LiftConstants:
         if self.fx is None:
             if not _tensor_attrs(ep.graph_module):
                 return PassResult(ep, False)
-            gm = _program.copy_graph_module(ep.graph_module)
+            gm = _graph.copy_graph(ep)
         else:
-            gm = _program.copy_graph_module(ep.graph_module)
+            gm = _graph.copy_graph(ep)
             before = gm.code
             out = self.fx(gm)
             if isinstance(out, torch.fx.GraphModule):

@@ -10,6 +10,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _program
+from epass.passes import _graph
 from epass.protocol import PassResult
 
 __all__ = ["ASSERTION_OPS", "RemoveAssertions", "RemoveAssertionsResult"]
@@ -73,7 +74,7 @@ class RemoveAssertions:
     def __call__(self, ep: ExportedProgram) -> PassResult:
         if not any(_is_assertion(n) for n in ep.graph.nodes):
             return PassResult(ep, False)
-        gm = _program.copy_graph_module(ep.graph_module)
+        gm = _graph.copy_graph(ep)
         removed = 0
         # Newest first: a functional assertion's token is used only by later ones.
         for node in reversed(list(gm.graph.nodes)):
@@ -86,9 +87,7 @@ class RemoveAssertions:
         if not removed:
             return PassResult(ep, False)
         logger.info("remove-asserts: %d assertion nodes removed", removed)
-        return RemoveAssertionsResult(
-            _program.rebuild_from_graph_module(ep, gm), True, removed=removed
-        )
+        return RemoveAssertionsResult(_graph.build_program(ep, gm), True, removed=removed)
 
 
 def _erase_dead_producers(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> None:

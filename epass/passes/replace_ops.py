@@ -91,7 +91,7 @@ class ReplaceOps:
         retarget = {op: new for op, new in self.ops.items() if _program.is_op_overload(new)}
         if not retarget and not self.patterns:
             return PassResult(ep, modified)
-        gm = _program.copy_graph_module(ep.graph_module)
+        gm = _graph.copy_graph(ep)
         changed = False
         for node in gm.graph.nodes:
             new = retarget.get(node.target) if node.op == "call_function" else None
