@@ -101,9 +101,10 @@ class ConstantFold:
     topological order, O(nodes).
 
     Not folded, to keep the program small: a boundary value larger than
-    ``max_growth`` times its direct inputs (an ``expand`` or an outer product;
-    its inputs are folded instead), and a reshape or copy applied directly to a
-    state input (it would only duplicate the entry).
+    ``max_growth`` times the state it is computed from (an ``expand``, also
+    behind a ``view``, or an outer product; the smaller values feeding it are
+    folded instead), and a reshape or copy applied directly to a state input
+    (it would only duplicate the entry).
 
     Graph: folded nodes become ``CONSTANT_TENSOR`` placeholders. State: **adds**
     one ``constants`` entry per boundary value (keys ``folded_<node>``); the
@@ -113,7 +114,8 @@ class ConstantFold:
     Works on training-IR and decomposed programs alike.
 
     Args:
-        max_growth: the largest ratio of a folded value's bytes to its inputs'.
+        max_growth: the largest ratio of a folded value's bytes to the bytes of the
+            parameters, buffers and constants it is computed from.
 
     Returns a :class:`ConstantFoldResult` with the folded nodes, new keys and
     ``bytes_added``.
@@ -145,6 +147,8 @@ class ConstantFold:
         order: list[torch.fx.Node] = []
         canon: dict[torch.fx.Node, torch.fx.Node] = {}
         seen: dict[Any, torch.fx.Node] = {}
+        # Bytes of the state a value is computed from (shared inputs counted per path).
+        source: dict[torch.fx.Node, int] = {}
         with torch.no_grad():
             for node in graph.nodes:
                 if node in mutated:
@@ -153,6 +157,7 @@ class ConstantFold:
                     value = state.get(node.name)
                     if isinstance(value, torch.Tensor):
                         values[node] = value
+                        source[node] = value.nbytes
                         trivial.add(node)
                     continue
                 inputs = node.all_input_nodes
@@ -170,6 +175,7 @@ class ConstantFold:
                 else:
                     values[node] = values[first]
                 order.append(node)
+                source[node] = sum(source[i] for i in inputs)
                 schema = _program.op_schema(node.target)
                 if (
                     schema is not None
@@ -191,11 +197,7 @@ class ConstantFold:
             if not isinstance(value, torch.Tensor) or node in trivial:
                 rejected.add(node)
                 continue
-            in_bytes = sum(
-                v.nbytes for v in (values[i] for i in node.all_input_nodes)
-                if isinstance(v, torch.Tensor)
-            )  # fmt: skip
-            if value.nbytes > self.max_growth * in_bytes:
+            if value.nbytes > self.max_growth * source[node]:
                 rejected.add(node)
                 continue
             first = canon[node]

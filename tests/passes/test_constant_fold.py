@@ -124,3 +124,16 @@ def test_constant_fold_skips_random_and_uninitialized_ops() -> None:
 def test_constant_fold_rejects_negative_growth() -> None:
     with pytest.raises(ValueError):
         ConstantFold(max_growth=-1)
+
+
+def test_constant_fold_size_guard_sees_through_views_of_expands() -> None:
+    # Decomposed attention computes view(expand(permute(in_proj_weight))): only the
+    # permute may fold, not the batch-sized copy behind the view.
+    ep = h.program("transformer", form="decomposed")
+    result = ConstantFold()(ep)
+    assert isinstance(result, ConstantFoldResult)
+    suffixes = ("in_proj_weight", "out_proj.weight", "linear1.weight", "linear2.weight")
+    weights = [v for k, v in ep.state_dict.items() if k.endswith(suffixes)]
+    assert len(weights) == 8
+    assert result.bytes_added == sum(w.nbytes for w in weights)
+    h.assert_close(result.program, "transformer")
