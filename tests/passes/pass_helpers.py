@@ -29,10 +29,15 @@ ZOO_IDS = [f"{n}-dynamic" if d else n for n, d in ZOO]
 
 
 def zoo_params() -> Any:
-    """``(name, dynamic, form)`` for every zoo case in both program forms."""
+    """``(name, dynamic, form)`` for every zoo case in both program forms; the
+    transformer cases are marked slow."""
     return pytest.mark.parametrize(
         ("name", "dynamic", "form"),
-        [(n, d, f) for (n, d) in ZOO for f in FORMS],
+        [
+            pytest.param(n, d, f, marks=[pytest.mark.slow] if n == "transformer" else [])
+            for (n, d) in ZOO
+            for f in FORMS
+        ],
         ids=[f"{i}-{f}" for i in ZOO_IDS for f in FORMS],
     )
 

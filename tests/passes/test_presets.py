@@ -58,7 +58,7 @@ def test_lower_is_a_named_nestable_manager() -> None:
     ep = h.program("mlp")
     result = epass.PassManager([pipeline])(ep)
     assert result.records[0].name == "lower"
-    assert [c.name for c in result.records[0].children][0] == "decompose"
+    assert result.records[0].children[0].name == "decompose"
 
 
 @pytest.mark.parametrize(
