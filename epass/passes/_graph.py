@@ -22,6 +22,7 @@ from epass import _program
 __all__ = [
     "STATE_KINDS",
     "InputKind",
+    "InputKinds",
     "build_program",
     "copy_graph",
     "original_name",
@@ -90,14 +91,39 @@ def fake_value(gm: torch.fx.GraphModule, tensor: torch.Tensor) -> Any:
     return None
 
 
-def input_kinds(ep: ExportedProgram) -> dict[str, InputKind]:
+class InputKinds(dict[str, InputKind]):
+    """Placeholder name -> input kind, and where new state inputs go (found once,
+    so inserting many placeholders stays O(nodes))."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.anchors: dict[bool, torch.fx.Node] = {}
+
+
+def input_kinds(ep: ExportedProgram) -> InputKinds:
     """Placeholder name -> input kind, from ``ep``'s signature."""
-    return {name: spec.kind for name, spec in specs_by_name(ep.graph_signature).items()}
+    return InputKinds({name: spec.kind for name, spec in specs_by_name(ep.graph_signature).items()})
+
+
+def _anchor(gm: torch.fx.GraphModule, kinds: InputKinds, parameter: bool) -> torch.fx.Node:
+    anchor = kinds.anchors.get(parameter)
+    if anchor is not None:
+        return anchor
+    for node in gm.graph.nodes:
+        existing = kinds.get(node.name)
+        if (
+            node.op != "placeholder"
+            or (parameter and existing != InputKind.PARAMETER)
+            or existing not in (*STATE_KINDS, InputKind.CUSTOM_OBJ)
+        ):
+            kinds.anchors[parameter] = node
+            return node
+    raise ValueError("graph has no output node")
 
 
 def new_state_placeholder(
     gm: torch.fx.GraphModule,
-    kinds: dict[str, InputKind],
+    kinds: InputKinds,
     name: str,
     value: torch.Tensor,
     kind: InputKind,
@@ -105,23 +131,10 @@ def new_state_placeholder(
     """Insert a placeholder for a new state input where torch.export puts one:
     parameters after the last parameter, other state before the first user input.
 
-    ``kinds`` maps existing placeholder names to their kinds; the new one is added.
+    ``kinds`` (from :func:`input_kinds`) maps placeholder names to their kinds; the
+    new one is added. Inserting before the remembered anchor keeps it valid.
     """
-    anchor = None
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            anchor = node
-            break
-        existing = kinds.get(node.name)
-        if kind == InputKind.PARAMETER and existing != InputKind.PARAMETER:
-            anchor = node
-            break
-        if existing not in (*STATE_KINDS, InputKind.CUSTOM_OBJ):
-            anchor = node
-            break
-    if anchor is None:
-        raise ValueError("graph has no output node")
-    with gm.graph.inserting_before(anchor):
+    with gm.graph.inserting_before(_anchor(gm, kinds, kind == InputKind.PARAMETER)):
         node = gm.graph.placeholder(name)
     kinds[node.name] = kind
     val = fake_value(gm, value)

@@ -82,10 +82,11 @@ class CastDtype:
             if node.op == "call_function":
                 node.args = torch.fx.node.map_aggregate(node.args, self._dtype_arg)
                 node.kwargs = torch.fx.node.map_aggregate(node.kwargs, self._dtype_arg)
-        for node in _graph.placeholders(gm):
+        targets = {n: s.target for n, s in _graph.specs_by_name(sig).items()}
+        for node in list(_graph.placeholders(gm)):
             name = _graph.original_name(node)
             if name in cast_names:
-                key = _target(sig, name)
+                key = str(targets[name])
                 value = state_dict[key] if key in state_dict else constants[key]
                 val = _graph.fake_value(gm, value)
                 if val is not None:
@@ -148,10 +149,3 @@ class CastDtype:
             with gm.graph.inserting_before(output):
                 outs[i] = gm.graph.call_function(_TO_COPY, (node,), {"dtype": val.dtype})
         output.args = (type(output.args[0])(outs),)
-
-
-def _target(sig: Any, name: str) -> str:
-    for spec in sig.input_specs:
-        if getattr(spec.arg, "name", None) == name:
-            return str(spec.target)
-    raise KeyError(name)
