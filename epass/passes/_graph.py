@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+# meta key under which copy_graph records each placeholder's input spec
+_SPEC = "epass_input_spec"
 
 
 def placeholders(gm: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
@@ -70,13 +72,17 @@ def state_values(ep: ExportedProgram) -> dict[str, Any]:
     return out
 
 
-def unique_key(base: str, *taken: Iterable[str]) -> str:
-    """``base``, or ``base_1``, ``base_2``... whichever is not in any of ``taken``."""
-    used = set().union(*taken)
-    if base not in used:
+def unique_key(base: str, *taken: Collection[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``... whichever is in none of ``taken``
+    (dicts or sets, so each check is O(1))."""
+
+    def used(key: str) -> bool:
+        return any(key in t for t in taken)
+
+    if not used(base):
         return base
     i = 1
-    while f"{base}_{i}" in used:
+    while used(f"{base}_{i}"):
         i += 1
     return f"{base}_{i}"
 
@@ -147,16 +153,17 @@ def remove_unused_state_placeholders(
     gm: torch.fx.GraphModule, sig: ExportGraphSignature, only: Iterable[str] | None = None
 ) -> list[str]:
     """Erase parameter, buffer, constant and custom-object placeholders without users
-    (restricted to the names in ``only`` when given). Returns the erased names."""
+    (restricted to the names in ``only``, current or original, when given). Returns
+    the erased names."""
     by_name = specs_by_name(sig)
     allowed = None if only is None else set(only)
     kinds = (*STATE_KINDS, InputKind.CUSTOM_OBJ)
     removed = []
     for node in list(placeholders(gm)):
-        spec = by_name.get(node.name)
+        spec = node.meta.get(_SPEC) or by_name.get(node.name)
         if node.users or spec is None or spec.kind not in kinds:
             continue
-        if allowed is not None and node.name not in allowed:
+        if allowed is not None and not {node.name, original_name(node)} & allowed:
             continue
         gm.graph.erase_node(node)
         removed.append(node.name)
@@ -181,9 +188,6 @@ def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
     return gm
 
 
-_SPEC = "epass_input_spec"
-
-
 def original_name(node: torch.fx.Node) -> str:
     """The name a placeholder of :func:`copy_graph` had in the original program."""
     spec = node.meta.get(_SPEC)
@@ -198,8 +202,12 @@ def build_program(
     state_dict: Mapping[str, Any] | None = None,
     constants: Mapping[str, Any] | None = None,
 ) -> ExportedProgram:
-    """A new program from ``ep`` with graph ``gm``, whose placeholders are ``ep``'s
-    (matched by name, some possibly removed) plus the ones named in ``new_specs``."""
+    """A new, validated program from ``ep`` with graph ``gm``.
+
+    ``gm``'s placeholders are ``ep``'s (found through the tag :func:`copy_graph`
+    left, else by name; some may be gone) plus the ones named in ``new_specs``.
+    Outputs keep ``ep``'s output specs, renamed after ``gm``'s output nodes.
+    """
     by_name = specs_by_name(ep.graph_signature)
     added = dict(new_specs or {})
     inputs = []
@@ -258,8 +266,8 @@ def mutated_nodes(
     gm: torch.fx.GraphModule, sig: ExportGraphSignature | None = None
 ) -> set[torch.fx.Node]:
     """Nodes whose value changes while the graph runs: every alias (views, in-place
-    results) of a tensor an in-place op writes, plus, when ``sig`` is given, the inputs the
-    signature says are mutated (their value differs from one call to the next)."""
+    results) of a tensor an in-place op writes, plus, when ``sig`` is given, the
+    inputs the signature says are mutated (their value differs between calls)."""
     # Every node's alias root: views and in-place results share their input's root.
     root: dict[torch.fx.Node, torch.fx.Node] = {}
     written: set[torch.fx.Node] = set()
