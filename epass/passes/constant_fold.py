@@ -132,13 +132,14 @@ class ConstantFold:
     max_growth: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
-        plan = self._plan(ep)
+        plan, evaluated = self._plan(ep)
         if not plan:
             return PassResult(ep, False)
-        return self._apply(ep, plan)
+        return self._apply(ep, plan, evaluated)
 
-    def _plan(self, ep: ExportedProgram) -> dict[str, tuple[str, torch.Tensor]]:
-        """Boundary node name -> (name of the node whose value it shares, the value)."""
+    def _plan(self, ep: ExportedProgram) -> tuple[dict[str, tuple[str, torch.Tensor]], set[str]]:
+        """Boundary node name -> (name of the node whose value it shares, the value),
+        and the names of all the nodes evaluated."""
         graph = ep.graph_module.graph
         state = _graph.state_values(ep)
         mutated = _graph.mutated_nodes(ep.graph_module, ep.graph_signature)
@@ -205,10 +206,13 @@ class ConstantFold:
                 with torch.no_grad():
                     owned[first] = _owned(value.detach(), state_ptrs)
             boundary[node.name] = (first.name, owned[first])
-        return boundary
+        return boundary, {n.name for n in order}
 
     def _apply(
-        self, ep: ExportedProgram, plan: dict[str, tuple[str, torch.Tensor]]
+        self,
+        ep: ExportedProgram,
+        plan: dict[str, tuple[str, torch.Tensor]],
+        evaluated: set[str],
     ) -> ConstantFoldResult:
         gm = _graph.copy_graph(ep)
         kinds = _graph.input_kinds(ep)
@@ -237,9 +241,10 @@ class ConstantFold:
                 nbytes += value.nbytes
             node.replace_all_uses_with(placeholder)
             folded.append(node)
-        # Erase the folded subgraphs: dead call nodes, newest first.
+        # Erase the folded subgraphs (their nodes are now dead), newest first; other
+        # dead code is DeadCodeElimination's business.
         for node in reversed(list(gm.graph.nodes)):
-            if node.op == "call_function" and not node.users and not node.is_impure():
+            if node.name in evaluated and not node.users:
                 gm.graph.erase_node(node)
         now_unused = used_before - {n.name for n in _graph.placeholders(gm) if n.users}
         _graph.remove_unused_state_placeholders(gm, ep.graph_signature, only=now_unused)
