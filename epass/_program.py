@@ -224,3 +224,20 @@ def same_view(a: Any, b: Any) -> bool:
         return bool(a.data_ptr() == b.data_ptr())
     except RuntimeError:  # fake tensors and subclasses without storage
         return False
+
+
+# --- operator schemas (used by the built-in passes) ---------------------------------
+
+
+def op_schema(target: Any) -> torch.FunctionSchema | None:
+    """The schema of an ATen operator overload (``OpOverload._schema``), or None for
+    other call targets (Python functions, higher-order operators, packets)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    return target._schema
+
+
+def is_op_overload(value: Any) -> bool:
+    """True for an ATen-style operator overload (``torch._ops.OpOverload``), such as
+    ``torch.ops.aten.relu.default``."""
+    return isinstance(value, torch._ops.OpOverload)

@@ -1,0 +1,332 @@
+"""Graph helpers the built-in passes share: state placeholders, signatures, purity."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ConstantArgument,
+    CustomObjArgument,
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputSpec,
+    TensorArgument,
+)
+
+from epass import _program
+
+__all__ = [
+    "STATE_KINDS",
+    "InputKind",
+    "InputKinds",
+    "build_program",
+    "copy_graph",
+    "original_name",
+    "constant_spec",
+    "fake_mode",
+    "fake_value",
+    "fill_meta",
+    "input_kinds",
+    "is_mutating",
+    "leaves",
+    "mutated_nodes",
+    "new_state_placeholder",
+    "parameter_spec",
+    "placeholders",
+    "remove_unused_state_placeholders",
+    "specs_by_name",
+    "state_values",
+    "unique_key",
+]
+
+STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+# meta key under which copy_graph records each placeholder's input spec
+_SPEC = "epass_input_spec"
+
+
+def placeholders(gm: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            break
+        yield node
+
+
+def specs_by_name(sig: ExportGraphSignature) -> dict[str, InputSpec]:
+    return {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
+
+
+def state_values(ep: ExportedProgram) -> dict[str, Any]:
+    """Placeholder name -> the tensor (or object) the program feeds it, for state inputs."""
+    out: dict[str, Any] = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.target is None or not hasattr(spec.arg, "name"):
+            continue
+        if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
+            out[spec.arg.name] = ep.state_dict[spec.target]
+        elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
+            out[spec.arg.name] = ep.constants[spec.target]
+    return out
+
+
+def unique_key(base: str, *taken: Collection[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``... whichever is in none of ``taken``
+    (dicts or sets, so each check is O(1))."""
+
+    def used(key: str) -> bool:
+        return any(key in t for t in taken)
+
+    if not used(base):
+        return base
+    i = 1
+    while used(f"{base}_{i}"):
+        i += 1
+    return f"{base}_{i}"
+
+
+def fake_value(gm: torch.fx.GraphModule, tensor: torch.Tensor) -> Any:
+    """A fake tensor for ``tensor`` in the fake mode of ``gm``'s placeholders (static
+    shapes), or None when the graph carries no fake values."""
+    for node in placeholders(gm):
+        mode = getattr(node.meta.get("val"), "fake_mode", None)
+        if mode is not None:
+            return mode.from_tensor(tensor, static_shapes=True)
+    return None
+
+
+class InputKinds(dict[str, InputKind]):
+    """Placeholder name -> input kind, and where new state inputs go (found once,
+    so inserting many placeholders stays O(nodes))."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.anchors: dict[bool, torch.fx.Node] = {}
+
+
+def input_kinds(ep: ExportedProgram) -> InputKinds:
+    """Placeholder name -> input kind, from ``ep``'s signature."""
+    return InputKinds({name: spec.kind for name, spec in specs_by_name(ep.graph_signature).items()})
+
+
+def _anchor(gm: torch.fx.GraphModule, kinds: InputKinds, parameter: bool) -> torch.fx.Node:
+    anchor = kinds.anchors.get(parameter)
+    if anchor is not None:
+        return anchor
+    for node in gm.graph.nodes:
+        existing = kinds.get(node.name)
+        if (
+            node.op != "placeholder"
+            or (parameter and existing != InputKind.PARAMETER)
+            or existing not in (*STATE_KINDS, InputKind.CUSTOM_OBJ)
+        ):
+            kinds.anchors[parameter] = node
+            return node
+    raise ValueError("graph has no output node")
+
+
+def new_state_placeholder(
+    gm: torch.fx.GraphModule,
+    kinds: InputKinds,
+    name: str,
+    value: torch.Tensor,
+    kind: InputKind,
+) -> torch.fx.Node:
+    """Insert a placeholder for a new state input where torch.export puts one:
+    parameters after the last parameter, other state before the first user input.
+
+    ``kinds`` (from :func:`input_kinds`) maps placeholder names to their kinds; the
+    new one is added. Inserting before the remembered anchor keeps it valid.
+    """
+    with gm.graph.inserting_before(_anchor(gm, kinds, kind == InputKind.PARAMETER)):
+        node = gm.graph.placeholder(name)
+    kinds[node.name] = kind
+    val = fake_value(gm, value)
+    if val is not None:
+        node.meta["val"] = val
+    return node
+
+
+def remove_unused_state_placeholders(
+    gm: torch.fx.GraphModule, sig: ExportGraphSignature, only: Iterable[str] | None = None
+) -> list[str]:
+    """Erase parameter, buffer, constant and custom-object placeholders without users
+    (restricted to the names in ``only``, current or original, when given). Returns
+    the erased names."""
+    by_name = specs_by_name(sig)
+    allowed = None if only is None else set(only)
+    kinds = (*STATE_KINDS, InputKind.CUSTOM_OBJ)
+    removed = []
+    for node in list(placeholders(gm)):
+        spec = node.meta.get(_SPEC) or by_name.get(node.name)
+        if node.users or spec is None or spec.kind not in kinds:
+            continue
+        if allowed is not None and not {node.name, original_name(node)} & allowed:
+            continue
+        gm.graph.erase_node(node)
+        removed.append(node.name)
+    return removed
+
+
+def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
+    """A private copy of ``ep``'s graph (tensors shared) whose placeholders remember
+    their input specs.
+
+    Copying a graph can rename nodes (``input`` becomes ``input_1``, because the
+    new graph's namespace avoids Python builtins), so :func:`build_program` finds
+    the spec of an existing input through this tag rather than by name.
+    """
+    gm = _program.copy_graph_module(ep.graph_module)
+    specs = ep.graph_signature.input_specs
+    nodes = list(placeholders(gm))
+    if len(nodes) != len(specs):
+        raise ValueError(f"{len(nodes)} placeholders but {len(specs)} input specs")
+    for node, spec in zip(nodes, specs, strict=True):
+        node.meta[_SPEC] = spec
+    return gm
+
+
+def original_name(node: torch.fx.Node) -> str:
+    """The name a placeholder of :func:`copy_graph` had in the original program."""
+    spec = node.meta.get(_SPEC)
+    return str(spec.arg.name) if spec is not None and hasattr(spec.arg, "name") else node.name
+
+
+def build_program(
+    ep: ExportedProgram,
+    gm: torch.fx.GraphModule,
+    *,
+    new_specs: Mapping[str, InputSpec] | None = None,
+    state_dict: Mapping[str, Any] | None = None,
+    constants: Mapping[str, Any] | None = None,
+) -> ExportedProgram:
+    """A new, validated program from ``ep`` with graph ``gm``.
+
+    ``gm``'s placeholders are ``ep``'s (found through the tag :func:`copy_graph`
+    left, else by name; some may be gone) plus the ones named in ``new_specs``.
+    Outputs keep ``ep``'s output specs, renamed after ``gm``'s output nodes.
+    """
+    by_name = specs_by_name(ep.graph_signature)
+    added = dict(new_specs or {})
+    inputs = []
+    for node in placeholders(gm):
+        spec = node.meta.pop(_SPEC, None) or added.get(node.name) or by_name.get(node.name)
+        if spec is None:
+            raise ValueError(f"placeholder {node.name!r} has no input spec")
+        if hasattr(spec.arg, "name") and spec.arg.name != node.name:
+            spec = InputSpec(
+                spec.kind, type(spec.arg)(name=node.name), spec.target, spec.persistent
+            )
+        inputs.append(spec)
+    outs = leaves(gm.graph.output_node().args[0])
+    outputs = []
+    for spec, node in zip(ep.graph_signature.output_specs, outs, strict=True):
+        arg = spec.arg
+        if isinstance(node, torch.fx.Node) and not isinstance(
+            arg, (ConstantArgument, CustomObjArgument)
+        ):
+            arg = type(arg)(name=node.name)
+        outputs.append(OutputSpec(spec.kind, arg, spec.target))
+    gm.recompile()
+    signature = ExportGraphSignature(input_specs=inputs, output_specs=outputs)
+    return _program.rebuild_from_graph_module(
+        ep, gm, state_dict=state_dict, constants=constants, graph_signature=signature
+    )
+
+
+def constant_spec(name: str, key: str) -> InputSpec:
+    return InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(name=name), key)
+
+
+def parameter_spec(name: str, key: str) -> InputSpec:
+    return InputSpec(InputKind.PARAMETER, TensorArgument(name=name), key)
+
+
+def leaves(value: Any) -> list[Any]:
+    """The leaves of nested lists, tuples and dicts of node arguments."""
+    out: list[Any] = []
+    torch.fx.node.map_aggregate(value, out.append)
+    return out
+
+
+def is_mutating(node: torch.fx.Node) -> bool:
+    """True for calls of an operator whose schema writes to one of its inputs."""
+    schema = _program.op_schema(node.target) if node.op == "call_function" else None
+    return schema is not None and bool(schema.is_mutable)
+
+
+def _returns_alias(node: torch.fx.Node) -> bool:
+    schema = _program.op_schema(node.target) if node.op == "call_function" else None
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+
+
+def mutated_nodes(
+    gm: torch.fx.GraphModule, sig: ExportGraphSignature | None = None
+) -> set[torch.fx.Node]:
+    """Nodes whose value changes while the graph runs: every alias (views, in-place
+    results) of a tensor an in-place op writes, plus, when ``sig`` is given, the
+    inputs the signature says are mutated (their value differs between calls)."""
+    # Every node's alias root: views and in-place results share their input's root.
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    written: set[torch.fx.Node] = set()
+    for node in gm.graph.nodes:
+        first = node.args[0] if node.args else None
+        if _returns_alias(node) and isinstance(first, torch.fx.Node):
+            root[node] = root.get(first, first)
+        else:
+            root[node] = node
+        if not is_mutating(node):
+            continue
+        schema = _program.op_schema(node.target)
+        assert schema is not None
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            written.update(root[v] for v in leaves(value) if isinstance(v, torch.fx.Node))
+    mutated = {n for n, r in root.items() if r in written}
+    if sig is None:
+        return mutated
+    targets = set(sig.buffers_to_mutate.values()) | set(sig.user_inputs_to_mutate.values())
+    names = {
+        s.arg.name
+        for s in sig.input_specs
+        if hasattr(s.arg, "name") and (s.target in targets or s.arg.name in targets)
+    }
+    mutated.update(n for n in placeholders(gm) if n.name in names)
+    return mutated
+
+
+def fake_mode(gm: torch.fx.GraphModule) -> Any:
+    """The fake mode of ``gm``'s placeholder values, or None."""
+    for node in gm.graph.nodes:
+        mode = getattr(node.meta.get("val"), "fake_mode", None)
+        if mode is not None:
+            return mode
+    return None
+
+
+def fill_meta(gm: torch.fx.GraphModule, *, force: bool = False) -> None:
+    """Compute ``meta["val"]`` (a fake value) for call_function nodes that lack one,
+    or for every call_function node when ``force`` is set, by running each operator
+    on its inputs' fake values. Placeholders keep theirs.
+
+    The export verifier wants a value on every node; rewrites that insert nodes
+    use this instead of re-running FakeTensorProp over the unchanged graph.
+    """
+    mode = fake_mode(gm)
+    if mode is None:
+        return
+
+    def val(arg: Any) -> Any:
+        return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+
+    with mode:
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or (not force and "val" in node.meta):
+                continue
+            args = torch.fx.node.map_aggregate(node.args, val)
+            kwargs = torch.fx.node.map_aggregate(node.kwargs, val)
+            node.meta["val"] = node.target(*args, **kwargs)  # type: ignore[operator]

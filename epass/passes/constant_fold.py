@@ -1,0 +1,286 @@
+"""ConstantFold: evaluate subgraphs that depend only on state and lift the results."""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any, ClassVar
+
+import attrs
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputSpec
+
+from epass import _program
+from epass.passes import _graph
+from epass.protocol import PassResult
+
+__all__ = ["ConstantFold", "ConstantFoldResult"]
+
+logger = logging.getLogger("epass")
+
+# Operators whose result is not a function of their inputs' values.
+_UNINITIALIZED = frozenset(
+    {
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::empty_permuted",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+    }
+)
+# Folding these straight off a state input only duplicates it (or relabels it).
+_TRIVIAL = frozenset(
+    {
+        "aten::clone",
+        "aten::lift_fresh_copy",
+        "aten::detach",
+        "aten::alias",
+        "aten::contiguous",
+        "aten::view",
+        "aten::reshape",
+        "aten::_unsafe_view",
+        "aten::flatten",
+        "aten::squeeze",
+        "aten::unsqueeze",
+    }
+)
+
+
+@attrs.frozen
+class ConstantFoldResult(PassResult):
+    """A :class:`PassResult` that also says what was folded.
+
+    Attributes:
+        folded: names of the nodes replaced by constants.
+        added: the new ``constants`` keys, one per folded node.
+        bytes_added: total size of the new constant tensors.
+    """
+
+    folded: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()
+    bytes_added: int = 0
+
+
+def _foldable_op(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return True
+    schema = _program.op_schema(node.target)
+    if schema is None or schema.is_mutable or schema.name in _UNINITIALIZED:
+        return False
+    if torch.Tag.nondeterministic_seeded in node.target.tags:  # type: ignore[union-attr]
+        return False
+    return not node.is_impure()
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+@attrs.define(eq=False)
+class ConstantFold:
+    """Evaluate every subgraph whose inputs are only parameters, buffers or constants
+    and replace it with a new lifted constant.
+
+    A node folds when it is a functional ATen call (not in place, not random, no
+    side effects, not ``empty``) and all its inputs fold; parameters, buffers and
+    constants fold unless the program mutates them. The values are computed once
+    on the real tensors (under ``no_grad``); only the *boundary* values (those a
+    non-folded node or the output reads) are kept, each as a new contiguous tensor
+    that owns its memory. Then the folded nodes are removed, and state inputs that
+    lost their last user are dropped from the signature.
+
+    torch's ``torch._export.passes.constant_folding`` is not used (it needs
+    torchao on torch 2.13); evaluation runs the ATen overloads directly, in
+    topological order, O(nodes).
+
+    Not folded, to keep the program small: a boundary value larger than
+    ``max_growth`` times the state it is computed from (an ``expand``, also
+    behind a ``view``, or an outer product; the smaller values feeding it are
+    folded instead), and a reshape or copy applied directly to a state input
+    (it would only duplicate the entry).
+
+    Graph: folded nodes become ``CONSTANT_TENSOR`` placeholders. State: **adds**
+    one ``constants`` entry per boundary value (keys ``folded_<node>``); the
+    entries of inputs that became unused leave the output's dicts, and with the
+    default policy they stay in the store and are listed as removed in the link
+    report. No existing entry changes, so the output shares the user's dicts.
+    Works on training-IR and decomposed programs alike.
+
+    Args:
+        max_growth: the largest ratio of a folded value's bytes to the bytes of the
+            parameters, buffers and constants it is computed from.
+
+    Returns a :class:`ConstantFoldResult` with the folded nodes, new keys and
+    ``bytes_added``.
+
+    Example::
+
+        out = PassManager([Decompose(), ConstantFold()]).run(ep)
+        # every "permute(p_weight)" is now a pre-transposed constant
+    """
+
+    name: ClassVar[str] = "fold-constants"
+    changes_input: ClassVar[bool] = False
+
+    max_growth: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
+
+    def __call__(self, ep: ExportedProgram) -> PassResult:
+        plan, evaluated = self._plan(ep)
+        if not plan:
+            return PassResult(ep, False)
+        return self._apply(ep, plan, evaluated)
+
+    def _plan(self, ep: ExportedProgram) -> tuple[dict[str, tuple[str, torch.Tensor]], set[str]]:
+        """Boundary node name -> (name of the node whose value it shares, the value),
+        and the names of all the nodes evaluated."""
+        graph = ep.graph_module.graph
+        state = _graph.state_values(ep)
+        mutated = _graph.mutated_nodes(ep.graph_module, ep.graph_signature)
+        values: dict[torch.fx.Node, Any] = {}
+        trivial: set[torch.fx.Node] = set()
+        order: list[torch.fx.Node] = []
+        canon: dict[torch.fx.Node, torch.fx.Node] = {}
+        seen: dict[Any, torch.fx.Node] = {}
+        # Bytes of the state a value is computed from (shared inputs counted per path).
+        source: dict[torch.fx.Node, int] = {}
+        with torch.no_grad():
+            for node in graph.nodes:
+                if node in mutated:
+                    continue
+                if node.op == "placeholder":
+                    value = state.get(node.name)
+                    if isinstance(value, torch.Tensor):
+                        values[node] = value
+                        source[node] = value.nbytes
+                        trivial.add(node)
+                    continue
+                inputs = node.all_input_nodes
+                if not _foldable_op(node) or not all(i in values for i in inputs):
+                    continue
+                # Identical computations (tied weights) share one evaluation and
+                # one constant.
+                key = _structure(node, canon)
+                first = seen.setdefault(key, node)
+                canon[node] = canon.get(first, first)
+                if first is node:
+                    args = torch.fx.node.map_arg(node.args, values.__getitem__)
+                    kwargs = torch.fx.node.map_arg(node.kwargs, values.__getitem__)
+                    values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+                else:
+                    values[node] = values[first]
+                order.append(node)
+                source[node] = sum(source[i] for i in inputs)
+                schema = _program.op_schema(node.target)
+                if (
+                    schema is not None
+                    and schema.name in _TRIVIAL
+                    and len(inputs) == 1
+                    and inputs[0] in trivial
+                ):
+                    trivial.add(node)
+        # Walk backwards so each node knows whether its users were folded.
+        rejected: set[torch.fx.Node] = set()
+        boundary: dict[str, tuple[str, torch.Tensor]] = {}
+        owned: dict[torch.fx.Node, torch.Tensor] = {}
+        state_ptrs = {_storage_key(v) for v in state.values() if isinstance(v, torch.Tensor)}
+        for node in reversed(order):
+            needed = any(u not in values or u in rejected for u in node.users)
+            if not needed:
+                continue
+            value = values[node]
+            if not isinstance(value, torch.Tensor) or node in trivial:
+                rejected.add(node)
+                continue
+            if value.nbytes > self.max_growth * source[node]:
+                rejected.add(node)
+                continue
+            first = canon[node]
+            if first not in owned:
+                with torch.no_grad():
+                    owned[first] = _owned(value.detach(), state_ptrs)
+            boundary[node.name] = (first.name, owned[first])
+        return boundary, {n.name for n in order}
+
+    def _apply(
+        self,
+        ep: ExportedProgram,
+        plan: dict[str, tuple[str, torch.Tensor]],
+        evaluated: set[str],
+    ) -> ConstantFoldResult:
+        gm = _graph.copy_graph(ep)
+        kinds = _graph.input_kinds(ep)
+        constants = dict(ep.constants)
+        new_specs: dict[str, InputSpec] = {}
+        used_before = {n.name for n in _graph.placeholders(gm) if n.users}
+        folded: list[torch.fx.Node] = []
+        lifted: dict[str, torch.fx.Node] = {}
+        nbytes = 0
+        for node in list(gm.graph.nodes):
+            entry = plan.get(node.name)
+            if entry is None or node.op != "call_function":
+                continue
+            first, value = entry
+            placeholder = lifted.get(first)
+            if placeholder is None:
+                key = _graph.unique_key(f"folded_{first}", ep.state_dict, constants)
+                placeholder = _graph.new_state_placeholder(
+                    gm, kinds, f"c_{key}", value, _graph.InputKind.CONSTANT_TENSOR
+                )
+                if "val" not in placeholder.meta and "val" in node.meta:
+                    placeholder.meta["val"] = node.meta["val"]
+                constants[key] = value
+                new_specs[placeholder.name] = _graph.constant_spec(placeholder.name, key)
+                lifted[first] = placeholder
+                nbytes += value.nbytes
+            node.replace_all_uses_with(placeholder)
+            folded.append(node)
+        # Erase the folded subgraphs (their nodes are now dead), newest first; other
+        # dead code is DeadCodeElimination's business.
+        for node in reversed(list(gm.graph.nodes)):
+            if node.name in evaluated and not node.users:
+                gm.graph.erase_node(node)
+        now_unused = used_before - {n.name for n in _graph.placeholders(gm) if n.users}
+        _graph.remove_unused_state_placeholders(gm, ep.graph_signature, only=now_unused)
+        program = _graph.build_program(ep, gm, new_specs=new_specs, constants=constants)
+        added = tuple(new_specs[p].target or "" for p in new_specs)
+        logger.info("fold-constants: %d nodes folded, %d bytes added", len(folded), nbytes)
+        return ConstantFoldResult(
+            program, True, folded=tuple(n.name for n in folded), added=added, bytes_added=nbytes
+        )
+
+
+def _structure(node: torch.fx.Node, canon: dict[torch.fx.Node, torch.fx.Node]) -> Any:
+    """A hashable description of the computation at ``node``, inputs canonicalized."""
+
+    def freeze(value: Any) -> Any:
+        if isinstance(value, torch.fx.Node):
+            return ("node", canon.get(value, value).name)
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, *(freeze(v) for v in value))
+        if isinstance(value, dict):
+            return ("dict", *sorted((k, freeze(v)) for k, v in value.items()))
+        if isinstance(value, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+            return (type(value).__name__, value)
+        return ("id", id(value))
+
+    return (node.target, freeze(node.args), freeze(node.kwargs))
+
+
+def _owned(value: torch.Tensor, state_ptrs: set[int | None]) -> torch.Tensor:
+    """``value`` itself when it is a contiguous tensor with a storage of its own,
+    else a contiguous copy (never a view into state or into a larger buffer)."""
+    if (
+        value.is_contiguous()
+        and _storage_key(value) not in state_ptrs
+        and value.untyped_storage().nbytes() == value.nbytes
+        and value.storage_offset() == 0
+    ):
+        return value
+    return value.clone(memory_format=torch.contiguous_format)

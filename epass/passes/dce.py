@@ -1,0 +1,68 @@
+"""DeadCodeElimination: remove unused nodes and unused state inputs."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+from torch.export import ExportedProgram
+
+from epass.passes import _graph
+from epass.protocol import PassResult
+
+__all__ = ["DeadCodeElimination"]
+
+
+def _has_dead_code(ep: ExportedProgram, state_names: set[str]) -> bool:
+    for node in ep.graph.nodes:
+        if node.users or node.op == "output":
+            continue
+        if node.op == "placeholder":
+            if node.name in state_names:
+                return True
+        elif not node.is_impure():
+            return True
+    return False
+
+
+@attrs.define(eq=False)
+class DeadCodeElimination:
+    """Remove nodes whose results are never used, and state inputs nothing reads.
+
+    Built on ``torch.fx.Graph.eliminate_dead_code``, which keeps side-effecting
+    nodes (in-place ops, assertions, anything ``Node.is_impure`` flags). Added on
+    top: unused parameter, buffer, constant and custom-object placeholders are
+    removed and the signature is rebuilt (user inputs, tokens and mutated buffers
+    stay, since they are part of the calling convention); unused submodules go
+    too. A first scan decides whether there is anything to remove, so a clean
+    program is returned as is without copying its graph.
+
+    State: **removes** the entries of the dropped inputs from the output's dicts.
+    With the default policy they stay in the store (the input still needs them)
+    and the link report lists them as removed; nothing is added or changed.
+    Works on training-IR and decomposed programs.
+
+    Example::
+
+        out = PassManager([DeadCodeElimination()]).run(ep)
+    """
+
+    name: ClassVar[str] = "dce"
+    changes_input: ClassVar[bool] = False
+
+    def __call__(self, ep: ExportedProgram) -> PassResult:
+        sig = ep.graph_signature
+        kinds = (*_graph.STATE_KINDS, _graph.InputKind.CUSTOM_OBJ)
+        mutated = set(sig.buffers_to_mutate.values())
+        state_names = {
+            s.arg.name
+            for s in sig.input_specs
+            if s.kind in kinds and hasattr(s.arg, "name") and s.target not in mutated
+        }
+        if not _has_dead_code(ep, state_names):
+            return PassResult(ep, False)
+        gm = _graph.copy_graph(ep)
+        gm.graph.eliminate_dead_code()
+        _graph.remove_unused_state_placeholders(gm, sig, only=state_names)
+        gm.delete_all_unused_submodules()
+        return PassResult(_graph.build_program(ep, gm), True)

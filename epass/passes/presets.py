@@ -1,0 +1,49 @@
+"""Ready-made pipelines built from the built-in passes."""
+
+from __future__ import annotations
+
+from epass.manager import PassManager
+from epass.passes.constant_fold import ConstantFold
+from epass.passes.cse import CSE
+from epass.passes.dce import DeadCodeElimination
+from epass.passes.decompose import Decompose
+from epass.passes.lift_constants import LiftConstants
+from epass.passes.remove_assertions import RemoveAssertions
+
+__all__ = ["cleanup", "lower"]
+
+
+def lower(**options: object) -> PassManager:
+    """The default lowering pipeline, named ``"lower"``:
+    Decompose -> RemoveAssertions -> ConstantFold -> CSE -> DCE.
+
+    The result is a core-ATen program without runtime assertions in which every
+    computation on state alone (such as the ``permute`` of each linear weight) is a
+    pre-computed constant, duplicates are merged and unused inputs are gone.
+    State: the store gains the folded constants; the output shares the user's
+    dicts. ``options`` go to :class:`~epass.PassManager` (``instruments``,
+    ``linker``, ``verify``...).
+
+    Example::
+
+        result = presets.lower()(ep)
+        print(result.summary())
+    """
+    passes = [Decompose(), RemoveAssertions(), ConstantFold(), CSE(), DeadCodeElimination()]
+    return PassManager(passes, name="lower", **options)  # type: ignore[arg-type]
+
+
+def cleanup(**options: object) -> PassManager:
+    """A graph tidy-up after custom rewrites, named ``"cleanup"``:
+    LiftConstants -> ConstantFold -> CSE -> DCE, repeated until nothing changes
+    (at most 3 rounds). It keeps the program's dialect (no decomposition) and its
+    assertions. State: the store gains lifted and folded constants; the output
+    shares the user's dicts.
+
+    Example::
+
+        out = presets.cleanup().run(ep)
+    """
+    options.setdefault("steps", 3)
+    passes = [LiftConstants(), ConstantFold(), CSE(), DeadCodeElimination()]
+    return PassManager(passes, name="cleanup", **options)  # type: ignore[arg-type]

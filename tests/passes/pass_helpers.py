@@ -1,0 +1,104 @@
+"""Shared tools for the pass tests: cached zoo programs, numerics, untouched-input checks."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import models
+import pytest
+import torch
+from fingerprint import fingerprint
+from torch.export import ExportedProgram
+
+import epass
+
+# (zoo name, dynamic batch)
+ZOO = [
+    ("mlp", False),
+    ("convbn", False),
+    ("transformer", False),
+    ("seed", False),
+    ("mixed", False),
+    ("mlp", True),
+    ("transformer", True),
+]
+FORMS = ["training", "decomposed"]
+ZOO_IDS = [f"{n}-dynamic" if d else n for n, d in ZOO]
+
+
+def zoo_params() -> Any:
+    """``(name, dynamic, form)`` for every zoo case in both program forms; the
+    transformer cases are marked slow."""
+    return pytest.mark.parametrize(
+        ("name", "dynamic", "form"),
+        [
+            pytest.param(n, d, f, marks=[pytest.mark.slow] if n == "transformer" else [])
+            for (n, d) in ZOO
+            for f in FORMS
+        ],
+        ids=[f"{i}-{f}" for i in ZOO_IDS for f in FORMS],
+    )
+
+
+@functools.cache
+def _exported(name: str, dynamic: bool, form: str) -> tuple[ExportedProgram, tuple[Any, ...]]:
+    _, ep, args = models.export(name, dynamic=dynamic)
+    if form == "decomposed":
+        ep = ep.run_decompositions()
+    return ep, args
+
+
+def program(name: str, dynamic: bool = False, form: str = "training") -> ExportedProgram:
+    """A private copy (graph, dicts and tensors) of a cached zoo program."""
+    return copy.deepcopy(_exported(name, dynamic, form)[0])
+
+
+def inputs(name: str, dynamic: bool = False) -> tuple[Any, ...]:
+    """Example inputs; with a dynamic batch, a batch size the export did not see."""
+    args = models.CASES[name].inputs()
+    if dynamic:
+        args = tuple(torch.cat([a, a, a]) for a in args)
+    return args
+
+
+def assert_close(ep: ExportedProgram, name: str, dynamic: bool = False, tol: float = 1e-5) -> None:
+    """``ep`` (fresh state) computes what a fresh eager module computes, first call."""
+    args = inputs(name, dynamic)
+    expected = models.fresh_eager(name)(*args)
+    got = ep.module()(*args)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
+def assert_untouched(ep: ExportedProgram, before: dict[str, Any], *, store_grew: bool) -> None:
+    """``ep`` still has the fingerprint ``before``. With ``store_grew`` (the pass ran
+    in a manager whose linker added entries to the store), its dicts may have
+    gained keys, but every entry it had is unchanged."""
+    after = fingerprint(ep)
+    if not store_grew:
+        assert after == before
+        return
+    for label in ("state_dict", "constants"):
+        old, new = before[label], after[label]
+        assert new[: len(old)] == old, f"{label} entries changed"
+        after[label] = old
+    assert after == before
+
+
+def run_checked(p: Any, ep: ExportedProgram) -> epass.PipelineResult:
+    """Run ``p`` directly (the input program must be bit-identical afterwards) and
+    then through a PassManager (only store growth allowed); return the latter."""
+    before = fingerprint(ep)
+    direct = p(ep)
+    assert_untouched(ep, before, store_grew=False)
+    if isinstance(direct, epass.PassResult) and not direct.modified:
+        assert direct.program is ep
+    result = epass.PassManager([p])(ep)
+    assert_untouched(ep, before, store_grew=True)
+    return result
+
+
+def node_count(ep: ExportedProgram, target: Any) -> int:
+    return sum(1 for n in ep.graph.nodes if n.target == target)

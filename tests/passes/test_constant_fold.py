@@ -1,0 +1,139 @@
+"""ConstantFold: numerics, state outcome, guards."""
+
+from __future__ import annotations
+
+import pass_helpers as h
+import pytest
+import torch
+
+import epass
+from epass.passes import ConstantFold, ConstantFoldResult
+
+aten = torch.ops.aten
+
+
+@h.zoo_params()
+def test_constant_fold_keeps_numerics_and_input(name: str, dynamic: bool, form: str) -> None:
+    ep = h.program(name, dynamic, form)
+    result = h.run_checked(ConstantFold(), ep)
+    h.assert_close(result.program, name, dynamic)
+    assert result.program.state_dict is ep.state_dict
+    assert result.program.constants is ep.constants
+
+
+def test_constant_fold_lifts_transposed_weights_into_the_store() -> None:
+    ep = h.program("mlp", form="decomposed")
+    assert h.node_count(ep, aten.permute.default) == 3
+    result = epass.PassManager([ConstantFold()])(ep)
+    out, link = result.program, result.records[0].link
+    assert h.node_count(out, aten.permute.default) == 0
+    assert link is not None and link.shared
+    added = link.constants.added
+    assert len(added) == 3 and all(k in ep.constants for k in added)
+    # The transposed weights are new, contiguous tensors, not views of parameters.
+    for key in added:
+        value = ep.constants[key]
+        assert value.is_contiguous() and not value.requires_grad
+        assert all(value.data_ptr() != w.data_ptr() for w in ep.state_dict.values())
+    # The weights lost their last user: they left the signature, not the store.
+    removed = link.state_dict.removed
+    assert set(removed) == {"net.0.weight", "net.2.weight", "net.4.weight"}
+    assert all(k in ep.state_dict for k in removed)
+    targets = {s.target for s in out.graph_signature.input_specs}
+    assert not targets & set(removed)
+
+
+def test_constant_fold_result_reports_bytes() -> None:
+    ep = h.program("mlp", form="decomposed")
+    result = ConstantFold()(ep)
+    assert isinstance(result, ConstantFoldResult)
+    weights = [ep.state_dict[f"net.{i}.weight"] for i in (0, 2, 4)]
+    assert result.bytes_added == sum(w.nbytes for w in weights)
+    assert len(result.folded) == 3 and len(result.added) == 3
+    assert set(result.added) <= set(result.program.constants)
+    assert not set(result.added) & set(ep.constants)  # the pass wrote no user dict
+
+
+def test_constant_fold_shares_one_constant_between_tied_weights() -> None:
+    ep = h.program("mixed", form="decomposed")
+    result = ConstantFold()(ep)
+    assert isinstance(result, ConstantFoldResult)
+    assert len(result.folded) == 2 and len(result.added) == 1
+
+
+def test_constant_fold_is_unmodified_without_state_only_subgraphs() -> None:
+    ep = h.program("mlp")  # training IR: linear takes the weight directly
+    result = ConstantFold()(ep)
+    assert result.modified is False and result.program is ep
+
+
+def test_constant_fold_leaves_mutated_buffers_alone() -> None:
+    ep = h.program("seed", form="decomposed")
+    result = ConstantFold()(ep)
+    assert isinstance(result, ConstantFoldResult)
+    # only the weight permute folds; "count + 1" reads a buffer mutated every call
+    assert [n for n in result.folded] == ["permute"]
+    h.assert_close(result.program, "seed")
+
+
+class _Expand(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16))
+        self.register_buffer("b", torch.randn(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = (self.w * 2 + self.b).expand(64, 16)  # 64x bigger than its input
+        return x + scale
+
+
+def test_constant_fold_size_guard_keeps_expand() -> None:
+    module = _Expand()
+    x = torch.randn(64, 16)
+    ep = torch.export.export(module, (x,))
+    result = ConstantFold()(ep)
+    assert isinstance(result, ConstantFoldResult)
+    out = result.program
+    assert h.node_count(out, aten.expand.default) == 1
+    assert result.bytes_added == 16 * 4  # the small input of the expand was folded
+    torch.testing.assert_close(out.module()(x), module(x))
+    unguarded = ConstantFold(max_growth=100)(ep)
+    assert isinstance(unguarded, ConstantFoldResult)
+    assert unguarded.bytes_added == 64 * 16 * 4
+
+
+class _Random(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("b", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand_like(self.b) * 0 + self.b.new_empty(4).zero_()
+
+
+def test_constant_fold_skips_random_and_uninitialized_ops() -> None:
+    ep = torch.export.export(_Random(), (torch.randn(4),)).run_decompositions()
+    result = ConstantFold()(ep)
+    out = result.program
+    random = [n for n in out.graph.nodes if "rand" in str(n.target)]
+    assert random, "the random op was folded"
+    x = torch.randn(4)
+    torch.testing.assert_close(out.module()(x), x)
+
+
+def test_constant_fold_rejects_negative_growth() -> None:
+    with pytest.raises(ValueError):
+        ConstantFold(max_growth=-1)
+
+
+def test_constant_fold_size_guard_sees_through_views_of_expands() -> None:
+    # Decomposed attention computes view(expand(permute(in_proj_weight))): only the
+    # permute may fold, not the batch-sized copy behind the view.
+    ep = h.program("transformer", form="decomposed")
+    result = ConstantFold()(ep)
+    assert isinstance(result, ConstantFoldResult)
+    suffixes = ("in_proj_weight", "out_proj.weight", "linear1.weight", "linear2.weight")
+    weights = [v for k, v in ep.state_dict.items() if k.endswith(suffixes)]
+    assert len(weights) == 8
+    assert result.bytes_added == sum(w.nbytes for w in weights)
+    h.assert_close(result.program, "transformer")

@@ -1,0 +1,108 @@
+"""presets.lower() and presets.cleanup(): numerics, records, shared state."""
+
+from __future__ import annotations
+
+import pass_helpers as h
+import pytest
+import torch
+from fingerprint import fingerprint
+
+import epass
+from epass.passes import (
+    CastDtype,
+    ConstantFold,
+    FuseConvBN,
+    LiftConstants,
+    ReplaceOps,
+    presets,
+)
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize(("name", "dynamic"), h.ZOO, ids=h.ZOO_IDS)
+def test_lower_keeps_numerics_and_shares_state(name: str, dynamic: bool) -> None:
+    ep = h.program(name, dynamic)
+    before = fingerprint(ep)
+    result = presets.lower()(ep)
+    h.assert_untouched(ep, before, store_grew=True)
+    out = result.program
+    h.assert_close(out, name, dynamic)
+    assert out.state_dict is ep.state_dict and out.constants is ep.constants
+    names = [r.name for r in result.records]
+    assert names == ["decompose", "remove-asserts", "fold-constants", "cse", "dce"]
+    # every transpose of a weight was folded
+    user_inputs = set(out.graph_signature.user_inputs)
+    assert not any(
+        n.target == aten.permute.default
+        and n.args[0].op == "placeholder"
+        and n.args[0].name not in user_inputs
+        for n in out.graph.nodes
+    )
+
+
+def test_lower_on_the_transformer_folds_weight_transposes() -> None:
+    ep = h.program("transformer")
+    result = presets.lower()(ep)
+    fold = result.records[2]
+    assert fold.name == "fold-constants" and fold.link is not None
+    assert len(fold.link.constants.added) == 8  # 2 layers x (in/out proj + 2 ffn)
+    assert all(k in ep.constants for k in fold.link.constants.added)
+    assert fold.nodes_after < fold.nodes_before
+
+
+def test_lower_is_a_named_nestable_manager() -> None:
+    pipeline = presets.lower(verify=False)
+    assert isinstance(pipeline, epass.PassManager) and pipeline.name == "lower"
+    assert presets.cleanup().name == "cleanup"
+    ep = h.program("mlp")
+    result = epass.PassManager([pipeline])(ep)
+    assert result.records[0].name == "lower"
+    assert result.records[0].children[0].name == "decompose"
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        ("convbn", FuseConvBN()),
+        ("mlp", CastDtype()),
+        ("mixed", ReplaceOps({aten.relu.default: aten.gelu.default})),
+        ("seed", ConstantFold()),
+    ],
+    ids=["fuse-conv-bn", "cast-dtype", "replace-ops", "fold-constants-again"],
+)
+def test_passes_compose_with_lower(name: str, extra: object) -> None:
+    ep = h.program(name)
+    before = fingerprint(ep)
+    out = epass.PassManager([presets.lower(), extra]).run(ep)
+    h.assert_untouched(ep, before, store_grew=True)
+    h.assert_close(out, name, tol=6e-2 if isinstance(extra, CastDtype) else 1e-5)
+
+
+def test_fuse_conv_bn_inside_lower_pipeline() -> None:
+    ep = h.program("convbn")
+    passes = [FuseConvBN(), *presets.lower().passes]
+    out = epass.PassManager(passes).run(ep)
+    assert h.node_count(out, aten._native_batch_norm_legit_no_training.default) == 0
+    h.assert_close(out, "convbn")
+
+
+def _add_scaled(gm: torch.fx.GraphModule) -> None:
+    gm.register_buffer("scale", torch.full((4,), 2.0))
+    output = gm.graph.output_node()
+    (last,) = output.args[0]
+    with gm.graph.inserting_before(output):
+        scale = gm.graph.get_attr("scale")
+        doubled = gm.graph.call_function(aten.mul.Tensor, (scale, 0.5))
+        add = gm.graph.call_function(aten.add.Tensor, (last, doubled))
+    output.args = ((add,),)
+
+
+def test_cleanup_after_a_custom_rewrite() -> None:
+    ep = h.program("mlp", form="decomposed")
+    out = epass.PassManager([LiftConstants(fx=_add_scaled), presets.cleanup()]).run(ep)
+    assert h.node_count(out, aten.mul.Tensor) == 0  # scale * 0.5 was folded
+    args = h.inputs("mlp")
+    torch.testing.assert_close(out.module()(*args), h.models.fresh_eager("mlp")(*args) + 1)
+    again = presets.cleanup()(out)
+    assert again.modified is False and again.program is out
