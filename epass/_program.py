@@ -58,6 +58,7 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     Node ``meta`` is copied shallowly, so fake values are shared, not duplicated.
     """
     new_graph = copy.deepcopy(gm.graph)
+    _keep_node_names(gm.graph, new_graph)
     root: dict[str, Any] = {}
     for node in new_graph.nodes:
         if node.op not in ("get_attr", "call_module"):
@@ -70,6 +71,29 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new_gm = torch.fx.GraphModule(root, new_graph, gm.__class__.__name__)
     new_gm.meta.update(gm.meta)
     return new_gm
+
+
+def _keep_node_names(old: torch.fx.Graph, new: torch.fx.Graph) -> None:
+    """Give copied nodes their original names.
+
+    fx's namespace renames nodes whose names shadow Python builtins (``input`` becomes
+    ``input_1``) when a graph is copied, although torch.export created them with those
+    names; the signature refers to nodes by name, so the copy must keep them.
+    """
+    namespace = new._graph_namespace
+    for a, b in zip(old.nodes, new.nodes, strict=True):
+        if a.name != b.name:
+            b.name = a.name
+            namespace._obj_to_name[b] = a.name
+            namespace._used_names.add(a.name)
+
+
+def has_tensor_attributes(gm: torch.fx.GraphModule) -> bool:
+    """Whether any ``get_attr`` node of ``gm``'s top-level graph reads a tensor."""
+    return any(
+        node.op == "get_attr" and isinstance(_get_qualified(gm, str(node.target)), torch.Tensor)
+        for node in gm.graph.nodes
+    )
 
 
 def _get_qualified(module: torch.nn.Module, target: str) -> Any:
@@ -241,3 +265,9 @@ def is_op_overload(value: Any) -> bool:
     """True for an ATen-style operator overload (``torch._ops.OpOverload``), such as
     ``torch.ops.aten.relu.default``."""
     return isinstance(value, torch._ops.OpOverload)
+
+
+def is_operator(value: Any) -> bool:
+    """True for any torch operator object (``torch._ops.OperatorBase``): ATen
+    overloads and higher-order operators, the keys of a decomposition table."""
+    return isinstance(value, torch._ops.OperatorBase)

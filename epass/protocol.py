@@ -86,7 +86,9 @@ class FxPass:
     touched (unlike ``ExportedProgram._transform_do_not_use``); tensors are never
     copied. The signature is re-derived from the new graph: placeholders may be
     removed (their state entries leave the output's dicts); adding inputs or
-    changing the number of outputs is an error.
+    changing the number of outputs is an error. Tensors the pass registers on the
+    GraphModule and reads through ``get_attr`` are lifted to new ``constants``
+    entries (see :class:`~epass.passes.LiftConstants`).
 
     Example::
 
@@ -136,6 +138,12 @@ class FxPass:
             modified = new_gm.code != before
         if not modified:
             return PassResult(ep, False)
+        if _program.has_tensor_attributes(new_gm):
+            # torch.export's verifier rejects tensor get_attr nodes: lift them to
+            # constants so that a rewrite that registers a tensor just works.
+            from epass.passes.lift_constants import lift_constants
+
+            return PassResult(lift_constants(ep, new_gm), True)
         return PassResult(_program.rebuild_from_graph_module(ep, new_gm), True)
 
 

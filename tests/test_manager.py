@@ -541,3 +541,25 @@ def test_empty_pipeline_returns_the_input():
     _, ep, _ = models.export("mlp")
     result = PassManager([])(ep)
     assert result.program is ep and not result.modified and result.records == ()
+
+
+def test_fx_pass_registering_a_tensor_gets_it_lifted_to_constants():
+    eager, ep, args = models.export("mlp")
+    ep = PassManager([Decompose()]).run(ep)
+
+    def add_offset(gm):
+        gm.register_buffer("offset", torch.full((4,), 0.25))
+        out = gm.graph.output_node()
+        value = out.args[0][0]
+        with gm.graph.inserting_before(out):
+            offset = gm.graph.get_attr("offset")
+            shifted = gm.graph.call_function(aten.add.Tensor, (value, offset))
+        out.args = ((shifted,),)
+        gm.recompile()
+        return gm
+
+    result = PassManager([FxPass(add_offset)])(ep)
+    out = result.program
+    assert out.constants is ep.constants and out.state_dict is ep.state_dict
+    assert result.records[0].link.constants.added == ("offset",)
+    torch.testing.assert_close(out.module()(*args), eager(*args) + 0.25)

@@ -111,3 +111,41 @@ def test_same_view_reads_no_bytes_and_checks_layout():
     m1, m2 = torch.empty(3, device="meta"), torch.empty(3, device="meta")
     assert not _program.same_view(m1, m2)
     assert _program.same_view(torch.empty(0), torch.empty(0))
+
+
+def test_copy_graph_module_keeps_names_that_shadow_builtins():
+    ep = torch.export.export(torch.nn.Sequential(torch.nn.Linear(3, 3)), (torch.randn(2, 3),))
+    names = [n.name for n in ep.graph.nodes]
+    assert "input" in names  # torch.export names nn.Sequential's argument `input`
+    copied = _program.copy_graph_module(ep.graph_module)
+    assert [n.name for n in copied.graph.nodes] == names
+    assert "input" in copied.code
+    # The namespace knows the name, so new nodes cannot collide with it.
+    node = copied.graph.create_node("placeholder", "input")
+    assert node.name != "input"
+
+
+def test_fx_pass_keeps_the_user_input_name():
+    from epass import FxPass, PassManager
+
+    ep = torch.export.export(torch.nn.Sequential(torch.nn.Linear(3, 3)), (torch.randn(2, 3),))
+
+    def touch(gm):
+        for node in gm.graph.nodes:
+            if node.target is torch.ops.aten.linear.default:
+                node.target = torch.ops.aten.linear.default
+        gm.recompile()
+        return torch.fx.passes.infra.pass_base.PassResult(gm, True)
+
+    out = PassManager([FxPass(touch)]).run(ep)
+    assert out.graph_signature.user_inputs == ep.graph_signature.user_inputs
+
+
+def test_operator_checks_know_aten_overloads():
+    assert _program.is_operator(torch.ops.aten.linear.default)
+    assert _program.is_op_overload(torch.ops.aten.linear.default)
+    assert not _program.is_op_overload(torch.ops.aten.linear)  # a packet, not an overload
+    assert not _program.is_operator("aten.linear.default")
+    schema = _program.op_schema(torch.ops.aten.add_.Tensor)
+    assert schema is not None and schema.is_mutable
+    assert _program.op_schema(len) is None

@@ -9,6 +9,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
+from epass import _program
 from epass.protocol import PassResult
 
 __all__ = ["Decompose"]
@@ -21,7 +22,7 @@ def _table(value: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
 def _ops(value: Iterable[Any]) -> tuple[Any, ...]:
     ops = tuple(value)
     for op in ops:
-        if not isinstance(op, torch._ops.OperatorBase):
+        if not _program.is_operator(op):
             raise TypeError(
                 "Decompose(keep=...) takes ATen operators such as "
                 f"torch.ops.aten.linear.default, got {op!r}"
