@@ -28,17 +28,18 @@ FORMS = ["training", "decomposed"]
 ZOO_IDS = [f"{n}-dynamic" if d else n for n, d in ZOO]
 
 
-def zoo_params() -> Any:
-    """``(name, dynamic, form)`` for every zoo case in both program forms; the
-    transformer cases are marked slow."""
+def zoo_params(exclude: tuple[str, ...] = ()) -> Any:
+    """``(name, dynamic, form)`` for every zoo case (but those in ``exclude``) in both
+    program forms; the transformer cases are marked slow."""
+    cases = [(case, i) for case, i in zip(ZOO, ZOO_IDS, strict=True) if case[0] not in exclude]
     return pytest.mark.parametrize(
         ("name", "dynamic", "form"),
         [
             pytest.param(n, d, f, marks=[pytest.mark.slow] if n == "transformer" else [])
-            for (n, d) in ZOO
+            for ((n, d), _) in cases
             for f in FORMS
         ],
-        ids=[f"{i}-{f}" for i in ZOO_IDS for f in FORMS],
+        ids=[f"{i}-{f}" for (_, i) in cases for f in FORMS],
     )
 
 
