@@ -1,5 +1,6 @@
 """epass: a pass manager for torch.export.ExportedProgram that keeps state shared."""
 
+from epass.bisect import BisectResult, bisect
 from epass.errors import (
     EpassError,
     InstrumentError,
@@ -9,7 +10,17 @@ from epass.errors import (
     StateMutationError,
     VerificationError,
 )
-from epass.instruments import Instrument, PassInfo
+from epass.instruments import (
+    Instrument,
+    MemoryAccounting,
+    NumericsCheck,
+    OpCounts,
+    PassInfo,
+    PrintIR,
+    Progress,
+    Reproducer,
+    Timing,
+)
 from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
 from epass.manager import PassManager, PassRecord, PipelineResult
 from epass.passes import Decompose
@@ -17,6 +28,7 @@ from epass.protocol import FxPass, Pass, PassResult
 from epass.verify import verify_program
 
 __all__ = [
+    "BisectResult",
     "Decompose",
     "DictReport",
     "EpassError",
@@ -25,6 +37,9 @@ __all__ = [
     "InstrumentError",
     "LinkReport",
     "LinkResult",
+    "MemoryAccounting",
+    "NumericsCheck",
+    "OpCounts",
     "OrderingError",
     "Pass",
     "PassError",
@@ -33,10 +48,15 @@ __all__ = [
     "PassRecord",
     "PassResult",
     "PipelineResult",
+    "PrintIR",
+    "Progress",
+    "Reproducer",
     "StateConflictError",
     "StateLinker",
     "StateMutationError",
+    "Timing",
     "VerificationError",
+    "bisect",
     "verify_program",
 ]
 
