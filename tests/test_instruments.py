@@ -540,3 +540,16 @@ def test_public_names_are_exported() -> None:
         "Reproducer", "bisect", "BisectResult",
     ]:  # fmt: skip
         assert name in epass.__all__ and hasattr(epass, name)
+
+
+@pytest.mark.slow
+def test_overhead_benchmark_runs(capsys) -> None:
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_instruments.py"
+    bench = runpy.run_path(str(script), run_name="bench_instruments")
+    bench["main"](["--layers", "1", "--d-model", "32", "--rounds", "1", "--cheap-repeat", "1"])
+    out = capsys.readouterr().out
+    assert "empty/none" in out and "full/none" in out
+    assert "pipeline wall time" in out and "aten.linear -" in out

@@ -6,6 +6,7 @@ import collections
 import difflib
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -192,6 +193,20 @@ def _histogram(program: ExportedProgram) -> collections.Counter[str]:
     )
 
 
+def _wrap(text: str, head: str, indent: str, width: int) -> list[str]:
+    """Wrap a ``"op +n, op -m"`` list between items, never inside one."""
+    glued = text.replace(" +", "\u00a0+").replace(" -", "\u00a0-")
+    lines = textwrap.wrap(
+        glued,
+        width=max(width, len(head) + 30),
+        initial_indent=head,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+    return [line.replace("\u00a0", " ") for line in lines]
+
+
 @attrs.frozen
 class OpCountEntry:
     """The call_function histogram around one pass run."""
@@ -262,16 +277,20 @@ class OpCounts(Instrument):
         """The op counts of the last top-level pipeline's output."""
         return collections.Counter(self.final)
 
-    def table(self, *, top: int = 10) -> str:
-        """Per pass: node totals and the op delta; then the ``top`` most common ops."""
+    def table(self, *, top: int = 10, width: int = 100) -> str:
+        """Per pass: op totals and the op delta (wrapped at ``width``); then the
+        ``top`` most common ops of the final program."""
         lines = [f"{'pass':<28} {'step':>4} {'ops':>11}  delta"]
+        indent = " " * 47
         for e in self.entries:
             name = "  " * e.depth + e.path.rsplit("/", 1)[-1]
             counts = f"{sum(e.before.values())}->{sum(e.after.values())}"
-            lines.append(f"{name:<28} {e.step:>4} {counts:>11}  {e.format_delta()}")
+            head = f"{name:<28} {e.step:>4} {counts:>11}  "
+            lines += _wrap(e.format_delta(), head, indent, width)
         if self.final:
             common = ", ".join(f"{short_op(k)} {v}" for k, v in self.final.most_common(top))
-            lines.append(f"final ({sum(self.final.values())} ops): {common}")
+            head = f"final ({sum(self.final.values())} ops): "
+            lines += _wrap(common, head, " " * len(head), width)
         return "\n".join(lines)
 
     def as_dicts(self) -> list[dict[str, Any]]:

@@ -52,7 +52,9 @@ class Timing(Instrument):
     manager's work around it (graph copy, verification, state linking). Rows are
     keyed by the pass's path, so a pass that runs in several fixed-point steps, or
     in several runs of the same pipeline, accumulates in one row. ``reset()``
-    starts over.
+    starts over. The manager's share (``mgr ms``) also holds the ``before_pass``
+    hooks of instruments listed after this one and the ``after_pass`` hooks of
+    those before it: list ``Timing`` first to keep it clean of the others.
 
     Example::
 
