@@ -114,8 +114,11 @@ class MemoryEntry:
     duplicate_bytes: int
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f}"
+_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
+def _unit(largest: int) -> tuple[str, int]:
+    return next((name, size) for name, size in _UNITS if largest >= size or size == 1)
 
 
 class MemoryAccounting(Instrument):
@@ -126,7 +129,7 @@ class MemoryAccounting(Instrument):
             tensor bytes of same-shaped entries; turn off for very large models).
 
     ``baseline`` measures the pipeline's input, ``entries`` each pass run, and
-    ``table()`` renders them in MiB.
+    ``table()`` renders them.
 
     Example::
 
@@ -189,18 +192,28 @@ class MemoryAccounting(Instrument):
         self._nesting.exit_pass(info)
 
     def table(self) -> str:
-        """Per pass: state MiB, MiB added and released, duplicated MiB (entries)."""
-        lines = [f"{'pass':<28} {'state MiB':>10} {'+new':>8} {'-released':>10} {'dup MiB':>8}"]
+        """Per pass: state size, bytes added and released, duplicated bytes (entries),
+        in the unit that suits the largest state (B, KiB, MiB or GiB)."""
+        sizes = [e.bytes for e in self.entries]
+        if self.baseline is not None:
+            sizes.append(self.baseline.bytes)
+        unit, size = _unit(max(sizes, default=0))
+
+        def fmt(n: int) -> str:
+            return f"{n / size:.2f}"
+
+        lines = [
+            f"{'pass':<28} {'state ' + unit:>10} {'+new':>8} {'-released':>10} {'duplicated':>14}"
+        ]
         if self.baseline is not None:
             b = self.baseline
-            lines.append(
-                f"{'<input>':<28} {_mib(b.bytes):>10} {'':>8} {'':>10} {_mib(b.duplicate_bytes):>8}"
-            )
+            dup = f"{fmt(b.duplicate_bytes)} ({sum(len(g) for g in b.duplicates)})"
+            lines.append(f"{'<input>':<28} {fmt(b.bytes):>10} {'':>8} {'':>10} {dup:>14}")
         for e in self.entries:
             name = "  " * e.depth + e.path.rsplit("/", 1)[-1]
-            dup = f"{_mib(e.duplicate_bytes)} ({sum(len(g) for g in e.duplicates)})"
+            dup = f"{fmt(e.duplicate_bytes)} ({sum(len(g) for g in e.duplicates)})"
             lines.append(
-                f"{name:<28} {_mib(e.bytes):>10} {_mib(e.new_bytes):>8} "
-                f"{_mib(e.released_bytes):>10} {dup:>8}"
+                f"{name:<28} {fmt(e.bytes):>10} {fmt(e.new_bytes):>8} "
+                f"{fmt(e.released_bytes):>10} {dup:>14}"
             )
         return "\n".join(lines)

@@ -261,7 +261,7 @@ class NumericsCheck(Instrument):
         if drift.ok or self.first_drift is not None:
             return
         self.first_drift = drift
-        logger.warning("numerics: first drifting pass: %s", drift)
+        logger.info("numerics: first drifting pass: %s", drift)
         if self.raise_on_drift:
             raise NumericsDriftError(f"pass {path!r} drifted beyond tolerance: {drift}")
 

@@ -152,7 +152,7 @@ class Reproducer(Instrument):
         try:
             where = self.write(info, path, program, manager, error)
         except Exception as exc:
-            logger.warning("reproducer for %s could not be written: %r", path, exc)
+            logger.info("reproducer for %s could not be written: %r", path, exc)
             if note is not None:
                 note(f"reproducer could not be written: {type(exc).__name__}: {exc}")
             return
