@@ -534,6 +534,27 @@ def test_raising_instrument_is_named_and_corrupts_nothing(hook: str, tmp_path) -
     assert fingerprint(ep) == before
 
 
+def test_instrument_raising_in_pass_failed_is_named_and_keeps_the_cause() -> None:
+    _, ep, _ = export_residual()
+    before = fingerprint(ep)
+
+    def explode(gm: torch.fx.GraphModule) -> None:
+        raise RuntimeError("boom")
+
+    class BadOnFailure(Instrument):
+        def pass_failed(self, info: Any, program: Any, error: BaseException) -> None:
+            raise KeyError("bug")
+
+    pm = PassManager([Decompose(), FxPass(explode, name="explode")], instruments=[BadOnFailure()])
+    with pytest.raises(InstrumentError) as info:
+        pm.run(ep)
+    assert (info.value.instrument, info.value.hook) == ("BadOnFailure", "pass_failed")
+    assert info.value.pass_name == "explode"
+    assert "while reporting: pass 'explode'" in str(info.value)
+    assert "RuntimeError: boom" in str(info.value)
+    assert fingerprint(ep) == before
+
+
 def test_public_names_are_exported() -> None:
     for name in [
         "Timing", "PrintIR", "OpCounts", "NumericsCheck", "MemoryAccounting", "Progress",

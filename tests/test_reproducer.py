@@ -208,3 +208,36 @@ def test_pipeline_text_uses_qualified_names_without_a_registry() -> None:
     assert fmt == "qualified"
     assert text.splitlines()[1:] == ["epass.passes.decompose:Decompose", "textwrap:dedent"]
     assert qualified_name(textwrap.dedent) == "textwrap:dedent"
+
+
+def test_reproducers_of_later_runs_do_not_overwrite_earlier_ones(tmp_path: Path) -> None:
+    ep = residual_program()
+
+    def explode(gm: torch.fx.GraphModule) -> None:
+        raise RuntimeError("boom")
+
+    for _ in range(2):
+        with pytest.raises(PassError):
+            PassManager([FxPass(explode, name="explode")], instruments=[Reproducer(tmp_path)]).run(
+                ep
+            )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["000-explode", "001-explode"]
+
+
+def test_instrument_errors_get_no_reproducer(tmp_path: Path) -> None:
+    from epass import InstrumentError, NumericsCheck
+
+    ep = residual_program()
+
+    def scale(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        for node in gm.graph.nodes:
+            if node.target is torch.ops.aten.relu.default:
+                node.target = torch.ops.aten.neg.default
+        return gm
+
+    reproducer = Reproducer(tmp_path)
+    check = NumericsCheck(raise_on_drift=True)
+    with pytest.raises(InstrumentError) as info:
+        PassManager([FxPass(scale, name="relu-to-neg")], instruments=[check, reproducer]).run(ep)
+    assert "reproducer" not in str(info.value)
+    assert reproducer.written == [] and not list(tmp_path.iterdir())

@@ -82,8 +82,11 @@ class Dispatch:
                 fn(*args)
             except Exception as exc:
                 name = type(instrument).__name__
+                message = f"instrument {name!r} raised in {hook}: {type(exc).__name__}: {exc}"
+                if hook == "pass_failed":  # the pass's own error would be lost otherwise
+                    message += f"\n  while reporting: {args[-1]}"
                 raise InstrumentError(
-                    f"instrument {name!r} raised in {hook}: {type(exc).__name__}: {exc}",
+                    message,
                     instrument=name,
                     hook=hook,
                     pass_name=info.name if info else None,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.export import ExportedProgram
 
+from epass.errors import InstrumentError
 from epass.instruments._base import Instrument, PassInfo, _Nesting
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ if __name__ == "__main__":
 class Reproducer(Instrument):
     """On a pass failure, write a directory that reproduces it.
 
-    Each failure gets ``<directory>/<NNN>-<pass>/`` with:
+    Each failure gets a new ``<directory>/<NNN>-<pass>/`` with:
 
     * ``program.pt2``: the failing pass's input program (``torch.export.save``);
     * ``pipeline.txt``: the pipeline from the failing pass on, as registry text
@@ -118,7 +119,8 @@ class Reproducer(Instrument):
 
     The path is appended to the ``PassError`` message. The modules that define the
     passes must be importable where ``repro.py`` runs. Writing never raises: if it
-    fails, the error message says so instead.
+    fails, the error message says so instead. Failures raised by instruments
+    (``InstrumentError``) get no reproducer, since the passes alone would not fail.
 
     Example::
 
@@ -148,6 +150,8 @@ class Reproducer(Instrument):
         manager = self._nesting.manager_of(info)
         path = self._nesting.path(info)
         self._nesting.exit_pass(info)
+        if isinstance(error, InstrumentError):
+            return  # an instrument stopped the pipeline; rerunning the passes would not
         note = getattr(error, "add_note_line", None)
         try:
             where = self.write(info, path, program, manager, error)
@@ -170,8 +174,11 @@ class Reproducer(Instrument):
         """Write the reproducer for one failure and return its directory."""
         passes = list(manager.passes[info.index :]) if manager is not None else [info.pass_]
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", path)
-        where = self.directory / f"{len(self.written):03d}-{safe}"
-        where.mkdir(parents=True, exist_ok=True)
+        number = len(self.written)
+        while self.directory.is_dir() and any(self.directory.glob(f"{number:03d}-*")):
+            number += 1  # keep reproducers from earlier runs
+        where = self.directory / f"{number:03d}-{safe}"
+        where.mkdir(parents=True)
         torch.export.save(program, where / "program.pt2")
         _, text = pipeline_text(passes)
         (where / "pipeline.txt").write_text(text)
