@@ -3,8 +3,9 @@
 Two pipelines, each run with no instruments (twice, as two configurations, to
 show the noise floor), an empty instrument list, and the full built-in set
 (Timing, OpCounts, MemoryAccounting, NumericsCheck, PrintIR, Progress,
-Reproducer), interleaved round by round so drift in machine load hits all
-configurations alike; the median of the rounds is reported.
+Reproducer), interleaved round by round. Times are process CPU seconds (all
+threads), and the best round of each configuration is reported: on a shared
+machine, wall time mostly measures the neighbours.
 
 * ``decompose``: Decompose + three fx passes on an ``nn.TransformerEncoder``
   (12 layers, d_model=256 by default), the case users run.
@@ -19,8 +20,8 @@ Run: python benchmarks/bench_instruments.py [--layers 12] [--d-model 256] [--rou
 from __future__ import annotations
 
 import argparse
+import gc
 import io
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -98,6 +99,7 @@ def measure(
     rounds: int,
     repeat: int,
     directory: str,
+    each: bool = False,
 ) -> dict[str, float]:
     configs: dict[str, Callable[[], PassManager]] = {
         "none": lambda: PassManager(passes()),
@@ -106,17 +108,23 @@ def measure(
         "empty": lambda: PassManager(passes(), instruments=[]),
         "full": lambda: PassManager(passes(), instruments=full_set(directory)),
     }
+    if each:
+        for i, instrument in enumerate(full_set(directory)):
+            configs[type(instrument).__name__] = lambda i=i: PassManager(
+                passes(), instruments=[full_set(directory)[i]]
+            )
     samples: dict[str, list[float]] = {k: [] for k in configs}
     for k in configs:  # warm-up: first-call costs (imports, dispatcher caches)
         configs[k]().run(ep)
     for _ in range(rounds):
         for k, make in configs.items():
             managers = [make() for _ in range(repeat)]
-            start = time.perf_counter()
+            gc.collect()
+            start = time.process_time()
             for pm in managers:
                 pm.run(ep)
-            samples[k].append((time.perf_counter() - start) / repeat)
-    return {k: statistics.median(v) for k, v in samples.items()}
+            samples[k].append((time.process_time() - start) / repeat)
+    return {k: min(v) for k, v in samples.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -125,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cheap-repeat", type=int, default=20)
+    parser.add_argument("--each", action="store_true", help="also each instrument alone")
     args = parser.parse_args(argv)
 
     module, inputs = encoder(args.layers, args.d_model)
@@ -148,20 +157,28 @@ def main(argv: list[str] | None = None) -> None:
         rows = [
             (
                 f"decompose ({args.layers}-layer encoder, d_model={args.d_model})",
-                measure(big, decompose_pipeline, args.rounds, 1, directory),
+                measure(big, decompose_pipeline, args.rounds, 1, directory, args.each),
             ),
             (
                 "cheap (20 no-op fx passes, MLP)",
-                measure(small, cheap_pipeline, args.rounds, args.cheap_repeat, directory),
+                measure(
+                    small, cheap_pipeline, args.rounds, args.cheap_repeat, directory, args.each
+                ),
             ),
         ]
-    print(f"{'pipeline':<46} {'none s':>9} {'noise':>7} {'empty/none':>11} {'full/none':>10}")
+    print(f"{'pipeline':<46} {'none cpu s':>10} {'noise':>7} {'empty/none':>11} {'full/none':>10}")
     for name, t in rows:
         print(
-            f"{name:<46} {t['none']:>9.4f} {t['none again'] / t['none']:>7.3f} "
+            f"{name:<46} {t['none']:>10.4f} {t['none again'] / t['none']:>7.3f} "
             f"{t['empty'] / t['none']:>11.3f} {t['full'] / t['none']:>10.3f}"
         )
     print("(noise: a second, identical no-instrument configuration over the first)")
+    if args.each:
+        names = [k for k in rows[0][1] if k not in ("none", "none again", "empty", "full")]
+        print()
+        print(f"{'each instrument alone, over none':<46} " + " ".join(f"{n:>8.8}" for n in names))
+        for name, t in rows:
+            print(f"{name:<46} " + " ".join(f"{t[n] / t['none']:>8.3f}" for n in names))
 
     timing, counts = Timing(), OpCounts()
     PassManager([Decompose()], instruments=[timing, counts]).run(big)

@@ -109,15 +109,22 @@ def run_program(
                     if isinstance(value, torch.nn.Parameter)
                     else _clone(value)
                 )
-    versions = {k: _program.tensor_version(v) for k, v in program.state_dict.items()}
+
+    def versions() -> dict[tuple[int, str], int | None]:
+        return {
+            (i, k): _program.tensor_version(v)
+            for i, d in enumerate((program.state_dict, program.constants))
+            for k, v in d.items()
+        }
+
+    before = versions()
     args, kwargs = _clone(tuple(args)), _clone(dict(kwargs or {}))
     with torch.no_grad():
         out = view.module()(*args, **kwargs)
-    touched = [
-        k for k, v in program.state_dict.items() if _program.tensor_version(v) != versions.get(k)
-    ]
+    touched = [key for key, v in versions().items() if before.get(key) != v]
     if touched:  # a safety net: the cloning above should make this unreachable
-        raise RuntimeError(f"running the program wrote into its state tensors {touched}")
+        names = [k for _, k in touched]
+        raise RuntimeError(f"running the program wrote into its state tensors {names}")
     return _clone(out)
 
 
