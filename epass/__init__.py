@@ -1,5 +1,6 @@
 """epass: a pass manager for torch.export.ExportedProgram that keeps state shared."""
 
+from epass.bisect import BisectResult, bisect
 from epass.errors import (
     EpassError,
     InstrumentError,
@@ -9,7 +10,17 @@ from epass.errors import (
     StateMutationError,
     VerificationError,
 )
-from epass.instruments import Instrument, PassInfo
+from epass.instruments import (
+    Instrument,
+    MemoryAccounting,
+    NumericsCheck,
+    OpCounts,
+    PassInfo,
+    PrintIR,
+    Progress,
+    Reproducer,
+    Timing,
+)
 from epass.linker import DictReport, LinkReport, LinkResult, StateLinker, prune
 from epass.manager import PassManager, PassRecord, PipelineResult
 from epass.passes import Decompose
@@ -19,6 +30,7 @@ from epass.registry import create_pass, list_passes, register_pass
 from epass.verify import verify_program
 
 __all__ = [
+    "BisectResult",
     "Decompose",
     "DictReport",
     "EpassError",
@@ -27,6 +39,9 @@ __all__ = [
     "InstrumentError",
     "LinkReport",
     "LinkResult",
+    "MemoryAccounting",
+    "NumericsCheck",
+    "OpCounts",
     "OrderingError",
     "Pass",
     "PassError",
@@ -36,10 +51,15 @@ __all__ = [
     "PassResult",
     "PipelineError",
     "PipelineResult",
+    "PrintIR",
+    "Progress",
+    "Reproducer",
     "StateConflictError",
     "StateLinker",
     "StateMutationError",
+    "Timing",
     "VerificationError",
+    "bisect",
     "create_pass",
     "list_passes",
     "prune",

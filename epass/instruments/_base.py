@@ -1,4 +1,4 @@
-"""Instrumentation: the ``Instrument`` hooks and the dispatcher the manager calls."""
+"""The ``Instrument`` hooks, ``PassInfo``, and the dispatcher the manager calls."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from epass.errors import InstrumentError
 if TYPE_CHECKING:
     from epass.manager import PassManager, PassRecord, PipelineResult
 
-__all__ = ["Instrument", "PassInfo"]
+__all__ = ["Dispatch", "Instrument", "PassInfo"]
 
 
 @attrs.frozen
@@ -82,11 +82,63 @@ class Dispatch:
                 fn(*args)
             except Exception as exc:
                 name = type(instrument).__name__
+                message = f"instrument {name!r} raised in {hook}: {type(exc).__name__}: {exc}"
+                if hook == "pass_failed":  # the pass's own error would be lost otherwise
+                    message += f"\n  while reporting: {args[-1]}"
                 raise InstrumentError(
-                    f"instrument {name!r} raised in {hook}: {type(exc).__name__}: {exc}",
+                    message,
                     instrument=name,
                     hook=hook,
                     pass_name=info.name if info else None,
                     index=info.index if info else None,
                     step=info.step if info else None,
                 ) from exc
+
+
+class _Nesting:
+    """Tracks where in a (possibly nested) pipeline the hooks are being called from.
+
+    A nested manager's ``before_pipeline`` comes right after the ``before_pass`` of
+    the manager-as-a-pass; anything else starts a new top-level run, which also
+    drops state left behind by a run that failed (``after_pipeline`` is not called
+    then).
+    """
+
+    def __init__(self) -> None:
+        self.passes: list[PassInfo] = []
+        self.managers: list[Any] = []
+
+    def enter_pipeline(self, manager: Any) -> bool:
+        """Returns True when this is a top-level pipeline."""
+        if self.passes and self.passes[-1].pass_ is manager and self.managers:
+            self.managers.append(manager)
+            return False
+        self.passes.clear()
+        self.managers = [manager]
+        return True
+
+    def exit_pipeline(self, manager: Any) -> bool:
+        """Returns True when the top-level pipeline ended."""
+        if self.managers and self.managers[-1] is manager:
+            self.managers.pop()
+        return not self.managers
+
+    def enter_pass(self, info: PassInfo) -> None:
+        del self.passes[info.depth :]
+        self.passes.append(info)
+
+    def exit_pass(self, info: PassInfo) -> None:
+        del self.passes[info.depth :]
+
+    def path(self, info: PassInfo) -> str:
+        """The pass's name prefixed by the names of the pipelines around it."""
+        outer = [i.name for i in self.passes[: info.depth]]
+        return "/".join([*outer, info.name])
+
+    def manager_of(self, info: PassInfo) -> Any:
+        """The manager whose pass list holds ``info``, or None."""
+        for manager in reversed(self.managers):
+            passes = getattr(manager, "passes", ())
+            if info.index < len(passes) and passes[info.index] is info.pass_:
+                return manager
+        return None

@@ -1,0 +1,54 @@
+"""Instrumentation: the ``Instrument`` hooks and the built-in instruments.
+
+========================  ===================================================
+instrument                what it records
+========================  ===================================================
+:class:`Timing`           wall time per pass, aggregated over steps and runs
+:class:`PrintIR`          graphs before/after passes, or unified diffs
+:class:`OpCounts`         call_function histograms and their change per pass
+:class:`NumericsCheck`    output drift per pass; names the first drifting one
+:class:`MemoryAccounting` unique state bytes, bytes added, duplicated values
+:class:`Progress`         a live progress display (``rich``, terminals only)
+:class:`Reproducer`       a ``repro.py`` directory when a pass fails
+========================  ===================================================
+
+With no instrument registered the manager skips every hook call.
+"""
+
+from epass.instruments._base import Dispatch, Instrument, PassInfo
+from epass.instruments.ir import IRDump, OpCountEntry, OpCounts, PrintIR, format_delta
+from epass.instruments.memory import MemoryAccounting, MemoryEntry, StateMemory, state_memory
+from epass.instruments.numerics import (
+    Drift,
+    NumericsCheck,
+    NumericsDriftError,
+    compare_outputs,
+    run_program,
+)
+from epass.instruments.progress import Progress
+from epass.instruments.reproducer import Reproducer
+from epass.instruments.timing import Timing, TimingRow
+
+__all__ = [
+    "Dispatch",
+    "Drift",
+    "IRDump",
+    "Instrument",
+    "MemoryAccounting",
+    "MemoryEntry",
+    "NumericsCheck",
+    "NumericsDriftError",
+    "OpCountEntry",
+    "OpCounts",
+    "PassInfo",
+    "PrintIR",
+    "Progress",
+    "Reproducer",
+    "StateMemory",
+    "Timing",
+    "TimingRow",
+    "compare_outputs",
+    "format_delta",
+    "run_program",
+    "state_memory",
+]

@@ -1,0 +1,199 @@
+"""``Reproducer``: when a pass fails, write what someone else needs to make it fail again."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pickle
+import re
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.export import ExportedProgram
+
+from epass.errors import InstrumentError
+from epass.instruments._base import Instrument, PassInfo, _Nesting
+
+if TYPE_CHECKING:
+    from epass.manager import PassManager, PassRecord, PipelineResult
+
+__all__ = ["Reproducer", "pipeline_text", "qualified_name"]
+
+logger = logging.getLogger("epass")
+
+QUALIFIED_HEADER = "# epass pipeline, one pass per line as module:qualname"
+
+
+def qualified_name(p: Any) -> str:
+    """``module:qualname`` of a pass's function or class (``FxPass`` names its function)."""
+    target = getattr(p, "fn", None) if type(p).__name__ == "FxPass" else None
+    if target is None:
+        target = p if isinstance(p, type) or hasattr(p, "__qualname__") else type(p)
+    return f"{target.__module__}:{target.__qualname__}"
+
+
+def pipeline_text(passes: Sequence[Any]) -> tuple[str, str]:
+    """The pipeline as registry text when ``epass.pipeline`` can print it, otherwise
+    one qualified name per line. Returns ``(format, text)`` with format ``"text"``
+    or ``"qualified"``."""
+    try:
+        pipeline = importlib.import_module("epass.pipeline")
+        text = pipeline.to_text(list(passes))
+        if isinstance(text, str):
+            return "text", text + "\n"
+    except Exception:  # no registry yet, or a pass it cannot name
+        pass
+    lines = [QUALIFIED_HEADER, *(qualified_name(p) for p in passes)]
+    return "qualified", "\n".join(lines) + "\n"
+
+
+_REPRO = '''\
+"""Reproduce an epass pass failure.
+
+{summary}
+
+Run: python repro.py    (exits with the pass's error; 0 means it did not fail)
+"""
+
+import importlib
+import pickle
+import sys
+from pathlib import Path
+
+import torch
+
+import epass
+
+HERE = Path(__file__).resolve().parent
+VERIFY = {verify}
+
+
+def load_passes():
+    pickled = HERE / "passes.pkl"
+    if pickled.exists():
+        try:
+            return pickle.loads(pickled.read_bytes())
+        except Exception as exc:
+            print(f"passes.pkl did not load ({{exc!r}}); using pipeline.txt", file=sys.stderr)
+    text = (HERE / "pipeline.txt").read_text()
+    if not text.startswith("{header}"):
+        return epass.PassManager.from_text(text.strip()).passes
+    passes = []
+    for line in text.splitlines()[1:]:
+        module, _, qualname = line.strip().partition(":")
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        # Classes are rebuilt with their default options; functions are used as they are.
+        passes.append(obj() if isinstance(obj, type) else obj)
+    return passes
+
+
+def main():
+    program = torch.export.load(HERE / "program.pt2")
+    passes = load_passes()
+    print("running", [epass.protocol.pass_name(p) for p in passes], file=sys.stderr)
+    epass.PassManager(passes, verify=VERIFY).run(program)
+    print("the pipeline ran without error: the failure did not reproduce", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+class Reproducer(Instrument):
+    """On a pass failure, write a directory that reproduces it.
+
+    Each failure gets a new ``<directory>/<NNN>-<pass>/`` with:
+
+    * ``program.pt2``: the failing pass's input program (``torch.export.save``);
+    * ``pipeline.txt``: the pipeline from the failing pass on, as registry text
+      when the passes can be printed that way, otherwise by qualified names;
+    * ``passes.pkl``: the same passes pickled with their options, when they pickle;
+    * ``error.txt``: the original error;
+    * ``repro.py``: reloads the program, rebuilds the passes and runs them.
+
+    The path is appended to the ``PassError`` message. The modules that define the
+    passes must be importable where ``repro.py`` runs. Writing never raises: if it
+    fails, the error message says so instead. Failures raised by instruments
+    (``InstrumentError``) get no reproducer, since the passes alone would not fail.
+
+    Example::
+
+        PassManager(passes, instruments=[Reproducer("repros")]).run(ep)
+        # epass.PassError: pass 'my-pass' (position 3, step 0) failed: ...
+        #   reproducer: repros/000-my-pass/repro.py
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.written: list[Path] = []
+        self._nesting = _Nesting()
+
+    def before_pipeline(self, manager: PassManager, program: ExportedProgram) -> None:
+        self._nesting.enter_pipeline(manager)
+
+    def after_pipeline(self, manager: PassManager, result: PipelineResult) -> None:
+        self._nesting.exit_pipeline(manager)
+
+    def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
+        self._nesting.enter_pass(info)
+
+    def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
+        self._nesting.exit_pass(info)
+
+    def pass_failed(self, info: PassInfo, program: ExportedProgram, error: BaseException) -> None:
+        manager = self._nesting.manager_of(info)
+        path = self._nesting.path(info)
+        self._nesting.exit_pass(info)
+        if isinstance(error, InstrumentError):
+            return  # an instrument stopped the pipeline; rerunning the passes would not
+        note = getattr(error, "add_note_line", None)
+        try:
+            where = self.write(info, path, program, manager, error)
+        except Exception as exc:
+            logger.info("reproducer for %s could not be written: %r", path, exc)
+            if note is not None:
+                note(f"reproducer could not be written: {type(exc).__name__}: {exc}")
+            return
+        if note is not None:
+            note(f"reproducer: {where / 'repro.py'}")
+
+    def write(
+        self,
+        info: PassInfo,
+        path: str,
+        program: ExportedProgram,
+        manager: Any,
+        error: BaseException,
+    ) -> Path:
+        """Write the reproducer for one failure and return its directory."""
+        passes = list(manager.passes[info.index :]) if manager is not None else [info.pass_]
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", path)
+        number = len(self.written)
+        while self.directory.is_dir() and any(self.directory.glob(f"{number:03d}-*")):
+            number += 1  # keep reproducers from earlier runs
+        where = self.directory / f"{number:03d}-{safe}"
+        where.mkdir(parents=True)
+        torch.export.save(program, where / "program.pt2")
+        _, text = pipeline_text(passes)
+        (where / "pipeline.txt").write_text(text)
+        try:
+            (where / "passes.pkl").write_bytes(pickle.dumps(passes))
+        except Exception as exc:  # lambdas, local classes: pipeline.txt has to do
+            logger.debug("passes of %s do not pickle: %r", path, exc)
+        message = str(error)
+        (where / "error.txt").write_text(message + "\n")
+        # The message goes into repro.py's docstring: keep it a valid string literal.
+        summary = textwrap.indent(message.replace("\\", "\\\\").replace('"""', "'''"), "    ")
+        verify = bool(getattr(manager, "verify", True))
+        (where / "repro.py").write_text(
+            _REPRO.format(summary=summary, verify=verify, header=QUALIFIED_HEADER)
+        )
+        self.written.append(where)
+        logger.info("reproducer for %s written to %s", path, where)
+        return where

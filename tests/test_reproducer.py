@@ -1,0 +1,243 @@
+"""Reproducer: a failing pass leaves a directory whose repro.py fails the same way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fingerprint import fingerprint
+
+from epass import Decompose, FxPass, PassError, PassManager, Reproducer
+from epass.instruments.reproducer import QUALIFIED_HEADER, pipeline_text, qualified_name
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The passes live in a module of their own, so that repro.py in a fresh
+# interpreter can import them (as it would a user's pass library).
+PASSES = '''
+import attrs
+import torch
+from epass import FxPass, PassResult
+
+
+@attrs.define(eq=False)
+class Explode:
+    """Fails on any graph that still has a relu."""
+
+    name = "explode"
+    changes_input = False
+    message: str = "relu is not supported here"
+
+    def __call__(self, ep):
+        if any(n.target is torch.ops.aten.relu.default for n in ep.graph.nodes):
+            raise RuntimeError(self.message)
+        return PassResult(ep, False)
+
+
+def neg_neg(gm):
+    out = gm.graph.output_node()
+    value = out.args[0][0]
+    with gm.graph.inserting_before(out):
+        for _ in range(2):
+            val = value.meta["val"]
+            value = gm.graph.call_function(torch.ops.aten.neg.default, (value,))
+            value.meta["val"] = val
+    out.args = ((value,),)
+    return gm
+
+
+def no_meta(gm):
+    """Breaks the verifier: a new node without meta['val']."""
+    out = gm.graph.output_node()
+    with gm.graph.inserting_before(out):
+        node = gm.graph.call_function(torch.ops.aten.neg.default, (out.args[0][0],))
+    out.args = ((node,),)
+    return gm
+'''
+
+
+@pytest.fixture
+def user_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "user_passes.py").write_text(PASSES)
+    monkeypatch.syspath_prepend(str(lib))
+    import importlib
+
+    module = importlib.import_module("user_passes")
+    yield module
+    sys.modules.pop("user_passes", None)
+
+
+def run_repro(script: Path, lib: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(lib), str(ROOT)]))
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=script.parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def residual_program() -> torch.export.ExportedProgram:
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    return torch.export.export(module.eval(), (torch.randn(3, 4),))
+
+
+def test_repro_script_reproduces_the_failure(user_passes: Any, tmp_path: Path) -> None:
+    ep = residual_program()
+    before = fingerprint(ep)
+    passes = [
+        FxPass(user_passes.neg_neg, name="neg-neg"),
+        user_passes.Explode(message="relu is not supported by this backend"),
+        Decompose(),
+    ]
+    reproducer = Reproducer(tmp_path / "repros")
+    with pytest.raises(PassError) as info:
+        PassManager(passes, instruments=[reproducer]).run(ep)
+    assert fingerprint(ep) == before
+    (where,) = reproducer.written
+    assert where == tmp_path / "repros" / "000-explode"
+    message = str(info.value)
+    assert f"reproducer: {where / 'repro.py'}" in message
+    assert sorted(p.name for p in where.iterdir()) == [
+        "error.txt", "passes.pkl", "pipeline.txt", "program.pt2", "repro.py",
+    ]  # fmt: skip
+    # The saved program is the failing pass's input: neg-neg already ran.
+    saved = torch.export.load(where / "program.pt2")
+    assert sum(n.target is torch.ops.aten.neg.default for n in saved.graph.nodes) == 2
+    assert (where / "pipeline.txt").read_text().splitlines() == [
+        QUALIFIED_HEADER,
+        "user_passes:Explode",
+        "epass.passes.decompose:Decompose",
+    ]
+    done = run_repro(where / "repro.py", tmp_path / "lib")
+    assert done.returncode != 0, done.stderr
+    assert "epass.errors.PassError" in done.stderr
+    # The option given to the pass survived (passes.pkl keeps it).
+    assert "relu is not supported by this backend" in done.stderr
+
+
+def test_repro_falls_back_to_qualified_names(user_passes: Any, tmp_path: Path) -> None:
+    ep = residual_program()
+    reproducer = Reproducer(tmp_path / "repros")
+    with pytest.raises(PassError):
+        PassManager([Decompose(), user_passes.Explode()], instruments=[reproducer]).run(ep)
+    (where,) = reproducer.written
+    (where / "passes.pkl").unlink()
+    done = run_repro(where / "repro.py", tmp_path / "lib")
+    assert done.returncode != 0
+    # Decompose keeps relu, so Explode fails again with its default message.
+    assert "relu is not supported here" in done.stderr
+
+
+@pytest.mark.slow
+def test_repro_of_a_failure_in_a_nested_pipeline(user_passes: Any, tmp_path: Path) -> None:
+    ep = residual_program()
+    inner = PassManager(
+        [FxPass(user_passes.neg_neg, name="neg-neg"), FxPass(user_passes.no_meta, name="no-meta")],
+        name="inner",
+    )
+    reproducer = Reproducer(tmp_path / "repros")
+    with pytest.raises(PassError) as info:
+        PassManager([Decompose(), inner], instruments=[reproducer]).run(ep)
+    (where,) = reproducer.written
+    assert where.name == "000-inner_no-meta"
+    # The note is on the inner error, which the outer message quotes.
+    assert f"reproducer: {where / 'repro.py'}" in str(info.value)
+    assert "user_passes:no_meta" in (where / "pipeline.txt").read_text()
+    done = run_repro(where / "repro.py", tmp_path / "lib")
+    assert done.returncode != 0
+    assert "SpecViolationError" in done.stderr and "'no-meta'" in done.stderr
+
+
+def test_unpicklable_passes_still_get_a_pipeline_file(tmp_path: Path) -> None:
+    ep = residual_program()
+
+    def explode(gm: torch.fx.GraphModule) -> None:
+        raise RuntimeError("boom")
+
+    reproducer = Reproducer(tmp_path)
+    with pytest.raises(PassError, match="boom"):
+        PassManager([FxPass(explode, name="explode")], instruments=[reproducer]).run(ep)
+    (where,) = reproducer.written
+    assert not (where / "passes.pkl").exists()  # a local function does not pickle
+    text = (where / "pipeline.txt").read_text()
+    assert text.splitlines()[1] == (
+        "test_reproducer:test_unpicklable_passes_still_get_a_pipeline_file.<locals>.explode"
+    )
+    assert "boom" in (where / "error.txt").read_text()
+
+
+def test_a_reproducer_that_cannot_write_keeps_the_original_error(tmp_path: Path) -> None:
+    ep = residual_program()
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+
+    def explode(gm: torch.fx.GraphModule) -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(PassError) as info:
+        PassManager([FxPass(explode, name="explode")], instruments=[Reproducer(blocked)]).run(ep)
+    assert type(info.value) is PassError  # not an InstrumentError
+    assert "boom" in str(info.value)
+    assert "reproducer could not be written" in str(info.value)
+
+
+def test_a_program_torch_rejects_gets_a_reproducer_too(user_passes: Any, tmp_path: Path) -> None:
+    ep = residual_program()
+    reproducer = Reproducer(tmp_path)
+    # Rebuilding the program runs torch's verifier inside the pass.
+    with pytest.raises(PassError, match="SpecViolationError") as info:
+        PassManager([FxPass(user_passes.no_meta, name="no-meta")], instruments=[reproducer]).run(ep)
+    assert "reproducer:" in str(info.value)
+    assert reproducer.written[0].name == "000-no-meta"
+
+
+def test_pipeline_text_uses_qualified_names_without_a_registry() -> None:
+    fmt, text = pipeline_text([Decompose(), FxPass(textwrap.dedent, name="x")])
+    assert fmt == "qualified"
+    assert text.splitlines()[1:] == ["epass.passes.decompose:Decompose", "textwrap:dedent"]
+    assert qualified_name(textwrap.dedent) == "textwrap:dedent"
+
+
+def test_reproducers_of_later_runs_do_not_overwrite_earlier_ones(tmp_path: Path) -> None:
+    ep = residual_program()
+
+    def explode(gm: torch.fx.GraphModule) -> None:
+        raise RuntimeError("boom")
+
+    for _ in range(2):
+        with pytest.raises(PassError):
+            PassManager([FxPass(explode, name="explode")], instruments=[Reproducer(tmp_path)]).run(
+                ep
+            )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["000-explode", "001-explode"]
+
+
+def test_instrument_errors_get_no_reproducer(tmp_path: Path) -> None:
+    from epass import InstrumentError, NumericsCheck
+
+    ep = residual_program()
+
+    def scale(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        for node in gm.graph.nodes:
+            if node.target is torch.ops.aten.relu.default:
+                node.target = torch.ops.aten.neg.default
+        return gm
+
+    reproducer = Reproducer(tmp_path)
+    check = NumericsCheck(raise_on_drift=True)
+    with pytest.raises(InstrumentError) as info:
+        PassManager([FxPass(scale, name="relu-to-neg")], instruments=[check, reproducer]).run(ep)
+    assert "reproducer" not in str(info.value)
+    assert reproducer.written == [] and not list(tmp_path.iterdir())
