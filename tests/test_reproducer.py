@@ -241,3 +241,26 @@ def test_instrument_errors_get_no_reproducer(tmp_path: Path) -> None:
         PassManager([FxPass(scale, name="relu-to-neg")], instruments=[check, reproducer]).run(ep)
     assert "reproducer" not in str(info.value)
     assert reproducer.written == [] and not list(tmp_path.iterdir())
+
+
+def test_registered_passes_are_written_as_pipeline_text(tmp_path: Path) -> None:
+    from epass.registry import register_pass, unregister_pass
+
+    def refuse(program: Any) -> Any:
+        raise RuntimeError("refused by the backend")
+
+    register_pass("refuse-test", lambda: refuse, description="always fails")
+    try:
+        ep = residual_program()
+        reproducer = Reproducer(tmp_path)
+        with pytest.raises(PassError, match="refused"):
+            PassManager.from_text("decompose, refuse-test, dce", instruments=[reproducer]).run(ep)
+        (where,) = reproducer.written
+        assert (where / "pipeline.txt").read_text() == "refuse-test, dce\n"
+        (where / "passes.pkl").unlink(missing_ok=True)
+        done = run_repro(where / "repro.py", tmp_path / "lib")
+        # The registration lives in this test process only, so the rerun names it.
+        assert done.returncode != 0
+        assert "refuse-test" in done.stderr
+    finally:
+        unregister_pass("refuse-test")

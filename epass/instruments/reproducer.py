@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import pickle
 import re
@@ -36,15 +35,14 @@ def qualified_name(p: Any) -> str:
 
 
 def pipeline_text(passes: Sequence[Any]) -> tuple[str, str]:
-    """The pipeline as registry text when ``epass.pipeline`` can print it, otherwise
-    one qualified name per line. Returns ``(format, text)`` with format ``"text"``
-    or ``"qualified"``."""
+    """The pipeline as registry text when every pass is registered, otherwise one
+    qualified name per line. Returns ``(format, text)`` with format ``"text"`` or
+    ``"qualified"``."""
+    from epass.pipeline import to_text
+
     try:
-        pipeline = importlib.import_module("epass.pipeline")
-        text = pipeline.to_text(list(passes))
-        if isinstance(text, str):
-            return "text", text + "\n"
-    except Exception:  # no registry yet, or a pass it cannot name
+        return "text", to_text(list(passes)) + "\n"
+    except Exception:  # a pass the registry cannot name
         pass
     lines = [QUALIFIED_HEADER, *(qualified_name(p) for p in passes)]
     return "qualified", "\n".join(lines) + "\n"
