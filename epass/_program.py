@@ -224,3 +224,48 @@ def same_view(a: Any, b: Any) -> bool:
         return bool(a.data_ptr() == b.data_ptr())
     except RuntimeError:  # fake tensors and subclasses without storage
         return False
+
+
+# --- Decomposition oracle: which ops would run_decompositions rewrite? -------------
+# Decompose.skip_reason and Decompose.merge use these to decide without retracing.
+
+
+def core_aten_post_autograd_ops() -> frozenset[Any]:
+    """The ops that torch's default table decomposes through Python decompositions
+    (the default table minus the CompositeImplicitAutograd ops)."""
+    from torch._decomp import _core_aten_decompositions_post_autograd
+
+    return frozenset(_core_aten_decompositions_post_autograd())
+
+
+def preserved_aten_cia_ops() -> frozenset[Any]:
+    """CompositeImplicitAutograd ATen ops that the default table leaves alone."""
+    from torch.export import decomp_utils
+
+    return frozenset(getattr(decomp_utils, "PRESERVED_ATEN_CIA_OPS", ()))
+
+
+def is_cia_op(op: Any) -> bool:
+    """Whether ``op`` has a CompositeImplicitAutograd kernel (retracing decomposes it
+    unless the table preserves it)."""
+    from torch._export.utils import _is_cia_op
+
+    return bool(_is_cia_op(op))
+
+
+def is_preservable_cia_op(op: Any) -> bool:
+    """Whether export can keep the CompositeImplicitAutograd op ``op`` undecomposed
+    (it must be statically functional); others are always decomposed."""
+    from torch._export.utils import _is_preservable_cia_op
+
+    return bool(_is_preservable_cia_op(op))
+
+
+def is_op_overload(target: Any) -> bool:
+    """Whether a call_function target is an ATen/custom operator overload."""
+    return isinstance(target, torch._ops.OpOverload)
+
+
+def is_mutable_op(op: Any) -> bool:
+    """Whether the operator's schema writes into one of its arguments."""
+    return bool(op._schema.is_mutable)
