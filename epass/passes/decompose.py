@@ -60,6 +60,17 @@ _SYM_FUNCTIONS = frozenset(
 )
 
 
+# Size queries on symbolic shapes: retracing re-emits them as they are.
+_SIZE_OPS = frozenset(
+    (
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_stride.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_storage_offset.default,
+    )
+)
+
+
 def _plain(target: Any) -> bool:
     module = getattr(target, "__module__", None)
     return module in ("_operator", "operator", "math", "builtins") or target in _SYM_FUNCTIONS
@@ -132,6 +143,8 @@ class Decompose:
 
     def _rewrites(self, op: Any, kept: frozenset[Any], post_autograd: frozenset[Any]) -> bool:
         """Whether a retrace with this pass's table would rewrite the operator ``op``."""
+        if op in _SIZE_OPS:
+            return False
         if _program.is_mutable_op(op):
             return True  # functionalization replaces it
         cia = _program.is_cia_op(op)
