@@ -44,3 +44,30 @@ def test_op_overload_and_mutability():
     assert not _program.is_op_overload(torch.ops.higher_order.cond)
     assert _program.is_mutable_op(aten.add_.Tensor)
     assert not _program.is_mutable_op(aten.add.Tensor)
+
+
+# --- same_view (the linker's per-entry check) -----------------------------------------
+
+
+def test_same_view_relinks_new_objects_over_the_same_memory():
+    base = torch.zeros(16)
+    assert _program.same_view(base, base.detach())
+    assert _program.same_view(torch.zeros(0), torch.zeros(0))
+    p = torch.nn.Parameter(torch.zeros(3))
+    assert _program.same_view(p, torch.nn.Parameter(p.detach()))
+
+
+def test_same_view_rejects_any_other_geometry_dtype_or_kind():
+    base = torch.zeros(16)
+    assert not _program.same_view(base, base.view(torch.int32))
+    assert not _program.same_view(base, base[1:])
+    assert not _program.same_view(base, base.view(4, 4))
+    assert not _program.same_view(base.view(4, 4), base.view(4, 4).t())
+    assert not _program.same_view(base, torch.zeros(16))
+    p = torch.nn.Parameter(torch.zeros(3))
+    assert not _program.same_view(p, p.detach())
+    meta = torch.empty(3, device="meta")
+    assert not _program.same_view(meta, meta.detach())
+    sparse = torch.eye(3).to_sparse()
+    assert not _program.same_view(sparse, sparse.detach())
+    assert not _program.same_view(1, 1.0)
