@@ -272,3 +272,18 @@ def is_op_overload(target: Any) -> bool:
 def is_mutable_op(op: Any) -> bool:
     """Whether the operator's schema writes into one of its arguments."""
     return bool(op._schema.is_mutable)
+
+
+# --- Tensor bytes without numpy (torch does not depend on numpy) ------------------------
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's element bytes in row-major order, read on the CPU.
+
+    ``Tensor.numpy()`` needs numpy, which torch does not install, and iterating an
+    ``UntypedStorage`` is per byte; a contiguous CPU copy is read in one call.
+    """
+    import ctypes
+
+    flat = t.detach().contiguous().view(-1).view(torch.uint8).cpu()
+    return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""

@@ -188,8 +188,8 @@ def _fingerprint(ep: ExportedProgram) -> dict[tuple[str, str], int]:
     for label, d in (("state_dict", ep.state_dict), ("constants", ep.constants)):
         for key, value in d.items():
             if isinstance(value, torch.Tensor) and value.device.type != "meta":
-                data = value.detach().contiguous().view(-1).view(torch.uint8).numpy()
-                digest = hashlib.blake2b(data.tobytes(), digest_size=8).digest()
+                data = _program.tensor_bytes(value)
+                digest = hashlib.blake2b(data, digest_size=8).digest()
                 out[(label, key)] = int.from_bytes(digest, "little")
     return out
 

@@ -71,3 +71,15 @@ def test_same_view_rejects_any_other_geometry_dtype_or_kind():
     sparse = torch.eye(3).to_sparse()
     assert not _program.same_view(sparse, sparse.detach())
     assert not _program.same_view(1, 1.0)
+
+
+# --- tensor_bytes (fingerprints without numpy) -----------------------------------------
+
+
+def test_tensor_bytes_reads_elements_in_row_major_order():
+    t = torch.arange(6, dtype=torch.int16).reshape(2, 3)
+    assert _program.tensor_bytes(t) == bytes([0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0])
+    assert _program.tensor_bytes(t.t()) == bytes([0, 0, 3, 0, 1, 0, 4, 0, 2, 0, 5, 0])
+    assert _program.tensor_bytes(t[1]) == bytes([3, 0, 4, 0, 5, 0])
+    assert _program.tensor_bytes(torch.tensor(True)) == b"\x01"
+    assert _program.tensor_bytes(torch.zeros(0)) == b""
