@@ -7,6 +7,7 @@ Run from the repository root: ``python benchmarks/bench_core.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -30,16 +31,23 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, li
     that drift in machine load hits all of them alike.
 
     The clock is this process's CPU time: on a shared machine, other processes
-    stretch wall time far more than they stretch our own CPU time.
+    stretch wall time far more than they stretch our own CPU time. As in ``timeit``,
+    the cyclic garbage collector is run before and kept off during each call, so
+    that one side does not pay for collecting the other side's garbage.
     """
     times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():  # warm-up: first calls pay for imports and caches
         fn()
     for _ in range(repeats):
         for key, fn in fns.items():
-            start = CLOCK()
-            fn()
-            times[key].append(CLOCK() - start)
+            gc.collect()
+            gc.disable()
+            try:
+                start = CLOCK()
+                fn()
+                times[key].append(CLOCK() - start)
+            finally:
+                gc.enable()
     return times
 
 
@@ -127,6 +135,7 @@ def print_table(rows: list[Row]) -> None:
 
 
 def main() -> None:
+    torch.set_num_threads(1)  # tracing is Python-bound; idle OpenMP threads only add noise
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller model")
     print_table(core_rows(parser.parse_args().quick))

@@ -254,6 +254,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller models")
     parser.add_argument("--rss-child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    torch.set_num_threads(1)  # tracing is Python-bound; idle OpenMP threads only add noise
     if args.rss_child:
         rss_child(*args.rss_child)
         return
@@ -263,7 +264,7 @@ def main() -> None:
     rows += bench_coalesce(repeats=2 if quick else 5, layers=2 if quick else 6)
     rows += bench_overhead(repeats=2 if quick else 5)
     rows += bench_memory(layers=4 if quick else 16, width=4096)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU-time medians")
     print_table(rows)
 
 
