@@ -132,7 +132,7 @@ def bench_overhead(repeats: int) -> list[Row]:
     zoo: dict[str, Callable[[], torch.export.ExportedProgram]] = {}
     for name in hf_models.ZOO:
         zoo[name] = lambda name=name: hf_models.export(name)[1]
-    for name in ("mixed", "mlp", "convbn", "transformer"):
+    for name in small.CASES:
         zoo[name] = lambda name=name: small.export(name)[1]
     pipeline_total = bare_total = 0.0
     rows: list[Row] = []

@@ -166,7 +166,9 @@ class Decompose:
         if ep.dialect != "ATEN":
             return None
         kept = frozenset(self.keep)
-        post_autograd = _program.core_aten_post_autograd_ops() if self.table is None else kept
+        post_autograd = (
+            _program.core_aten_post_autograd_ops() if self.table is None else frozenset()
+        )
         seen: set[Any] = set()
         hops = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
         for graph in _graphs(ep):
