@@ -222,31 +222,34 @@ def same_view(a: Any, b: Any) -> bool:
     """True when ``a`` and ``b`` are the same object, or tensors viewing the same memory
     with the same dtype, shape, strides, offset, device and Parameter-ness.
 
-    No tensor bytes are read.
+    No tensor bytes are read. The linker calls this once per state entry, so the
+    common case is one dispatcher call (``is_set_to`` compares storage, offset,
+    sizes and strides at once).
     """
     if a is b:
         return True
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+    if type(a) is not type(b):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if isinstance(a, torch.nn.Parameter) is not isinstance(b, torch.nn.Parameter):
+            return False
+    elif not isinstance(a, torch.Tensor):
         return False
-    if isinstance(a, torch.nn.Parameter) is not isinstance(b, torch.nn.Parameter):
-        return False
-    if (
-        a.dtype != b.dtype
-        or a.shape != b.shape
-        or a.device != b.device
-        or a.layout is not torch.strided
-        or b.layout is not torch.strided
-    ):
-        return False
-    if a.device.type == "meta" or a.is_sparse:
+    if a.dtype is not b.dtype:  # is_set_to compares geometry in elements, not bytes
         return False
     try:
-        if a.stride() != b.stride() or a.storage_offset() != b.storage_offset():
-            return False
-        if a.numel() == 0:
+        if a.is_set_to(b):  # raises for sparse and other storage-less layouts
             return True
-        return bool(a.data_ptr() == b.data_ptr())
-    except RuntimeError:  # fake tensors and subclasses without storage
+        # Empty tensors may have no storage to compare; equal geometry is enough.
+        return bool(
+            a.numel() == 0
+            and a.device == b.device
+            and a.device.type != "meta"
+            and a.shape == b.shape
+            and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset()
+        )
+    except (RuntimeError, NotImplementedError):  # meta, fake and storage-less subclasses
         return False
 
 
@@ -271,3 +274,58 @@ def is_operator(value: Any) -> bool:
     """True for any torch operator object (``torch._ops.OperatorBase``): ATen
     overloads and higher-order operators, the keys of a decomposition table."""
     return isinstance(value, torch._ops.OperatorBase)
+
+
+# --- Decomposition oracle: which ops would run_decompositions rewrite? -------------
+# Decompose.skip_reason and Decompose.merge use these to decide without retracing.
+
+
+def core_aten_post_autograd_ops() -> frozenset[Any]:
+    """The ops that torch's default table decomposes through Python decompositions
+    (the default table minus the CompositeImplicitAutograd ops)."""
+    from torch._decomp import _core_aten_decompositions_post_autograd
+
+    return frozenset(_core_aten_decompositions_post_autograd())
+
+
+def preserved_aten_cia_ops() -> frozenset[Any]:
+    """CompositeImplicitAutograd ATen ops that the default table leaves alone."""
+    from torch.export import decomp_utils
+
+    return frozenset(getattr(decomp_utils, "PRESERVED_ATEN_CIA_OPS", ()))
+
+
+def is_cia_op(op: Any) -> bool:
+    """Whether ``op`` has a CompositeImplicitAutograd kernel (retracing decomposes it
+    unless the table preserves it)."""
+    from torch._export.utils import _is_cia_op
+
+    return bool(_is_cia_op(op))
+
+
+def is_preservable_cia_op(op: Any) -> bool:
+    """Whether export can keep the CompositeImplicitAutograd op ``op`` undecomposed
+    (it must be statically functional); others are always decomposed."""
+    from torch._export.utils import _is_preservable_cia_op
+
+    return bool(_is_preservable_cia_op(op))
+
+
+def is_mutable_op(op: Any) -> bool:
+    """Whether the operator's schema writes into one of its arguments."""
+    return bool(op._schema.is_mutable)
+
+
+# --- Tensor bytes without numpy (torch does not depend on numpy) ------------------------
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's element bytes in row-major order, read on the CPU.
+
+    ``Tensor.numpy()`` needs numpy, which torch does not install, and iterating an
+    ``UntypedStorage`` is per byte; a contiguous CPU copy is read in one call.
+    """
+    import ctypes
+
+    flat = t.detach().contiguous().view(-1).view(torch.uint8).cpu()
+    return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""

@@ -25,7 +25,7 @@ from epass.linker import Journal, LinkReport, StateLinker
 from epass.protocol import PassResult, adapt, ordering_names, pass_name
 from epass.verify import verify_program
 
-__all__ = ["PassManager", "PassRecord", "PipelineResult", "op_histogram"]
+__all__ = ["PassManager", "PassRecord", "PipelineResult", "coalesce", "op_histogram"]
 
 logger = logging.getLogger("epass")
 
@@ -155,6 +155,24 @@ def check_ordering(passes: Sequence[Any]) -> None:
                 )
 
 
+def coalesce(passes: Sequence[Any]) -> list[Any]:
+    """Merge adjacent passes that offer it, left to right.
+
+    A pass with a ``merge(next_pass)`` method returns one pass doing the work of both,
+    or None to keep them apart; each pass decides (and documents) when that is exact.
+    """
+    out: list[Any] = []
+    for p in passes:
+        merge = getattr(out[-1], "merge", None) if out else None
+        merged = merge(p) if callable(merge) else None
+        if merged is None:
+            out.append(p)
+        else:
+            logger.debug("coalesced %s into %s", pass_name(p), pass_name(out[-1]))
+            out[-1] = merged
+    return out
+
+
 def _store_versions(ep: ExportedProgram) -> dict[tuple[str, str], int | None]:
     return {
         (label, key): _program.tensor_version(value)
@@ -170,8 +188,8 @@ def _fingerprint(ep: ExportedProgram) -> dict[tuple[str, str], int]:
     for label, d in (("state_dict", ep.state_dict), ("constants", ep.constants)):
         for key, value in d.items():
             if isinstance(value, torch.Tensor) and value.device.type != "meta":
-                data = value.detach().contiguous().view(-1).view(torch.uint8).numpy()
-                digest = hashlib.blake2b(data.tobytes(), digest_size=8).digest()
+                data = _program.tensor_bytes(value)
+                digest = hashlib.blake2b(data, digest_size=8).digest()
                 out[(label, key)] = int.from_bytes(digest, "little")
     return out
 
@@ -222,7 +240,7 @@ class PassManager:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
         if linker is not None and not isinstance(linker, StateLinker):
             raise TypeError(f"linker must be a StateLinker, got {type(linker).__name__}")
-        self.passes = [adapt(p, position=i) for i, p in enumerate(passes)]
+        self.passes = coalesce([adapt(p, position=i) for i, p in enumerate(passes)])
         check_ordering(self.passes)
         self.steps = steps
         self.linker = linker if linker is not None else StateLinker()

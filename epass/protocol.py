@@ -60,7 +60,9 @@ class Pass(Protocol):
     * ``changes_input``: set False when the pass never mutates the program it gets,
       so the manager need not copy the graph for it;
     * ``skip_reason(ep)``: return a reason string when the pass would be a no-op on
-      ``ep``; the manager then skips it and records why.
+      ``ep``; the manager then skips it and records why;
+    * ``merge(next_pass)``: return one pass doing the work of this one and the next,
+      or None; the manager merges adjacent passes this way when it is built.
     """
 
     def __call__(self, ep: ExportedProgram, /) -> PassResult | ExportedProgram: ...

@@ -3,6 +3,7 @@ identities, bytes and version counters."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from typing import Any
 
@@ -11,7 +12,9 @@ from torch.export import ExportedProgram
 
 
 def _tensor_digest(t: torch.Tensor) -> str:
-    data = t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    # Read through ctypes, not numpy: torch does not depend on numpy.
+    flat = t.detach().contiguous().view(-1).view(torch.uint8).cpu()
+    data = ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
     return hashlib.sha256(data).hexdigest()
 
 

@@ -1,0 +1,272 @@
+"""Every performance figure in one table: the core figures (bench_core.py), the no-op
+skip, coalescing, pipeline overhead on the zoo, and peak memory on a ~1 GB model.
+
+Run from the repository root: ``python benchmarks/bench_speed.py [--quick]``.
+All values are ratios (or microseconds, where marked) measured side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
+
+import bench_core  # noqa: E402
+from bench_core import Row, interleaved, print_table  # noqa: E402
+
+from epass import Decompose, PassManager  # noqa: E402
+
+aten = torch.ops.aten
+
+
+def lower_pipeline() -> tuple[str, Callable[[], PassManager]]:
+    """presets.lower() when the pass library is present, else Decompose alone."""
+    try:
+        from epass import presets  # type: ignore[attr-defined]
+    except ImportError:
+        return "Decompose", lambda: PassManager([Decompose()])
+    return "presets.lower()", presets.lower
+
+
+class Wide(torch.nn.Module):
+    """An MLP of square fp32 layers: ``layers * (width**2 + width) * 4`` bytes."""
+
+    def __init__(self, layers: int, width: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.net:
+            x = torch.relu(layer(x))
+        return x
+
+
+def _param_bytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+def bench_skip(repeats: int) -> list[Row]:
+    rows: list[Row] = []
+    torch.manual_seed(0)
+    models = {
+        "128 MB MLP": (Wide(8, 2048), torch.randn(4, 2048)),
+        "12-layer encoder": (bench_core.encoder(12), torch.randn(2, 16, 256)),
+    }
+    for label, (model, x) in models.items():
+        ep = torch.export.export(model.eval(), (x,)).run_decompositions()
+        manager = PassManager([Decompose()])
+        assert manager(ep).records[0].skipped
+        fns: dict[str, Callable[[], Any]] = {
+            "bare": lambda ep=ep: ep.run_decompositions(),
+            "skip": lambda ep=ep, m=manager: m.run(ep),
+        }
+        times = interleaved(fns, repeats)
+        bare, skip = statistics.median(times["bare"]), statistics.median(times["skip"])
+        rows.append(
+            (
+                f"skipped Decompose / run_decompositions on ATen ({label})",
+                skip / bare,
+                0.02,
+                f"{skip * 1e3:.2f} ms vs {bare:.3f} s",
+            )
+        )
+    return rows
+
+
+def bench_coalesce(repeats: int, layers: int) -> list[Row]:
+    torch.manual_seed(0)
+    ep = torch.export.export(bench_core.encoder(layers), (torch.randn(2, 16, 256),))
+    chain = [
+        Decompose(keep=[aten.linear.default, aten.layer_norm.default]),
+        Decompose(keep=[aten.linear.default]),
+        Decompose(),
+        Decompose(),
+    ]
+    k = len(chain)
+    coalesced = PassManager(chain)
+    assert len(coalesced.passes) == 1
+    apart = PassManager([PassManager([p]) for p in chain])  # nested: never merged
+    one = PassManager([Decompose()])
+    times = interleaved(
+        {
+            "one": lambda: one.run(ep),
+            "merged": lambda: coalesced.run(ep),
+            "apart": lambda: apart.run(ep),
+        },
+        repeats,
+    )
+    t1, merged, separate = (statistics.median(times[k]) for k in ("one", "merged", "apart"))
+    return [
+        (
+            f"{k} adjacent Decompose (coalesced) / 1 retrace ({layers}-layer encoder)",
+            merged / t1,
+            1.05,
+            f"{merged:.3f}s vs {t1:.3f}s",
+        ),
+        (
+            f"{k} Decompose run apart (no coalescing, skip on) / 1 retrace",
+            separate / t1,
+            float(k),
+            f"{separate:.3f}s; for comparison",
+        ),
+    ]
+
+
+def bench_overhead(repeats: int) -> list[Row]:
+    import hf_models
+    import models as small
+
+    label, make = lower_pipeline()
+    zoo: dict[str, Callable[[], torch.export.ExportedProgram]] = {}
+    for name in hf_models.ZOO:
+        zoo[name] = lambda name=name: hf_models.export(name)[1]
+    for name in small.CASES:
+        zoo[name] = lambda name=name: small.export(name)[1]
+    pipeline_total = bare_total = 0.0
+    rows: list[Row] = []
+    for name, export in zoo.items():
+        ep = export()
+        manager = make()
+
+        def bare(ep: Any = ep, passes: list[Any] = manager.passes) -> None:
+            current = ep
+            for p in passes:
+                out = p(current)
+                current = getattr(out, "program", out)
+
+        times = interleaved({"bare": bare, "epass": lambda ep=ep, m=manager: m.run(ep)}, repeats)
+        b, e = statistics.median(times["bare"]), statistics.median(times["epass"])
+        pipeline_total, bare_total = pipeline_total + e, bare_total + b
+        rows.append((f"  {label} overhead on {name}", e / b, 1.05, f"{e:.3f}s vs {b:.3f}s bare"))
+    rows.insert(
+        0,
+        (
+            f"{label} via PassManager / sum of bare pass calls (whole zoo)",
+            pipeline_total / bare_total,
+            1.05,
+            f"{pipeline_total:.2f}s vs {bare_total:.2f}s over {len(zoo)} models",
+        ),
+    )
+    return rows
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+
+
+def rss_child(layers: int, width: int) -> None:
+    """Runs in a fresh process: prints peak RSS figures as JSON."""
+    base = _status("VmRSS")
+    torch.manual_seed(0)
+    model = Wide(layers, width).eval()
+    size = _param_bytes(model)
+    ep = torch.export.export(model, (torch.randn(2, width),))
+    label, make = lower_pipeline()
+    manager = make()
+    before = _status("VmRSS")
+    _reset_peak()
+    start = time.perf_counter()
+    out = manager.run(ep)
+    seconds = time.perf_counter() - start
+    peak = _status("VmHWM")
+    assert out.state_dict is ep.state_dict or all(
+        out.state_dict[k] is v for k, v in ep.state_dict.items() if k in out.state_dict
+    )
+    del out
+    _reset_peak()
+    before_copy = _status("VmRSS")
+    start = time.perf_counter()
+    clone = copy.deepcopy(ep)
+    copy_seconds = time.perf_counter() - start
+    copy_peak = _status("VmHWM")
+    del clone
+    print(
+        json.dumps(
+            {
+                "pipeline": label,
+                "passes": len(manager.passes),
+                "model_bytes": size,
+                "base_rss": base,
+                "rss_before": before,
+                "peak": peak,
+                "seconds": seconds,
+                "copy_extra": copy_peak - before_copy,
+                "copy_seconds": copy_seconds,
+            }
+        )
+    )
+
+
+def bench_memory(layers: int, width: int) -> list[Row]:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--rss-child", str(layers), str(width)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    gb = r["model_bytes"] / 1e9
+    extra = (r["peak"] - r["rss_before"]) / r["model_bytes"]
+    passes = max(r["passes"], 1)
+    return [
+        (
+            f"peak RSS during {r['pipeline']} / (process before it), {gb:.2f} GB model",
+            r["peak"] / r["rss_before"],
+            1.05,
+            f"peak {r['peak'] / 1e9:.2f} GB; torch alone {r['base_rss'] / 1e9:.2f} GB",
+        ),
+        (
+            f"  extra peak RSS during {r['pipeline']} / model size",
+            extra,
+            0.05,
+            f"+{(r['peak'] - r['rss_before']) / 1e6:.0f} MB in {r['seconds']:.2f}s",
+        ),
+        (
+            f"  naive copy.deepcopy(ep) per pass: extra RSS / model size ({passes} pass(es))",
+            passes * r["copy_extra"] / r["model_bytes"],
+            float("inf"),
+            f"one copy +{r['copy_extra'] / 1e6:.0f} MB in {r['copy_seconds']:.2f}s; for comparison",
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller models")
+    parser.add_argument("--rss-child", nargs=2, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # tracing is Python-bound; idle OpenMP threads only add noise
+    if args.rss_child:
+        rss_child(*args.rss_child)
+        return
+    quick = args.quick
+    rows = bench_core.core_rows(quick)
+    rows += bench_skip(repeats=3 if quick else 7)
+    rows += bench_coalesce(repeats=2 if quick else 5, layers=2 if quick else 6)
+    rows += bench_overhead(repeats=2 if quick else 5)
+    rows += bench_memory(layers=4 if quick else 16, width=4096)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU-time medians")
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

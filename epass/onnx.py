@@ -1,0 +1,101 @@
+"""ONNX hand-off: run a pipeline, export with ``torch.onnx.export(..., dynamo=True)``,
+and give the resulting program the user's state back."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from epass.linker import LinkReport, StateLinker
+from epass.manager import PassManager
+
+__all__ = ["export"]
+
+logger = logging.getLogger("epass")
+
+
+def _manager(pipeline: Any) -> PassManager | None:
+    if pipeline is None:
+        return None
+    if isinstance(pipeline, PassManager):
+        return pipeline
+    if isinstance(pipeline, Sequence) and not isinstance(pipeline, (str, bytes)):
+        return PassManager(pipeline)
+    return PassManager([pipeline])
+
+
+def export(
+    ep_or_module: ExportedProgram | torch.nn.Module,
+    args: tuple[Any, ...] = (),
+    *,
+    pipeline: Any = None,
+    **onnx_kwargs: Any,
+) -> Any:
+    """Run ``pipeline`` on the program, export it to ONNX, and relink its state.
+
+    ``torch.onnx.export`` decomposes the program once more and keeps the result as
+    ``onnx_program.exported_program``, with a ``state_dict`` of its own. This function
+    links that program back to the user's: afterwards its ``state_dict`` and
+    ``constants`` are the user's dict objects holding the user's tensor objects
+    (entries torch added, such as lifted constants, join the store; see the
+    StateLinker's ``share`` policy).
+
+    Args:
+        ep_or_module: an ExportedProgram, or a module to export first with
+            ``torch.export.export`` (``dynamic_shapes``, ``kwargs`` and ``strict``
+            from ``onnx_kwargs`` are used for that).
+        args: example positional inputs.
+        pipeline: a PassManager, a list of passes, a single pass, or None.
+        **onnx_kwargs: passed to ``torch.onnx.export`` (``dynamo`` must stay True).
+
+    Returns:
+        The ``torch.onnx.ONNXProgram``.
+
+    Example::
+
+        onnx_program = epass.onnx.export(ep, args, pipeline=[epass.Decompose()])
+        assert onnx_program.exported_program.state_dict is ep.state_dict
+    """
+    if onnx_kwargs.pop("dynamo", True) is not True:
+        raise ValueError("epass.onnx.export needs the dynamo exporter; drop dynamo=False")
+    if isinstance(ep_or_module, ExportedProgram):
+        ep = ep_or_module
+        onnx_kwargs.pop("dynamic_shapes", None)  # already part of the program
+    elif isinstance(ep_or_module, torch.nn.Module):
+        ep = torch.export.export(
+            ep_or_module,
+            tuple(args),
+            kwargs=onnx_kwargs.get("kwargs"),
+            dynamic_shapes=onnx_kwargs.pop("dynamic_shapes", None),
+            strict=onnx_kwargs.pop("strict", False),
+        )
+    else:
+        raise TypeError(
+            "epass.onnx.export takes an ExportedProgram or an nn.Module, "
+            f"got {type(ep_or_module).__name__}"
+        )
+    manager = _manager(pipeline)
+    program = manager.run(ep) if manager is not None else ep
+    onnx_program = torch.onnx.export(program, tuple(args), dynamo=True, **onnx_kwargs)
+    if onnx_program is None:  # pragma: no cover - only for dynamo=False
+        raise RuntimeError("torch.onnx.export returned no ONNXProgram")
+    report = relink(onnx_program, program)
+    logger.debug("onnx: relinked exported_program state: %s", report.summary())
+    return onnx_program
+
+
+def relink(onnx_program: Any, program: ExportedProgram) -> LinkReport:
+    """Point ``onnx_program.exported_program`` at ``program``'s dicts and tensors.
+
+    Returns the link report; ``report.shared`` is False only when the exporter changed
+    an existing entry's value, in which case the exported program keeps a dict of its
+    own (every unchanged entry still the original object).
+    """
+    exported = onnx_program.exported_program
+    if exported is None:
+        raise ValueError("this ONNXProgram carries no exported_program to relink")
+    return StateLinker().link(program, exported, pass_name="torch.onnx.export").report

@@ -1,0 +1,100 @@
+"""The ONNX hand-off: the exporter's program shares the user's state; ORT matches eager."""
+
+from __future__ import annotations
+
+import hf_models
+import models
+import pytest
+import torch
+from fingerprint import fingerprint
+
+import epass
+import epass.onnx
+from epass import Decompose
+
+pytest.importorskip("onnxscript")
+pytest.importorskip("onnxruntime")
+
+
+def _quiet() -> dict[str, object]:
+    return {"verbose": False}
+
+
+def _assert_shares(exported: torch.export.ExportedProgram, ep: torch.export.ExportedProgram):
+    assert exported.state_dict is ep.state_dict
+    assert exported.constants is ep.constants
+    for key, value in exported.state_dict.items():
+        assert value is ep.state_dict[key], key
+
+
+def test_torch_onnx_export_alone_gives_a_new_state_dict():
+    # The problem this module solves (pytorch#114628): without relinking, the
+    # exporter's program holds a dict of its own.
+    _, ep, args = models.export("seed")
+    onnx_program = torch.onnx.export(ep, args, dynamo=True, verbose=False)
+    assert onnx_program.exported_program.state_dict is not ep.state_dict
+
+
+def test_onnx_export_relinks_state_to_the_users_dicts():
+    _, ep, args = models.export("seed")
+    before = fingerprint(ep)
+    onnx_program = epass.onnx.export(ep, args, **_quiet())
+    _assert_shares(onnx_program.exported_program, ep)
+    assert fingerprint(ep) == before
+
+
+def test_onnx_export_with_pipeline_keeps_identity_and_input():
+    _, ep, args = models.export("mixed")
+    before = fingerprint(ep)
+    onnx_program = epass.onnx.export(ep, args, pipeline=[Decompose()], **_quiet())
+    _assert_shares(onnx_program.exported_program, ep)
+    assert fingerprint(ep) == before
+    torch.testing.assert_close(onnx_program(*args)[0], models.build("mixed")(*args))
+
+
+def test_onnx_export_from_module_shares_the_modules_tensors():
+    module = models.build("mlp")
+    args = models.CASES["mlp"].inputs()
+    onnx_program = epass.onnx.export(module, args, pipeline=epass.PassManager([]), **_quiet())
+    sd = onnx_program.exported_program.state_dict
+    for key, value in module.state_dict(keep_vars=True).items():
+        assert sd[key] is value, key
+    torch.testing.assert_close(onnx_program(*args)[0], module(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_onnx_export_seed_with_in_place_buffer_update():
+    _, ep, args = models.export("seed")
+    onnx_program = epass.onnx.export(ep, args, pipeline=[Decompose()], **_quiet())
+    assert torch.equal(ep.state_dict["count"], torch.zeros(4))  # export ran nothing
+    eager = models.fresh_eager("seed")
+    want = eager(*args)
+    torch.testing.assert_close(onnx_program(*args)[0], want)
+    # The exporter's program updates the user's buffer, because it is the user's tensor.
+    exported = onnx_program.exported_program
+    torch.testing.assert_close(exported.module()(*args), want)
+    assert ep.state_dict["count"] is exported.state_dict["count"]
+    torch.testing.assert_close(ep.state_dict["count"], eager.count)
+
+
+def test_onnx_export_rejects_the_torchscript_exporter():
+    _, ep, args = models.export("seed")
+    with pytest.raises(ValueError, match="dynamo"):
+        epass.onnx.export(ep, args, dynamo=False)
+
+
+ONNX_ZOO = ["bert", "gpt2", "llama", "resnet", "cond", "running_mean"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ONNX_ZOO)
+def test_onnx_zoo_onnxruntime_matches_eager(name: str):
+    if hf_models.ZOO[name].transformers:
+        pytest.importorskip("transformers")
+    _, ep, args = hf_models.export(name, dynamic=True)
+    before = fingerprint(ep)
+    onnx_program = epass.onnx.export(ep, args, pipeline=[Decompose()], **_quiet())
+    assert fingerprint(ep) == before
+    _assert_shares(onnx_program.exported_program, ep)
+    inputs = hf_models.other_inputs(name)
+    want = hf_models.build(name)(*inputs)
+    torch.testing.assert_close(onnx_program(*inputs)[0], want, rtol=1e-4, atol=1e-4)
