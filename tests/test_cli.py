@@ -334,10 +334,10 @@ def test_progress_is_shown_on_a_terminal_only(
     monkeypatch.setitem(sys.modules, "rich.console", None)
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    assert main(["run", str(files["mlp"]), "-p", "decompose, repeat(2, [decompose])"]) == 0
+    assert main(["run", str(files["mlp"]), "-p", "decompose, repeat(2, [cse])"]) == 0
     shown = terminal.getvalue()
     assert "[1/2] decompose (step 0)" in shown
-    assert "[2/2]   decompose (step 0)" in shown  # nested passes are indented
+    assert "[2/2]   cse (step 0)" in shown  # nested passes are indented
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: no progress
     assert main(["run", str(files["mlp"]), "-p", "decompose"]) == 0
     assert sys.stderr.getvalue() == ""

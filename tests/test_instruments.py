@@ -130,12 +130,14 @@ def test_timing_aggregates_over_steps_and_runs() -> None:
     )
     result = pm(ep)
     # Round 0 lowers and rewrites relu, round 1 decomposes clamp_min into clamp,
-    # round 2 changes nothing: three runs each, in one row each.
+    # round 2 changes nothing (Decompose proves it and is skipped): one row each.
     assert [r.step for r in result.records] == [0, 0, 1, 1, 2, 2]
+    assert [r.skipped for r in result.records] == [False] * 4 + [True, False]
     assert [r.path for r in timing.rows.values()] == ["decompose", "relu-to-clamp"]
-    assert [r.runs for r in timing.rows.values()] == [3, 3]
+    assert [r.runs for r in timing.rows.values()] == [2, 3]
+    assert [r.skipped for r in timing.rows.values()] == [1, 0]
     pm.run(ep)
-    assert timing.rows["decompose"].runs == 6
+    assert timing.rows["decompose"].runs == 4
     row = timing.rows["decompose"]
     assert 0 < row.min_seconds <= row.mean_seconds <= row.max_seconds
     assert row.seconds <= timing.pipeline_seconds
