@@ -367,8 +367,8 @@ class PassManager:
         dispatch: Dispatch,
         where: dict[str, Any],
     ) -> tuple[ExportedProgram, PassRecord]:
-        copy_graph = getattr(p, "changes_input", True) and (
-            current.graph_module is user.graph_module
+        copy_graph = getattr(p, "changes_input", True) and _program.shares_graph(
+            current.graph_module, user.graph_module
         )
         view = _program.private_view(current, copy_graph=copy_graph)
         versions = _store_versions(current)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import models
 import pytest
 import torch
@@ -563,3 +565,38 @@ def test_fx_pass_registering_a_tensor_gets_it_lifted_to_constants():
     assert out.constants is ep.constants and out.state_dict is ep.state_dict
     assert result.records[0].link.constants.added == ("offset",)
     torch.testing.assert_close(out.module()(*args), eager(*args) + 0.25)
+
+
+class _CondModule(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(
+            x.sum() > 0, lambda x: self.linear(x).relu(), lambda x: self.linear(x).sigmoid(), (x,)
+        )
+
+
+def test_graph_mutating_pass_gets_a_copy_when_submodules_are_shared_with_the_user():
+    ep = torch.export.export(_CondModule(), (torch.randn(2, 4),))
+    before = {name: sub.code for name, sub in ep.graph_module.named_children()}
+
+    def new_top_level(ep):
+        # A new top-level graph whose cond branches are the input's GraphModules.
+        gm = torch.fx.GraphModule(ep.graph_module, copy.deepcopy(ep.graph_module.graph))
+        return PassResult(_program.rebuild_from_graph_module(ep, gm), True)
+
+    new_top_level.changes_input = False
+
+    def edit_branches(ep):
+        for sub in ep.graph_module.children():
+            for node in sub.graph.nodes:
+                if node.target is aten.relu.default:
+                    node.target = aten.tanh.default
+            sub.recompile()
+        return PassResult(ep, True)
+
+    out = PassManager([new_top_level, edit_branches]).run(ep)
+    assert {name: sub.code for name, sub in ep.graph_module.named_children()} == before
+    assert "tanh" in out.graph_module.true_graph_0.code
