@@ -384,3 +384,18 @@ def test_run_result_is_unchanged_by_a_noop_pipeline(
     assert sorted(before.state_dict) == sorted(after.state_dict)
     for key, value in before.state_dict.items():
         assert torch.equal(value, after.state_dict[key])
+
+
+def test_rejected_option_value_is_one_readable_line(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # attrs validators raise ValueError(message, attribute, options, value): only the
+    # message belongs on the line, not the repr of the whole tuple.
+    code, _, err = _run(capsys, "run", str(files["mlp"]), "-p", "cast-dtype(dtype=int8)")
+    assert code == 2
+    line = _one_line_error(err)
+    assert line == (
+        "epass: error: bad pipeline: bad options for pass 'cast-dtype' at column 1: "
+        "'dtype' must be in (torch.bfloat16, torch.float16) (got torch.int8)"
+    )
+
