@@ -399,3 +399,32 @@ def test_rejected_option_value_is_one_readable_line(
         "'dtype' must be in (torch.bfloat16, torch.float16) (got torch.int8)"
     )
 
+
+@pytest.mark.parametrize("flag", ["-o", "--report"])
+def test_output_path_that_is_a_directory_fails_before_running(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    target = tmp_path / ("out.pt2" if flag == "-o" else "r.html")
+    target.mkdir()
+    code, out, err = _run(capsys, "run", str(files["mlp"]), "-p", "decompose", flag, str(target))
+    assert code == 2
+    assert _one_line_error(err) == f"epass: error: {target}: is a directory"
+    assert "decompose" not in out  # refused before the pipeline ran
+
+
+def test_unwritable_repro_dir_keeps_the_pass_error(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = _run(
+        capsys, "run", str(files["mlp"]), "-p", "explode-test", "--repro-dir", str(blocker)
+    )
+    assert code == 1
+    assert "Traceback" not in err
+    reason = [line for line in err.splitlines() if line.startswith("epass: error:")]
+    assert reason == [
+        "epass: error: pass 'explode-test' (position 0, step 0) failed: "
+        "RuntimeError: boom in the test pass"
+    ]
+    assert f"cannot write a reproducer to {blocker}" in err
