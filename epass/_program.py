@@ -220,7 +220,8 @@ def tensor_version(value: Any) -> int | None:
 
 def same_view(a: Any, b: Any) -> bool:
     """True when ``a`` and ``b`` are the same object, or tensors viewing the same memory
-    with the same dtype, shape, strides, offset, device and Parameter-ness.
+    with the same dtype, shape, strides, offset, device, Parameter-ness and lazy
+    conjugate/negative bits.
 
     No tensor bytes are read.
     """
@@ -242,6 +243,8 @@ def same_view(a: Any, b: Any) -> bool:
         return False
     try:
         if a.stride() != b.stride() or a.storage_offset() != b.storage_offset():
+            return False
+        if a.is_conj() != b.is_conj() or a.is_neg() != b.is_neg():  # lazy views
             return False
         if a.numel() == 0:
             return True
