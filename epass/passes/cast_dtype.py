@@ -48,7 +48,8 @@ class CastDtype:
     dicts and tensors are untouched: the output gets its own dicts in which
     every entry the pass did not cast is still the original object. Integer
     entries (``num_batches_tracked``) are never touched. Works on training-IR
-    and decomposed programs.
+    and decomposed programs; programs with control-flow subgraphs (``torch.cond``)
+    are refused with a ValueError.
 
     Args:
         dtype: ``torch.bfloat16`` (default) or ``torch.float16``.
@@ -69,6 +70,17 @@ class CastDtype:
     keep_io: bool = True
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
+        subgraphs = [
+            name
+            for name, module in ep.graph_module.named_children()
+            if isinstance(module, torch.fx.GraphModule)
+        ]
+        if subgraphs:
+            raise ValueError(
+                "cast-dtype does not convert programs with control-flow subgraphs "
+                f"(torch.cond, map, while_loop: {', '.join(subgraphs)}); their "
+                "operators would keep computing in the old dtype"
+            )
         sig = ep.graph_signature
         state = _graph.state_values(ep)
         cast_names = {n for n, v in state.items() if _castable(v, self.dtype)}

@@ -118,3 +118,20 @@ def test_cast_dtype_is_idempotent(name: str) -> None:
     out = result.program
     again = CastDtype()(out)
     assert not again.modified and again.program is out
+
+
+class _Branches(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(
+            x.sum() > 0, lambda x: self.linear(x).relu(), lambda x: self.linear(x), (x,)
+        )
+
+
+def test_cast_dtype_refuses_control_flow_with_a_clear_error() -> None:
+    ep = torch.export.export(_Branches(), (torch.randn(2, 4),))
+    with pytest.raises(epass.PassError, match=r"control-flow subgraphs.*true_graph_0"):
+        epass.PassManager([CastDtype()]).run(ep)
