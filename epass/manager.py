@@ -17,6 +17,7 @@ from epass import _program
 from epass.errors import (
     OrderingError,
     PassError,
+    StateConflictError,
     StateMutationError,
     VerificationError,
 )
@@ -412,7 +413,11 @@ class PassManager:
             raise PassError("its postcondition (ensures) does not hold on its result", **where)
         link = None
         if modified:
-            link = self.linker.link(current, program, pass_name=info.name, journal=journal).report
+            try:
+                linked = self.linker.link(current, program, pass_name=info.name, journal=journal)
+            except StateConflictError as exc:  # the linker knows the pass by name only
+                raise StateConflictError(exc.reason, keys=exc.keys, **where) from None
+            link = linked.report
         record = PassRecord(
             name=info.name,
             index=info.index,

@@ -600,3 +600,14 @@ def test_graph_mutating_pass_gets_a_copy_when_submodules_are_shared_with_the_use
     out = PassManager([new_top_level, edit_branches]).run(ep)
     assert {name: sub.code for name, sub in ep.graph_module.named_children()} == before
     assert "tanh" in out.graph_module.true_graph_0.code
+
+
+def test_strict_policy_error_names_the_position_step_and_previous_passes():
+    _, ep, _ = models.export("mlp")
+    pm = PassManager([identity_pass, double_first_param], linker=StateLinker(policy="strict"))
+    with pytest.raises(StateConflictError) as info:
+        pm.run(ep)
+    error = info.value
+    assert (error.pass_name, error.index, error.step) == ("double_first_param", 1, 0)
+    assert error.previous == ("identity_pass",)
+    assert str(error).startswith("pass 'double_first_param' (position 1, step 0) failed: ")
