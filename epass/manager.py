@@ -386,14 +386,20 @@ class PassManager:
                 children = inner.records
             else:
                 out = p(view)
-        except PassError as exc:
+        except Exception as exc:
+            # A write into the store cannot be undone; say so rather than hide it.
+            if not isinstance(exc, StateMutationError):  # a nested one already named it
+                try:
+                    self._check_store(current, versions, prints, where)
+                except StateMutationError as mutation:
+                    raise mutation from exc
+            if not isinstance(exc, PassError):
+                raise PassError(f"{type(exc).__name__}: {exc}", **where) from exc
             if isinstance(p, PassManager):
                 wrapped = PassError(f"in nested pipeline: {exc}", **where)
                 wrapped._reported = getattr(exc, "_reported", False)  # type: ignore[attr-defined]
                 raise wrapped from exc
             raise
-        except Exception as exc:
-            raise PassError(f"{type(exc).__name__}: {exc}", **where) from exc
         seconds = time.perf_counter() - start
         logger.debug("end %s in %.4fs", info.name, seconds)
         self._check_store(current, versions, prints, where)

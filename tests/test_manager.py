@@ -611,3 +611,18 @@ def test_strict_policy_error_names_the_position_step_and_previous_passes():
     assert (error.pass_name, error.index, error.step) == ("double_first_param", 1, 0)
     assert error.previous == ("identity_pass",)
     assert str(error).startswith("pass 'double_first_param' (position 1, step 0) failed: ")
+
+
+def test_in_place_write_by_a_pass_that_then_raises_is_named():
+    # The bytes cannot be restored, but the error must say the user's state was written.
+    _, ep, _ = models.export("seed")
+
+    def bump_then_fail(program):
+        program.state_dict["count"].add_(1)
+        raise RuntimeError("gave up half way")
+
+    with pytest.raises(StateMutationError) as info:
+        PassManager([bump_then_fail]).run(ep)
+    assert info.value.keys == ("state_dict:count",)
+    assert info.value.pass_name == "bump_then_fail"
+    assert isinstance(info.value.__cause__, RuntimeError)
