@@ -99,7 +99,9 @@ class LiftConstants:
     name: ClassVar[str] = "lift-constants"
     changes_input: ClassVar[bool] = False
 
-    fx: Callable[[torch.fx.GraphModule], Any] | None = None
+    fx: Callable[[torch.fx.GraphModule], Any] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
         if self.fx is None:
