@@ -295,3 +295,14 @@ def shares_graph(a: torch.fx.GraphModule, b: torch.fx.GraphModule) -> bool:
     if a is b:
         return True
     return not _graph_objects(a).isdisjoint(_graph_objects(b))
+
+
+def graph_code(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
+    """The recompiled code of ``gm`` and of every GraphModule nested in it (``torch.cond``
+    branches), so that a pass that edits only a branch counts as a change."""
+    out = []
+    for name, module in gm.named_modules():
+        if isinstance(module, torch.fx.GraphModule):
+            module.recompile()
+            out.append((name, module.code))
+    return out

@@ -626,3 +626,24 @@ def test_in_place_write_by_a_pass_that_then_raises_is_named():
     assert info.value.keys == ("state_dict:count",)
     assert info.value.pass_name == "bump_then_fail"
     assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_fx_pass_that_edits_only_a_cond_branch_is_applied():
+    ep = torch.export.export(_CondModule(), (torch.randn(2, 4),))
+    before = fingerprint(ep)
+
+    def relu_to_tanh_in_branches(gm):
+        for sub in gm.children():
+            for node in sub.graph.nodes:
+                if node.target is aten.relu.default:
+                    node.target = aten.tanh.default
+            sub.recompile()
+        return gm
+
+    result = PassManager([FxPass(relu_to_tanh_in_branches)])(ep)
+    assert result.modified
+    assert "tanh" in result.program.graph_module.true_graph_0.code
+    x = torch.ones(2, 4)
+    expected = torch.tanh(torch.nn.functional.linear(x, *ep.state_dict.values()))
+    torch.testing.assert_close(result.program.module()(x), expected)
+    assert fingerprint(ep) == before

@@ -10,6 +10,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputSpec
 
+from epass import _program
 from epass.passes import _graph
 from epass.protocol import PassResult
 
@@ -110,11 +111,10 @@ class LiftConstants:
             gm = _graph.copy_graph(ep)
         else:
             gm = _graph.copy_graph(ep)
-            before = gm.code
+            before = _program.graph_code(gm)
             out = self.fx(gm)
             if isinstance(out, torch.fx.GraphModule):
                 gm = out
-            gm.recompile()
-            if gm.code == before:
+            if _program.graph_code(gm) == before:
                 return PassResult(ep, False)
         return PassResult(lift_constants(ep, gm), True)
