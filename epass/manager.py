@@ -396,7 +396,10 @@ class PassManager:
             if not isinstance(exc, PassError):
                 raise PassError(f"{type(exc).__name__}: {exc}", **where) from exc
             if isinstance(p, PassManager):
-                wrapped = PassError(f"in nested pipeline: {exc}", **where)
+                # Same class and attributes (keys, instrument...), named at this level.
+                wrapped = type(exc).__new__(type(exc))
+                wrapped.__dict__.update(exc.__dict__)
+                PassError.__init__(wrapped, f"in nested pipeline: {exc}", **where)
                 wrapped._reported = getattr(exc, "_reported", False)  # type: ignore[attr-defined]
                 raise wrapped from exc
             raise

@@ -647,3 +647,28 @@ def test_fx_pass_that_edits_only_a_cond_branch_is_applied():
     expected = torch.tanh(torch.nn.functional.linear(x, *ep.state_dict.values()))
     torch.testing.assert_close(result.program.module()(x), expected)
     assert fingerprint(ep) == before
+
+
+def test_nested_strict_conflict_keeps_its_type_and_keys():
+    _, ep, _ = models.export("mlp")
+    before = fingerprint(ep)
+    inner = PassManager([double_first_param], linker=StateLinker(policy="strict"), name="inner")
+    with pytest.raises(StateConflictError) as info:
+        PassManager([identity_pass, inner]).run(ep)
+    assert (info.value.pass_name, info.value.index) == ("inner", 1)
+    assert info.value.keys == ("state_dict:net.0.weight",)
+    assert "double_first_param" in str(info.value)
+    assert fingerprint(ep) == before
+
+
+def test_nested_instrument_error_keeps_its_type():
+    class Raises(epass.instruments.Instrument):
+        def after_pass(self, info, program, record):
+            raise RuntimeError("instrument broke")
+
+    _, ep, _ = models.export("mlp")
+    inner = PassManager([Decompose()], instruments=[Raises()], name="inner")
+    with pytest.raises(epass.InstrumentError) as info:
+        PassManager([inner]).run(ep)
+    assert (info.value.instrument, info.value.hook) == ("Raises", "after_pass")
+    assert info.value.pass_name == "inner"
