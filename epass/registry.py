@@ -55,8 +55,8 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "epass.passes"
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*")
-# Words the pipeline grammar gives a meaning of its own.
-RESERVED = frozenset({"repeat", "fixpoint", "true", "false", "none"})
+# Words the pipeline grammar gives a meaning of its own (inf and nan are numbers).
+RESERVED = frozenset({"repeat", "fixpoint", "true", "false", "none", "inf", "nan"})
 
 F = TypeVar("F", bound=Callable[..., Any])
 
