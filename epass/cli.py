@@ -466,7 +466,16 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     _summary(out, result)
     numerics = None
     if inputs is not None and reference is not None:
-        numerics = _compare(reference, _outputs(result.program, inputs), args.atol, args.rtol)
+        try:
+            outputs = _outputs(result.program, inputs)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise CliError(
+                "numerics: the output program fails on the input's example inputs "
+                f"({type(exc).__name__}: {first})",
+                code=EXIT_FAILED,
+            ) from exc
+        numerics = _compare(reference, outputs, args.atol, args.rtol)
     prog = result.program
     out.line()
     out.line(

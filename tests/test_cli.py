@@ -428,3 +428,17 @@ def test_unwritable_repro_dir_keeps_the_pass_error(
         "RuntimeError: boom in the test pass"
     ]
     assert f"cannot write a reproducer to {blocker}" in err
+
+
+def test_output_program_that_cannot_run_the_inputs_is_named(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # keep_io=false makes the program take bfloat16: the float32 example inputs fail.
+    code, _, err = _run(
+        capsys, "run", str(files["mlp"]), "-p", "cast-dtype(keep_io=false)", "--check-numerics"
+    )
+    assert code == 1
+    assert _one_line_error(err).startswith(
+        "epass: error: numerics: the output program fails on the input's example inputs "
+        "(RuntimeError: "
+    )
