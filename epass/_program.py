@@ -134,8 +134,13 @@ def _rederive_signature(
     old_names = [getattr(s.arg, "name", None) for s in old.input_specs]
     new_inputs: list[InputSpec] = []
     positional = len(placeholders) == len(old.input_specs)
+    current = {node.name for node in placeholders}
     for i, node in enumerate(placeholders):
-        spec = old.input_specs[i] if positional else by_name.get(node.name)
+        # By name first (a pass may reorder inputs); by position only for a placeholder
+        # renamed in place (its old name is gone from the graph).
+        spec = by_name.get(node.name)
+        if spec is None and positional and old_names[i] not in current:
+            spec = old.input_specs[i]
         if spec is None:
             raise ValueError(
                 f"the graph has a new placeholder {node.name!r} that matches no input "

@@ -672,3 +672,28 @@ def test_nested_instrument_error_keeps_its_type():
         PassManager([inner]).run(ep)
     assert (info.value.instrument, info.value.hook) == ("Raises", "after_pass")
     assert info.value.pass_name == "inner"
+
+
+class _TwoParams(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.full((2,), 2.0))
+        self.b = torch.nn.Parameter(torch.full((2,), 10.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.a - self.b
+
+
+def test_fx_pass_that_reorders_placeholders_keeps_each_ones_spec():
+    ep = torch.export.export(_TwoParams(), (torch.ones(2),))
+
+    def swap(gm):
+        first, second = [n for n in gm.graph.nodes if n.op == "placeholder"][:2]
+        first.prepend(second)  # same placeholders, other order
+        gm.recompile()
+        return gm
+
+    out = PassManager([FxPass(swap)]).run(ep)
+    targets = {s.arg.name: s.target for s in out.graph_signature.input_specs}
+    assert targets["p_a"] == "a" and targets["p_b"] == "b"
+    torch.testing.assert_close(out.module()(torch.ones(2)), ep.module()(torch.ones(2)))
