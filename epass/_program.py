@@ -134,8 +134,13 @@ def _rederive_signature(
     old_names = [getattr(s.arg, "name", None) for s in old.input_specs]
     new_inputs: list[InputSpec] = []
     positional = len(placeholders) == len(old.input_specs)
+    current = {node.name for node in placeholders}
     for i, node in enumerate(placeholders):
-        spec = old.input_specs[i] if positional else by_name.get(node.name)
+        # By name first (a pass may reorder inputs); by position only for a placeholder
+        # renamed in place (its old name is gone from the graph).
+        spec = by_name.get(node.name)
+        if spec is None and positional and old_names[i] not in current:
+            spec = old.input_specs[i]
         if spec is None:
             raise ValueError(
                 f"the graph has a new placeholder {node.name!r} that matches no input "
@@ -220,7 +225,8 @@ def tensor_version(value: Any) -> int | None:
 
 def same_view(a: Any, b: Any) -> bool:
     """True when ``a`` and ``b`` are the same object, or tensors viewing the same memory
-    with the same dtype, shape, strides, offset, device and Parameter-ness.
+    with the same dtype, shape, strides, offset, device, Parameter-ness and lazy
+    conjugate/negative bits.
 
     No tensor bytes are read. The linker calls this once per state entry, so the
     common case is one dispatcher call (``is_set_to`` compares storage, offset,
@@ -238,6 +244,17 @@ def same_view(a: Any, b: Any) -> bool:
     if a.dtype is not b.dtype:  # is_set_to compares geometry in elements, not bytes
         return False
     try:
+        # Lazy conjugate/negative views share memory but read other values.
+        if a.is_conj() != b.is_conj() or a.is_neg() != b.is_neg():
+            return False
+        if a.is_conj() or a.is_neg():  # is_set_to does not match such views
+            return bool(
+                a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                and a.device == b.device
+                and a.shape == b.shape
+                and a.stride() == b.stride()
+                and a.storage_offset() == b.storage_offset()
+            )
         if a.is_set_to(b):  # raises for sparse and other storage-less layouts
             return True
         # Empty tensors may have no storage to compare; equal geometry is enough.
@@ -329,3 +346,35 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 
     flat = t.detach().contiguous().view(-1).view(torch.uint8).cpu()
     return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
+
+
+# --- graph sharing (used by the manager to decide when a pass needs a graph copy) ---
+
+
+def _graph_objects(gm: torch.nn.Module) -> set[int]:
+    """Ids of every GraphModule in ``gm``'s module tree and of their Graphs."""
+    ids: set[int] = set()
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            ids.add(id(module))
+            ids.add(id(module.graph))
+    return ids
+
+
+def shares_graph(a: torch.fx.GraphModule, b: torch.fx.GraphModule) -> bool:
+    """Whether mutating ``a``'s graphs in place could change ``b``'s: they are the same
+    module, or share a Graph or a nested GraphModule (a ``torch.cond`` branch)."""
+    if a is b:
+        return True
+    return not _graph_objects(a).isdisjoint(_graph_objects(b))
+
+
+def graph_code(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
+    """The recompiled code of ``gm`` and of every GraphModule nested in it (``torch.cond``
+    branches), so that a pass that edits only a branch counts as a change."""
+    out = []
+    for name, module in gm.named_modules():
+        if isinstance(module, torch.fx.GraphModule):
+            module.recompile()
+            out.append((name, module.code))
+    return out

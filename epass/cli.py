@@ -159,10 +159,15 @@ def save_program(ep: ExportedProgram, path: str | os.PathLike[str]) -> list[str]
     if not p.parent.is_dir():
         raise CliError(f"{p}: directory {p.parent} does not exist")
     pruned_ep, pruned = prune_state(ep)
+    if p.is_dir():
+        raise CliError(f"{p}: is a directory")
     try:
         torch.export.save(pruned_ep, p)
     except OSError as exc:
         raise CliError(f"{p}: cannot write ({exc.strerror or exc})") from exc
+    except RuntimeError as exc:  # torch's archive writer reports open failures this way
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "RuntimeError"
+        raise CliError(f"{p}: cannot write ({first})") from exc
     return pruned
 
 
@@ -422,6 +427,9 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
         raise CliError(f"{args.report}: directory {Path(args.report).parent} does not exist")
     if args.output and Path(args.output).suffix != ".pt2":
         raise CliError(f"{args.output}: the output file must end in .pt2")
+    for path in (args.output, args.report):
+        if path and Path(path).is_dir():  # found out before the pipeline runs
+            raise CliError(f"{path}: is a directory")
     if args.steps < 1:
         raise CliError(f"--steps must be a positive integer, got {args.steps}")
     repro = _Repro()
@@ -443,15 +451,31 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
             result = pm(ep)
     except EpassError as exc:
         if args.repro_dir:
-            where = _write_repro(Path(args.repro_dir), repro, args, exc)
-            print(f"epass: reproducer written to {where}", file=sys.stderr)
+            try:
+                where = _write_repro(Path(args.repro_dir), repro, args, exc)
+            except OSError as write_error:  # the pass's error is the one to report
+                print(
+                    f"epass: cannot write a reproducer to {args.repro_dir}: {write_error}",
+                    file=sys.stderr,
+                )
+            else:
+                print(f"epass: reproducer written to {where}", file=sys.stderr)
         first = str(exc).splitlines()[0]
         raise CliError(first, code=EXIT_FAILED) from exc
     elapsed = time.perf_counter() - start
     _summary(out, result)
     numerics = None
     if inputs is not None and reference is not None:
-        numerics = _compare(reference, _outputs(result.program, inputs), args.atol, args.rtol)
+        try:
+            outputs = _outputs(result.program, inputs)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise CliError(
+                "numerics: the output program fails on the input's example inputs "
+                f"({type(exc).__name__}: {first})",
+                code=EXIT_FAILED,
+            ) from exc
+        numerics = _compare(reference, outputs, args.atol, args.rtol)
     prog = result.program
     out.line()
     out.line(

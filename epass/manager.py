@@ -17,6 +17,7 @@ from epass import _program
 from epass.errors import (
     OrderingError,
     PassError,
+    StateConflictError,
     StateMutationError,
     VerificationError,
 )
@@ -385,8 +386,8 @@ class PassManager:
         dispatch: Dispatch,
         where: dict[str, Any],
     ) -> tuple[ExportedProgram, PassRecord]:
-        copy_graph = getattr(p, "changes_input", True) and (
-            current.graph_module is user.graph_module
+        copy_graph = getattr(p, "changes_input", True) and _program.shares_graph(
+            current.graph_module, user.graph_module
         )
         view = _program.private_view(current, copy_graph=copy_graph)
         versions = _store_versions(current)
@@ -403,14 +404,23 @@ class PassManager:
                 children = inner.records
             else:
                 out = p(view)
-        except PassError as exc:
+        except Exception as exc:
+            # A write into the store cannot be undone; say so rather than hide it.
+            if not isinstance(exc, StateMutationError):  # a nested one already named it
+                try:
+                    self._check_store(current, versions, prints, where)
+                except StateMutationError as mutation:
+                    raise mutation from exc
+            if not isinstance(exc, PassError):
+                raise PassError(f"{type(exc).__name__}: {exc}", **where) from exc
             if isinstance(p, PassManager):
-                wrapped = PassError(f"in nested pipeline: {exc}", **where)
+                # Same class and attributes (keys, instrument...), named at this level.
+                wrapped = type(exc).__new__(type(exc))
+                wrapped.__dict__.update(exc.__dict__)
+                PassError.__init__(wrapped, f"in nested pipeline: {exc}", **where)
                 wrapped._reported = getattr(exc, "_reported", False)  # type: ignore[attr-defined]
                 raise wrapped from exc
             raise
-        except Exception as exc:
-            raise PassError(f"{type(exc).__name__}: {exc}", **where) from exc
         seconds = time.perf_counter() - start
         logger.debug("end %s in %.4fs", info.name, seconds)
         self._check_store(current, versions, prints, where)
@@ -430,7 +440,11 @@ class PassManager:
             raise PassError("its postcondition (ensures) does not hold on its result", **where)
         link = None
         if modified:
-            link = self.linker.link(current, program, pass_name=info.name, journal=journal).report
+            try:
+                linked = self.linker.link(current, program, pass_name=info.name, journal=journal)
+            except StateConflictError as exc:  # the linker knows the pass by name only
+                raise StateConflictError(exc.reason, keys=exc.keys, **where) from None
+            link = linked.report
         record = PassRecord(
             name=info.name,
             index=info.index,

@@ -393,7 +393,7 @@ def build(items: Sequence[Item], text: str) -> list[Any]:
             ) from exc
         except (TypeError, ValueError) as exc:
             pos = item.pos
-            message = str(exc)
+            message = registry.reason(exc)
             for (key, _), kpos in zip(item.options, item.option_pos, strict=False):
                 if f"option {key!r}" in message:
                     pos = kpos

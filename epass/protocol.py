@@ -117,7 +117,7 @@ class FxPass:
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
         gm = _program.copy_graph_module(ep.graph_module)
-        before = gm.code
+        before = _program.graph_code(gm)
         out = self.fn(gm)
         if out is None:
             new_gm, modified = gm, None
@@ -135,9 +135,9 @@ class FxPass:
                 f"fx pass {self.name!r} returned a result whose graph_module is "
                 f"{type(new_gm).__name__}, not a GraphModule"
             )
-        new_gm.recompile()
+        code = _program.graph_code(new_gm)  # recompiles every graph
         if modified is None:
-            modified = new_gm.code != before
+            modified = code != before
         if not modified:
             return PassResult(ep, False)
         if _program.has_tensor_attributes(new_gm):

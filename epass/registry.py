@@ -55,8 +55,8 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "epass.passes"
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*")
-# Words the pipeline grammar gives a meaning of its own.
-RESERVED = frozenset({"repeat", "fixpoint", "true", "false", "none"})
+# Words the pipeline grammar gives a meaning of its own (inf and nan are numbers).
+RESERVED = frozenset({"repeat", "fixpoint", "true", "false", "none", "inf", "nan"})
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -500,13 +500,22 @@ def create_pass(spec: str | Any, /, **options: Any) -> Any:
         try:
             return instantiate(spec.strip(), options)
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"bad options for pass {spec.strip()!r}: {exc}") from exc
+            raise type(exc)(f"bad options for pass {spec.strip()!r}: {reason(exc)}") from exc
     if options:
         raise TypeError("pass options either in the text or as keywords, not both")
     from epass.pipeline import parse_pipeline
 
     passes = parse_pipeline(spec)
     return passes[0] if len(passes) == 1 else _manager(passes, spec)
+
+
+def reason(exc: BaseException) -> str:
+    """An exception's message: its first argument when that is the message of a
+    multi-argument error (attrs validators raise ``ValueError(message, attribute,
+    options, value)``, whose ``str`` is the repr of the whole tuple)."""
+    if len(exc.args) > 1 and isinstance(exc.args[0], str):
+        return exc.args[0]
+    return str(exc)
 
 
 def _manager(passes: list[Any], text: str) -> Any:

@@ -36,6 +36,9 @@ def fingerprint(ep: ExportedProgram) -> dict[str, Any]:
         "code": ep.graph_module.code,
         "graph": str(ep.graph),
         "graph_module": id(ep.graph_module),
+        "submodules": [
+            (name, getattr(sub, "code", None)) for name, sub in ep.graph_module.named_children()
+        ],
         "signature": str(ep.graph_signature),
         "state_dict_id": id(ep.state_dict),
         "constants_id": id(ep.constants),

@@ -384,3 +384,61 @@ def test_run_result_is_unchanged_by_a_noop_pipeline(
     assert sorted(before.state_dict) == sorted(after.state_dict)
     for key, value in before.state_dict.items():
         assert torch.equal(value, after.state_dict[key])
+
+
+def test_rejected_option_value_is_one_readable_line(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # attrs validators raise ValueError(message, attribute, options, value): only the
+    # message belongs on the line, not the repr of the whole tuple.
+    code, _, err = _run(capsys, "run", str(files["mlp"]), "-p", "cast-dtype(dtype=int8)")
+    assert code == 2
+    line = _one_line_error(err)
+    assert line == (
+        "epass: error: bad pipeline: bad options for pass 'cast-dtype' at column 1: "
+        "'dtype' must be in (torch.bfloat16, torch.float16) (got torch.int8)"
+    )
+
+
+@pytest.mark.parametrize("flag", ["-o", "--report"])
+def test_output_path_that_is_a_directory_fails_before_running(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    target = tmp_path / ("out.pt2" if flag == "-o" else "r.html")
+    target.mkdir()
+    code, out, err = _run(capsys, "run", str(files["mlp"]), "-p", "decompose", flag, str(target))
+    assert code == 2
+    assert _one_line_error(err) == f"epass: error: {target}: is a directory"
+    assert "decompose" not in out  # refused before the pipeline ran
+
+
+def test_unwritable_repro_dir_keeps_the_pass_error(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = _run(
+        capsys, "run", str(files["mlp"]), "-p", "explode-test", "--repro-dir", str(blocker)
+    )
+    assert code == 1
+    assert "Traceback" not in err
+    reason = [line for line in err.splitlines() if line.startswith("epass: error:")]
+    assert reason == [
+        "epass: error: pass 'explode-test' (position 0, step 0) failed: "
+        "RuntimeError: boom in the test pass"
+    ]
+    assert f"cannot write a reproducer to {blocker}" in err
+
+
+def test_output_program_that_cannot_run_the_inputs_is_named(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # keep_io=false makes the program take bfloat16: the float32 example inputs fail.
+    code, _, err = _run(
+        capsys, "run", str(files["mlp"]), "-p", "cast-dtype(keep_io=false)", "--check-numerics"
+    )
+    assert code == 1
+    assert _one_line_error(err).startswith(
+        "epass: error: numerics: the output program fails on the input's example inputs "
+        "(RuntimeError: "
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import models
 import pytest
 import torch
@@ -563,3 +565,135 @@ def test_fx_pass_registering_a_tensor_gets_it_lifted_to_constants():
     assert out.constants is ep.constants and out.state_dict is ep.state_dict
     assert result.records[0].link.constants.added == ("offset",)
     torch.testing.assert_close(out.module()(*args), eager(*args) + 0.25)
+
+
+class _CondModule(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(
+            x.sum() > 0, lambda x: self.linear(x).relu(), lambda x: self.linear(x).sigmoid(), (x,)
+        )
+
+
+def test_graph_mutating_pass_gets_a_copy_when_submodules_are_shared_with_the_user():
+    ep = torch.export.export(_CondModule(), (torch.randn(2, 4),))
+    before = {name: sub.code for name, sub in ep.graph_module.named_children()}
+
+    def new_top_level(ep):
+        # A new top-level graph whose cond branches are the input's GraphModules.
+        gm = torch.fx.GraphModule(ep.graph_module, copy.deepcopy(ep.graph_module.graph))
+        return PassResult(_program.rebuild_from_graph_module(ep, gm), True)
+
+    new_top_level.changes_input = False
+
+    def edit_branches(ep):
+        for sub in ep.graph_module.children():
+            for node in sub.graph.nodes:
+                if node.target is aten.relu.default:
+                    node.target = aten.tanh.default
+            sub.recompile()
+        return PassResult(ep, True)
+
+    out = PassManager([new_top_level, edit_branches]).run(ep)
+    assert {name: sub.code for name, sub in ep.graph_module.named_children()} == before
+    assert "tanh" in out.graph_module.true_graph_0.code
+
+
+def test_strict_policy_error_names_the_position_step_and_previous_passes():
+    _, ep, _ = models.export("mlp")
+    pm = PassManager([identity_pass, double_first_param], linker=StateLinker(policy="strict"))
+    with pytest.raises(StateConflictError) as info:
+        pm.run(ep)
+    error = info.value
+    assert (error.pass_name, error.index, error.step) == ("double_first_param", 1, 0)
+    assert error.previous == ("identity_pass",)
+    assert str(error).startswith("pass 'double_first_param' (position 1, step 0) failed: ")
+
+
+def test_in_place_write_by_a_pass_that_then_raises_is_named():
+    # The bytes cannot be restored, but the error must say the user's state was written.
+    _, ep, _ = models.export("seed")
+
+    def bump_then_fail(program):
+        program.state_dict["count"].add_(1)
+        raise RuntimeError("gave up half way")
+
+    with pytest.raises(StateMutationError) as info:
+        PassManager([bump_then_fail]).run(ep)
+    assert info.value.keys == ("state_dict:count",)
+    assert info.value.pass_name == "bump_then_fail"
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_fx_pass_that_edits_only_a_cond_branch_is_applied():
+    ep = torch.export.export(_CondModule(), (torch.randn(2, 4),))
+    before = fingerprint(ep)
+
+    def relu_to_tanh_in_branches(gm):
+        for sub in gm.children():
+            for node in sub.graph.nodes:
+                if node.target is aten.relu.default:
+                    node.target = aten.tanh.default
+            sub.recompile()
+        return gm
+
+    result = PassManager([FxPass(relu_to_tanh_in_branches)])(ep)
+    assert result.modified
+    assert "tanh" in result.program.graph_module.true_graph_0.code
+    x = torch.ones(2, 4)
+    expected = torch.tanh(torch.nn.functional.linear(x, *ep.state_dict.values()))
+    torch.testing.assert_close(result.program.module()(x), expected)
+    assert fingerprint(ep) == before
+
+
+def test_nested_strict_conflict_keeps_its_type_and_keys():
+    _, ep, _ = models.export("mlp")
+    before = fingerprint(ep)
+    inner = PassManager([double_first_param], linker=StateLinker(policy="strict"), name="inner")
+    with pytest.raises(StateConflictError) as info:
+        PassManager([identity_pass, inner]).run(ep)
+    assert (info.value.pass_name, info.value.index) == ("inner", 1)
+    assert info.value.keys == ("state_dict:net.0.weight",)
+    assert "double_first_param" in str(info.value)
+    assert fingerprint(ep) == before
+
+
+def test_nested_instrument_error_keeps_its_type():
+    class Raises(epass.instruments.Instrument):
+        def after_pass(self, info, program, record):
+            raise RuntimeError("instrument broke")
+
+    _, ep, _ = models.export("mlp")
+    inner = PassManager([Decompose()], instruments=[Raises()], name="inner")
+    with pytest.raises(epass.InstrumentError) as info:
+        PassManager([inner]).run(ep)
+    assert (info.value.instrument, info.value.hook) == ("Raises", "after_pass")
+    assert info.value.pass_name == "inner"
+
+
+class _TwoParams(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.full((2,), 2.0))
+        self.b = torch.nn.Parameter(torch.full((2,), 10.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.a - self.b
+
+
+def test_fx_pass_that_reorders_placeholders_keeps_each_ones_spec():
+    ep = torch.export.export(_TwoParams(), (torch.ones(2),))
+
+    def swap(gm):
+        first, second = [n for n in gm.graph.nodes if n.op == "placeholder"][:2]
+        first.prepend(second)  # same placeholders, other order
+        gm.recompile()
+        return gm
+
+    out = PassManager([FxPass(swap)]).run(ep)
+    targets = {s.arg.name: s.target for s in out.graph_signature.input_specs}
+    assert targets["p_a"] == "a" and targets["p_b"] == "b"
+    torch.testing.assert_close(out.module()(torch.ones(2)), ep.module()(torch.ones(2)))

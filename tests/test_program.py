@@ -113,6 +113,15 @@ def test_same_view_reads_no_bytes_and_checks_layout():
     assert _program.same_view(torch.empty(0), torch.empty(0))
 
 
+def test_same_view_sees_lazy_conjugate_and_negative_views():
+    # conj() and the imaginary part of a conjugate share memory, strides and offset
+    # with the original but read different values (a lazy bit on the tensor).
+    c = torch.randn(3, dtype=torch.complex64)
+    assert not _program.same_view(c, c.conj())
+    assert not _program.same_view(c.imag, c.conj().imag)
+    assert _program.same_view(c.conj(), c.conj())
+
+
 def test_copy_graph_module_keeps_names_that_shadow_builtins():
     ep = torch.export.export(torch.nn.Sequential(torch.nn.Linear(3, 3)), (torch.randn(2, 3),))
     names = [n.name for n in ep.graph.nodes]

@@ -285,3 +285,11 @@ def test_installed_plugin_is_listed_by_the_cli(example_plugin: None) -> None:
         "default": "aten.relu.default",
         "required": False,
     }
+
+
+@pytest.mark.parametrize("name", ["inf", "nan"])
+def test_names_the_grammar_reads_as_numbers_are_reserved(name: str) -> None:
+    # The pipeline tokenizer reads inf and nan as floats, so a pass under such a
+    # name could never be written in a pipeline.
+    with pytest.raises(registry.RegistryError, match="reserved word"):
+        registry.register_pass(name, lambda ep: ep)

@@ -16,6 +16,11 @@ __all__ = ["CastDtype"]
 
 _TARGETS = (torch.bfloat16, torch.float16)
 _TO_COPY = torch.ops.aten._to_copy.default
+_COPY = torch.ops.aten.copy_.default
+
+
+def _is_cast(node: torch.fx.Node, dtype: torch.dtype) -> bool:
+    return node.target is _TO_COPY and node.kwargs.get("dtype") == dtype and len(node.args) == 1
 
 
 def _castable(value: Any, dtype: torch.dtype) -> bool:
@@ -32,7 +37,9 @@ class CastDtype:
     default) floating user inputs are cast on entry and floating user outputs are
     cast back to their original dtype, so callers see the same signature;
     without it the program takes and returns ``dtype``. Fake values are
-    recomputed for every node. Buffer mutations write the cast buffer.
+    recomputed for every node. Buffer mutations write the cast buffer; in-place
+    writes to a cast user input (training IR) are copied back into the caller's
+    tensor. A second run on a cast program changes nothing (``modified=False``).
 
     State: the canonical state-changing pass. It **changes** every floating
     entry the signature references (new tensors; parameters stay
@@ -41,7 +48,8 @@ class CastDtype:
     dicts and tensors are untouched: the output gets its own dicts in which
     every entry the pass did not cast is still the original object. Integer
     entries (``num_batches_tracked``) are never touched. Works on training-IR
-    and decomposed programs.
+    and decomposed programs; programs with control-flow subgraphs (``torch.cond``)
+    are refused with a ValueError.
 
     Args:
         dtype: ``torch.bfloat16`` (default) or ``torch.float16``.
@@ -62,6 +70,17 @@ class CastDtype:
     keep_io: bool = True
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
+        subgraphs = [
+            name
+            for name, module in ep.graph_module.named_children()
+            if isinstance(module, torch.fx.GraphModule)
+        ]
+        if subgraphs:
+            raise ValueError(
+                "cast-dtype does not convert programs with control-flow subgraphs "
+                f"(torch.cond, map, while_loop: {', '.join(subgraphs)}); their "
+                "operators would keep computing in the old dtype"
+            )
         sig = ep.graph_signature
         state = _graph.state_values(ep)
         cast_names = {n for n, v in state.items() if _castable(v, self.dtype)}
@@ -70,19 +89,24 @@ class CastDtype:
         float_inputs = {
             n.name
             for n in _graph.placeholders(gm0)
-            if n.name in user_inputs and _castable(n.meta.get("val"), self.dtype)
+            if n.name in user_inputs
+            and _castable(n.meta.get("val"), self.dtype)
+            and not (self.keep_io and self._cast_on_entry(n))
         }
-        if not cast_names and not float_inputs:
+        cast_backs = self._cast_backs(gm0) if self.keep_io else set()
+        if not cast_names and not float_inputs and not self._has_dtype_args(gm0, cast_backs):
             return PassResult(ep, False)
         gm = _graph.copy_graph(ep)
         state_dict, constants = self._cast_state(ep, cast_names)
         mode = _graph.fake_mode(gm)
+        cast_backs = {n.name for n in cast_backs}
         nodes = list(gm.graph.nodes)
         for node in nodes:
-            if node.op == "call_function":
+            if node.op == "call_function" and node.name not in cast_backs:
                 node.args = torch.fx.node.map_aggregate(node.args, self._dtype_arg)
                 node.kwargs = torch.fx.node.map_aggregate(node.kwargs, self._dtype_arg)
         targets = {n: s.target for n, s in _graph.specs_by_name(sig).items()}
+        entry_casts: list[tuple[torch.fx.Node, torch.fx.Node]] = []
         for node in list(_graph.placeholders(gm)):
             name = _graph.original_name(node)
             if name in cast_names:
@@ -93,15 +117,53 @@ class CastDtype:
                     node.meta["val"] = val
             elif name in float_inputs:
                 if self.keep_io:
-                    self._cast_after(gm, node, self.dtype)
+                    entry_casts.append((node, self._cast_after(gm, node, self.dtype)))
                 elif mode is not None:
                     with mode:
                         node.meta["val"] = node.meta["val"].to(self.dtype)
         if self.keep_io:
-            self._cast_outputs(gm, sig)
+            self._write_back(gm, entry_casts)
+            self._cast_outputs(gm, sig, cast_backs)
         _graph.fill_meta(gm, force=True)
         program = _graph.build_program(ep, gm, state_dict=state_dict, constants=constants)
         return PassResult(program, True)
+
+    def _cast_on_entry(self, node: torch.fx.Node) -> bool:
+        """Whether a user input is already cast on entry (by an earlier run)."""
+        users = list(node.users)
+        return any(_is_cast(u, self.dtype) for u in users) and all(
+            _is_cast(u, self.dtype) or (u.target is _COPY and u.args[0] is node) for u in users
+        )
+
+    def _cast_backs(self, gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+        """Output casts from ``dtype`` back to another floating dtype (an earlier run's)."""
+        out = set()
+        for node in _graph.leaves(gm.graph.output_node().args[0]):
+            if not (isinstance(node, torch.fx.Node) and node.target is _TO_COPY):
+                continue
+            source = node.args[0].meta.get("val") if node.args else None
+            target = node.kwargs.get("dtype")
+            if (
+                isinstance(source, torch.Tensor)
+                and source.dtype == self.dtype
+                and isinstance(target, torch.dtype)
+                and target.is_floating_point
+            ):
+                out.add(node)
+        return out
+
+    def _has_dtype_args(self, gm: torch.fx.GraphModule, skip: set[torch.fx.Node]) -> bool:
+        found = False
+
+        def check(value: Any) -> Any:
+            nonlocal found
+            found |= self._dtype_arg(value) is not value
+            return value
+
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node not in skip:
+                torch.fx.node.map_aggregate((node.args, node.kwargs), check)
+        return found
 
     def _dtype_arg(self, value: Any) -> Any:
         if isinstance(value, torch.dtype) and value.is_floating_point and value != self.dtype:
@@ -129,19 +191,40 @@ class CastDtype:
         return state_dict, constants
 
     @staticmethod
-    def _cast_after(gm: torch.fx.GraphModule, node: torch.fx.Node, dtype: torch.dtype) -> None:
+    def _cast_after(
+        gm: torch.fx.GraphModule, node: torch.fx.Node, dtype: torch.dtype
+    ) -> torch.fx.Node:
         users = list(node.users)
         first = next(n for n in gm.graph.nodes if n.op != "placeholder")
         with gm.graph.inserting_before(first):
             cast = gm.graph.call_function(_TO_COPY, (node,), {"dtype": dtype})
         for user in users:
             user.replace_input_with(node, cast)
+        return cast
 
-    def _cast_outputs(self, gm: torch.fx.GraphModule, sig: Any) -> None:
+    @staticmethod
+    def _write_back(
+        gm: torch.fx.GraphModule, casts: list[tuple[torch.fx.Node, torch.fx.Node]]
+    ) -> None:
+        """Copy in-place writes to a cast input back into the caller's tensor (a
+        training-IR graph mutates inputs with ``mul_`` and the like, which now land
+        on the private cast)."""
+        if not casts:
+            return
+        mutated = _graph.mutated_nodes(gm)
+        output = gm.graph.output_node()
+        for node, cast in casts:
+            if cast in mutated:
+                with gm.graph.inserting_before(output):
+                    gm.graph.call_function(_COPY, (node, cast))
+
+    def _cast_outputs(self, gm: torch.fx.GraphModule, sig: Any, skip: set[str]) -> None:
         output = gm.graph.output_node()
         outs = list(output.args[0])
         for i, (spec, node) in enumerate(zip(sig.output_specs, outs, strict=True)):
             if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.USER_INPUT_MUTATION):
+                continue
+            if isinstance(node, torch.fx.Node) and node.name in skip:
                 continue
             val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
             if val is None or not _castable(val, self.dtype):

@@ -72,7 +72,7 @@ class FuseConvBN:
     running statistics are all parameters, buffers or constants the program does
     not mutate. The new weight is ``w * g / sqrt(var + eps)`` per output channel
     and the new bias ``(b - mean) * g / sqrt(var + eps) + beta``, computed in
-    float32 and stored in the weight's dtype.
+    float32 (float64 for a float64 weight) and stored in the weight's dtype.
 
     Graph: the BatchNorm (and its ``getitem``) disappears; the convolution reads
     two new parameter inputs. State: **adds** two parameters per fused pair, named
@@ -182,13 +182,16 @@ class FuseConvBN:
 def _fuse(m: _Match, state: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         weight = state[m.weight].detach()
-        var = state[m.var].detach().float()
-        mean = state[m.mean].detach().float()
+        # float32 at least (bf16/fp16 weights), float64 kept for float64 models
+        dtype = torch.promote_types(weight.dtype, torch.float32)
+        var = state[m.var].detach().to(dtype)
+        mean = state[m.mean].detach().to(dtype)
         out = weight.shape[0]
-        gamma = state[m.gamma].detach().float() if m.gamma else torch.ones(out)
-        beta = state[m.beta].detach().float() if m.beta else torch.zeros(out)
-        bias = state[m.bias].detach().float() if m.bias else torch.zeros(out)
+        ones, zeros = torch.ones(out, dtype=dtype), torch.zeros(out, dtype=dtype)
+        gamma = state[m.gamma].detach().to(dtype) if m.gamma else ones
+        beta = state[m.beta].detach().to(dtype) if m.beta else zeros
+        bias = state[m.bias].detach().to(dtype) if m.bias else zeros
         scale = gamma * torch.rsqrt(var + m.eps)
-        new_weight = weight.float() * scale.reshape(-1, *([1] * (weight.dim() - 1)))
+        new_weight = weight.to(dtype) * scale.reshape(-1, *([1] * (weight.dim() - 1)))
         new_bias = (bias - mean) * scale + beta
         return new_weight.to(weight.dtype), new_bias.to(weight.dtype)

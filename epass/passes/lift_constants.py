@@ -10,6 +10,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputSpec
 
+from epass import _program
 from epass.passes import _graph
 from epass.protocol import PassResult
 
@@ -99,7 +100,9 @@ class LiftConstants:
     name: ClassVar[str] = "lift-constants"
     changes_input: ClassVar[bool] = False
 
-    fx: Callable[[torch.fx.GraphModule], Any] | None = None
+    fx: Callable[[torch.fx.GraphModule], Any] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
         if self.fx is None:
@@ -108,11 +111,10 @@ class LiftConstants:
             gm = _graph.copy_graph(ep)
         else:
             gm = _graph.copy_graph(ep)
-            before = gm.code
+            before = _program.graph_code(gm)
             out = self.fx(gm)
             if isinstance(out, torch.fx.GraphModule):
                 gm = out
-            gm.recompile()
-            if gm.code == before:
+            if _program.graph_code(gm) == before:
                 return PassResult(ep, False)
         return PassResult(lift_constants(ep, gm), True)

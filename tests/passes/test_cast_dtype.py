@@ -86,3 +86,52 @@ def test_cast_dtype_buffer_mutation_writes_the_cast_buffer() -> None:
 def test_cast_dtype_rejects_other_dtypes() -> None:
     with pytest.raises(ValueError):
         CastDtype(torch.float64)
+
+
+class _ScalesItsInput(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        y.mul_(2)  # an in-place write to a user input (kept as mul_ in the training IR)
+        return x * self.w
+
+
+@pytest.mark.parametrize("decompose", [False, True])
+def test_cast_dtype_keeps_in_place_writes_to_user_inputs(decompose: bool) -> None:
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    ep = torch.export.export(_ScalesItsInput(), (x, y.clone()))
+    passes = [epass.Decompose(), CastDtype()] if decompose else [CastDtype()]
+    out = epass.PassManager(passes).run(ep)
+    got = y.clone()
+    out.module()(x, got)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, y * 2, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["mlp", "seed", "mixed"])
+def test_cast_dtype_is_idempotent(name: str) -> None:
+    ep = h.program(name)
+    result = epass.PassManager([CastDtype()], steps=3)(ep)
+    assert [r.modified for r in result.records] == [True, False]
+    out = result.program
+    again = CastDtype()(out)
+    assert not again.modified and again.program is out
+
+
+class _Branches(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(
+            x.sum() > 0, lambda x: self.linear(x).relu(), lambda x: self.linear(x), (x,)
+        )
+
+
+def test_cast_dtype_refuses_control_flow_with_a_clear_error() -> None:
+    ep = torch.export.export(_Branches(), (torch.randn(2, 4),))
+    with pytest.raises(epass.PassError, match=r"control-flow subgraphs.*true_graph_0"):
+        epass.PassManager([CastDtype()]).run(ep)

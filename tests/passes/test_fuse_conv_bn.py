@@ -79,3 +79,17 @@ def test_fuse_conv_bn_leaves_other_models_alone(name: str, dynamic: bool, form: 
     ep = h.program(name, dynamic, form)
     result = FuseConvBN()(ep)
     assert result.modified is False and result.program is ep
+
+
+def test_fuse_conv_bn_keeps_float64_precision() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).double()
+    model[1].running_mean.uniform_(-0.5, 0.5)
+    model[1].running_var.uniform_(0.5, 1.5)
+    model.eval()
+    x = torch.randn(1, 3, 6, 6, dtype=torch.float64)
+    ep = torch.export.export(model, (x,))
+    out = epass.PassManager([FuseConvBN()]).run(ep)
+    assert _bn_count(out) == 0
+    assert out.state_dict["0.weight_fused"].dtype == torch.float64
+    torch.testing.assert_close(out.module()(x), model(x), atol=1e-12, rtol=1e-12)

@@ -8,6 +8,7 @@ import torch
 from torch.export.graph_signature import InputKind
 
 import epass
+import epass.pipeline
 from epass.passes import LiftConstants
 
 aten = torch.ops.aten
@@ -74,3 +75,10 @@ def test_lift_constants_works_on_both_forms(form: str) -> None:
     args = h.inputs("seed")
     expected = h.models.fresh_eager("seed")(*args) + 0.25
     torch.testing.assert_close(out.module()(*args), expected)
+
+
+def test_lift_constants_rejects_a_non_callable_fx_when_built() -> None:
+    with pytest.raises(TypeError, match="'fx' must be callable"):
+        LiftConstants(fx=3)  # type: ignore[arg-type]
+    with pytest.raises(epass.pipeline.PipelineError, match="bad options for pass 'lift-constants'"):
+        epass.PassManager.from_text('lift-constants(fx="abc")')
