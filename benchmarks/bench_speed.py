@@ -32,11 +32,9 @@ aten = torch.ops.aten
 
 
 def lower_pipeline() -> tuple[str, Callable[[], PassManager]]:
-    """presets.lower() when the pass library is present, else Decompose alone."""
-    try:
-        from epass import presets  # type: ignore[attr-defined]
-    except ImportError:
-        return "Decompose", lambda: PassManager([Decompose()])
+    """The default lowering pipeline the memory and overhead rows measure."""
+    from epass.passes import presets
+
     return "presets.lower()", presets.lower
 
 
