@@ -55,7 +55,8 @@ class ConstantFoldResult(PassResult):
     Attributes:
         folded: names of the nodes replaced by constants.
         added: the new ``constants`` keys, one per folded node.
-        bytes_added: total size of the new constant tensors.
+        bytes_added: memory the new constants allocate (views into existing state
+            count zero).
     """
 
     folded: tuple[str, ...] = ()
@@ -92,8 +93,9 @@ class ConstantFold:
     side effects, not ``empty``) and all its inputs fold; parameters, buffers and
     constants fold unless the program mutates them. The values are computed once
     on the real tensors (under ``no_grad``); only the *boundary* values (those a
-    non-folded node or the output reads) are kept, each as a new contiguous tensor
-    that owns its memory. Then the folded nodes are removed, and state inputs that
+    non-folded node or the output reads) are kept: a view into a state tensor (the
+    ``permute`` of a weight) stays a view and costs no memory; any other value is a
+    tensor that owns exactly its memory. Then the folded nodes are removed, and state inputs that
     lost their last user are dropped from the signature.
 
     torch's ``torch._export.passes.constant_folding`` is not used (it needs
@@ -217,6 +219,9 @@ class ConstantFold:
         gm = _graph.copy_graph(ep)
         kinds = _graph.input_kinds(ep)
         constants = dict(ep.constants)
+        state_ptrs = {
+            _storage_key(v) for v in _graph.state_values(ep).values() if isinstance(v, torch.Tensor)
+        }
         new_specs: dict[str, InputSpec] = {}
         used_before = {n.name for n in _graph.placeholders(gm) if n.users}
         folded: list[torch.fx.Node] = []
@@ -238,7 +243,8 @@ class ConstantFold:
                 constants[key] = value
                 new_specs[placeholder.name] = _graph.constant_spec(placeholder.name, key)
                 lifted[first] = placeholder
-                nbytes += value.nbytes
+                if _storage_key(value) not in state_ptrs:
+                    nbytes += value.nbytes
             node.replace_all_uses_with(placeholder)
             folded.append(node)
         # Erase the folded subgraphs (their nodes are now dead), newest first; other
@@ -274,11 +280,18 @@ def _structure(node: torch.fx.Node, canon: dict[torch.fx.Node, torch.fx.Node]) -
 
 
 def _owned(value: torch.Tensor, state_ptrs: set[int | None]) -> torch.Tensor:
-    """``value`` itself when it is a contiguous tensor with a storage of its own,
-    else a contiguous copy (never a view into state or into a larger buffer)."""
+    """The tensor to keep for a folded value, never holding more memory than needed.
+
+    A view into a state tensor (the ``permute`` of a weight) is kept as that view:
+    it costs no memory, since the store keeps the weight anyway, and reads what the
+    original graph computed. A contiguous value that owns its storage is kept as
+    it is; anything else (a view into a larger intermediate) is copied.
+    """
+    key = _storage_key(value)
+    if key is not None and key in state_ptrs:
+        return value
     if (
         value.is_contiguous()
-        and _storage_key(value) not in state_ptrs
         and value.untyped_storage().nbytes() == value.nbytes
         and value.storage_offset() == 0
     ):

@@ -30,11 +30,13 @@ def test_constant_fold_lifts_transposed_weights_into_the_store() -> None:
     assert link is not None and link.shared
     added = link.constants.added
     assert len(added) == 3 and all(k in ep.constants for k in added)
-    # The transposed weights are new, contiguous tensors, not views of parameters.
+    # The transposed weights are views over the parameters' memory: no new bytes.
+    weights = {ep.state_dict[f"net.{i}.weight"].data_ptr() for i in (0, 2, 4)}
     for key in added:
         value = ep.constants[key]
-        assert value.is_contiguous() and not value.requires_grad
-        assert all(value.data_ptr() != w.data_ptr() for w in ep.state_dict.values())
+        assert not value.is_contiguous() and not value.requires_grad
+        assert not isinstance(value, torch.nn.Parameter)
+        assert value.data_ptr() in weights
     # The weights lost their last user: they left the signature, not the store.
     removed = link.state_dict.removed
     assert set(removed) == {"net.0.weight", "net.2.weight", "net.4.weight"}
@@ -47,8 +49,7 @@ def test_constant_fold_result_reports_bytes() -> None:
     ep = h.program("mlp", form="decomposed")
     result = ConstantFold()(ep)
     assert isinstance(result, ConstantFoldResult)
-    weights = [ep.state_dict[f"net.{i}.weight"] for i in (0, 2, 4)]
-    assert result.bytes_added == sum(w.nbytes for w in weights)
+    assert result.bytes_added == 0  # the folded permutes are views of the weights
     assert len(result.folded) == 3 and len(result.added) == 3
     assert set(result.added) <= set(result.program.constants)
     assert not set(result.added) & set(ep.constants)  # the pass wrote no user dict
@@ -135,5 +136,29 @@ def test_constant_fold_size_guard_sees_through_views_of_expands() -> None:
     suffixes = ("in_proj_weight", "out_proj.weight", "linear1.weight", "linear2.weight")
     weights = [v for k, v in ep.state_dict.items() if k.endswith(suffixes)]
     assert len(weights) == 8
-    assert result.bytes_added == sum(w.nbytes for w in weights)
+    folded = [result.program.constants[k] for k in result.added]
+    assert sorted(t.nbytes for t in folded) == sorted(w.nbytes for w in weights)
+    assert {t.data_ptr() for t in folded} == {w.data_ptr() for w in weights}  # views
+    assert result.bytes_added == 0
     h.assert_close(result.program, "transformer")
+
+
+def test_constant_fold_computed_values_own_their_memory() -> None:
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ (self.w * 2).t()
+
+    ep = torch.export.export(Scaled(), (torch.randn(2, 4),)).run_decompositions()
+    result = ConstantFold()(ep)
+    assert isinstance(result, ConstantFoldResult)
+    (key,) = result.added
+    value = result.program.constants[key]
+    assert value.data_ptr() != ep.state_dict["w"].data_ptr()
+    assert value.untyped_storage().nbytes() == value.nbytes  # nothing extra retained
+    assert result.bytes_added == value.nbytes
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(result.program.module()(x), x @ (ep.state_dict["w"] * 2).t())
