@@ -106,3 +106,19 @@ def test_cleanup_after_a_custom_rewrite() -> None:
     torch.testing.assert_close(out.module()(*args), h.models.fresh_eager("mlp")(*args) + 1)
     again = presets.cleanup()(out)
     assert again.modified is False and again.program is out
+
+
+def test_lower_on_the_zoo_transformer_matches_the_documented_figures() -> None:
+    # docs/passes.md quotes these numbers for the 2-layer encoder.
+    ep = h.program("transformer")
+    result = presets.lower()(ep)
+    by_name = {r.name: r for r in result.records}
+    assert result.records[0].nodes_before == 96
+    assert by_name["decompose"].nodes_after == 176
+    assert len(result.program.graph.nodes) == 168
+    fold = by_name["fold-constants"].link
+    assert fold is not None and len(fold.constants.added) == 8
+    folded = [result.program.constants[k] for k in fold.constants.added]
+    assert sum(t.nbytes for t in folded) == 65_536
+    weights = {v.untyped_storage().data_ptr() for v in ep.state_dict.values()}
+    assert all(t.untyped_storage().data_ptr() in weights for t in folded)  # 0 new bytes
