@@ -244,19 +244,21 @@ def same_view(a: Any, b: Any) -> bool:
     if a.dtype is not b.dtype:  # is_set_to compares geometry in elements, not bytes
         return False
     try:
-        # Lazy conjugate/negative views share memory but read other values.
-        if a.is_conj() != b.is_conj() or a.is_neg() != b.is_neg():
-            return False
-        if a.is_conj() or a.is_neg():  # is_set_to does not match such views
+        # is_set_to is False whenever either side is a lazy conjugate/negative view
+        # (it resolves them into copies), so True also means equal conj/neg bits.
+        if a.is_set_to(b):  # raises for sparse and other storage-less layouts
+            return True
+        if a.is_conj() or a.is_neg() or b.is_conj() or b.is_neg():
+            # Such views share memory with their base but read other values.
             return bool(
-                a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                a.is_conj() == b.is_conj()
+                and a.is_neg() == b.is_neg()
+                and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
                 and a.device == b.device
                 and a.shape == b.shape
                 and a.stride() == b.stride()
                 and a.storage_offset() == b.storage_offset()
             )
-        if a.is_set_to(b):  # raises for sparse and other storage-less layouts
-            return True
         # Empty tensors may have no storage to compare; equal geometry is enough.
         return bool(
             a.numel() == 0

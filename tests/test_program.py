@@ -237,3 +237,13 @@ def test_tensor_bytes_reads_elements_in_row_major_order():
     assert _program.tensor_bytes(t[1]) == bytes([3, 0, 4, 0, 5, 0])
     assert _program.tensor_bytes(torch.tensor(True)) == b"\x01"
     assert _program.tensor_bytes(torch.zeros(0)) == b""
+
+
+def test_is_set_to_never_matches_lazy_views():
+    # same_view's fast path relies on this: is_set_to resolves conj/neg views.
+    c = torch.randn(3, dtype=torch.complex64)
+    assert not c.is_set_to(c.conj()) and not c.conj().is_set_to(c)
+    assert not c.conj().is_set_to(c.conj())
+    negative = c.conj().imag
+    assert negative.is_neg() and not c.imag.is_set_to(negative)
+    assert c.is_set_to(c.view(3))
