@@ -137,7 +137,7 @@ def load_program(path: str | os.PathLike[str], *, trust: bool = False) -> Export
 
 
 def prune_state(ep: ExportedProgram) -> tuple[ExportedProgram, list[str]]:
-    """:func:`epass.prune` plus the keys it dropped; ``ep`` itself when nothing is unreferenced.
+    """:func:`epass.prune` (compacting views of dropped entries) plus the dropped keys.
 
     Returns the program and the pruned keys (``"state_dict:<key>"`` / ``"constants:<key>"``).
     """
@@ -148,7 +148,7 @@ def prune_state(ep: ExportedProgram) -> tuple[ExportedProgram, list[str]]:
     pruned += [f"constants:{k}" for k in ep.constants if k not in targets]
     if not pruned:
         return ep, []
-    return prune(ep), pruned
+    return prune(ep, compact=True), pruned
 
 
 def save_program(ep: ExportedProgram, path: str | os.PathLike[str]) -> list[str]:

@@ -244,3 +244,20 @@ def test_prune_keeps_only_referenced_entries(mixed):
     assert "orphan" in out.constants  # the input keeps its dicts
     lean.validate()
     assert not epass.verify.state_problems(lean)
+
+
+def test_prune_compact_copies_views_of_dropped_entries():
+    from epass.passes import presets
+
+    _, ep, args = models.export("mlp")
+    out = presets.lower().run(ep)
+    folded = {k: v for k, v in out.constants.items() if k.startswith("folded")}
+    assert folded and all(not v.is_contiguous() for v in folded.values())  # weight views
+    lean = epass.prune(out, compact=True)
+    assert all(lean.constants[k].is_contiguous() for k in folded)
+    assert all(lean.constants[k].data_ptr() != v.data_ptr() for k, v in folded.items())
+    # Entries that own their memory are kept as they are.
+    assert all(lean.state_dict[k] is v for k, v in lean.state_dict.items())
+    assert all(lean.state_dict[k] is out.state_dict[k] for k in lean.state_dict)
+    torch.testing.assert_close(lean.module()(*args), out.module()(*args))
+    assert epass.prune(out).constants == {k: out.constants[k] for k in lean.constants}
