@@ -109,13 +109,16 @@ def test_cleanup_after_a_custom_rewrite() -> None:
 
 
 def test_lower_on_the_zoo_transformer_matches_the_documented_figures() -> None:
-    # docs/passes.md quotes these numbers for the 2-layer encoder.
+    # docs/passes.md quotes these numbers for the 2-layer encoder on torch 2.13
+    # (torch 2.14's decompositions give other node counts).
     ep = h.program("transformer")
     result = presets.lower()(ep)
     by_name = {r.name: r for r in result.records}
+    decomposed, final = by_name["decompose"].nodes_after, len(result.program.graph.nodes)
     assert result.records[0].nodes_before == 96
-    assert by_name["decompose"].nodes_after == 176
-    assert len(result.program.graph.nodes) == 168
+    assert final == decomposed - 8  # the 8 weight transposes are folded
+    if torch.__version__.startswith("2.13."):
+        assert (decomposed, final) == (176, 168)
     fold = by_name["fold-constants"].link
     assert fold is not None and len(fold.constants.added) == 8
     folded = [result.program.constants[k] for k in fold.constants.added]
