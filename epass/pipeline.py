@@ -335,13 +335,19 @@ def _operator(text: str) -> Any:
         parts = parts[2:]
     if len(parts) not in (2, 3):
         return None
+    obj = _lookup(parts)
+    return obj if obj is not None and _operator_text(obj) is not None else None
+
+
+def _lookup(parts: list[str]) -> Any:
+    """``torch.ops.<parts...>``, or None when any part is missing."""
     try:
         obj: Any = getattr(torch.ops, parts[0])
         for part in parts[1:]:
             obj = getattr(obj, part)
     except (AttributeError, RuntimeError):
         return None
-    return obj if _operator_text(obj) is not None else None
+    return obj
 
 
 def _operator_text(value: Any) -> str | None:
@@ -351,14 +357,7 @@ def _operator_text(value: Any) -> str | None:
     text = str(value)
     if not re.fullmatch(r"[A-Za-z_]\w*\.[A-Za-z_]\w*(\.[A-Za-z_]\w*)?", text):
         return None
-    parts = text.split(".")
-    try:
-        obj: Any = getattr(torch.ops, parts[0])
-        for part in parts[1:]:
-            obj = getattr(obj, part)
-    except (AttributeError, RuntimeError):
-        return None
-    return text if obj is value else None
+    return text if _lookup(text.split(".")) is value else None
 
 
 def parse(text: str) -> tuple[Item, ...]:
