@@ -1,11 +1,27 @@
-"""epass: a pass manager for torch.export.ExportedProgram that keeps state shared."""
+"""epass: a pass manager for torch.export.ExportedProgram that keeps state shared.
 
+This module re-exports the public API. The package is layered; each layer imports
+only from the ones below it (``lint-imports`` checks this, see docs/concepts.md)::
+
+    face         cli, __main__, this module
+    tools        report, bisect, onnx, executorch
+    instruments  instruments/*
+    text         pipeline
+    built-ins    passes/*
+    engine       manager, instrumentation, io
+    contract     protocol, records, linker, registry
+    core         errors, verify, _program, _graph, _version
+"""
+
+from epass._version import __version__
 from epass.bisect import BisectResult, bisect
 from epass.errors import (
     EpassError,
     InstrumentError,
     OrderingError,
     PassError,
+    PipelineError,
+    ProgramError,
     StateConflictError,
     StateMutationError,
     VerificationError,
@@ -22,11 +38,12 @@ from epass.instruments import (
     Timing,
 )
 from epass.linker import DictReport, LinkReport, LinkResult, StateLinker, prune
-from epass.manager import PassManager, PassRecord, PipelineResult
+from epass.manager import PassManager
 from epass.passes import Decompose
-from epass.pipeline import PipelineError
+from epass.pipeline import create_pass
 from epass.protocol import FxPass, Pass, PassResult
-from epass.registry import create_pass, list_passes, register_pass
+from epass.records import PassRecord, PipelineResult
+from epass.registry import list_passes, register_pass
 from epass.verify import verify_program
 
 __all__ = [
@@ -52,6 +69,7 @@ __all__ = [
     "PipelineError",
     "PipelineResult",
     "PrintIR",
+    "ProgramError",
     "Progress",
     "Reproducer",
     "StateConflictError",
@@ -64,7 +82,6 @@ __all__ = [
     "list_passes",
     "prune",
     "register_pass",
+    "__version__",
     "verify_program",
 ]
-
-__version__ = "0.1.0"

@@ -7,25 +7,18 @@ when torch renames or reshapes any of them.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import operator
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import (
-    ConstantArgument,
-    CustomObjArgument,
-    ExportGraphSignature,
-    InputKind,
-    InputSpec,
-    OutputSpec,
-)
+from torch.export.graph_signature import ExportGraphSignature
 
 __all__ = [
     "PRIVATE_FIELDS",
     "copy_graph_module",
+    "new_program",
     "private_view",
-    "rebuild_from_graph_module",
     "set_state",
     "shallow_clone",
 ]
@@ -64,7 +57,7 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if node.op not in ("get_attr", "call_module"):
             continue
         target = str(node.target)
-        value = _get_qualified(gm, target)
+        value = operator.attrgetter(target)(gm)
         if isinstance(value, torch.fx.GraphModule):
             value = copy_graph_module(value)
         root[target] = value
@@ -88,21 +81,6 @@ def _keep_node_names(old: torch.fx.Graph, new: torch.fx.Graph) -> None:
             namespace._used_names.add(a.name)
 
 
-def has_tensor_attributes(gm: torch.fx.GraphModule) -> bool:
-    """Whether any ``get_attr`` node of ``gm``'s top-level graph reads a tensor."""
-    return any(
-        node.op == "get_attr" and isinstance(_get_qualified(gm, str(node.target)), torch.Tensor)
-        for node in gm.graph.nodes
-    )
-
-
-def _get_qualified(module: torch.nn.Module, target: str) -> Any:
-    obj: Any = module
-    for atom in target.split("."):
-        obj = getattr(obj, atom)
-    return obj
-
-
 def private_view(ep: ExportedProgram, *, copy_graph: bool) -> ExportedProgram:
     """A program a pass may own: private dict copies (same tensors), and a private
     graph and signature when ``copy_graph`` is set."""
@@ -117,98 +95,28 @@ def private_view(ep: ExportedProgram, *, copy_graph: bool) -> ExportedProgram:
     return view
 
 
-def _rederive_signature(
-    old: ExportGraphSignature, gm: torch.fx.GraphModule
-) -> ExportGraphSignature:
-    """Match the new graph's placeholders and outputs to the old specs by name.
-
-    Placeholders may be removed (their specs go too); new placeholders and a
-    changed number of outputs cannot be given a kind, so they are rejected.
-    """
-    by_name: dict[str, InputSpec] = {}
-    for spec in old.input_specs:
-        name = getattr(spec.arg, "name", None)
-        if name is not None:
-            by_name[name] = spec
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    old_names = [getattr(s.arg, "name", None) for s in old.input_specs]
-    new_inputs: list[InputSpec] = []
-    positional = len(placeholders) == len(old.input_specs)
-    current = {node.name for node in placeholders}
-    for i, node in enumerate(placeholders):
-        # By name first (a pass may reorder inputs); by position only for a placeholder
-        # renamed in place (its old name is gone from the graph).
-        spec = by_name.get(node.name)
-        if spec is None and positional and old_names[i] not in current:
-            spec = old.input_specs[i]
-        if spec is None:
-            raise ValueError(
-                f"the graph has a new placeholder {node.name!r} that matches no input "
-                f"spec (known: {[n for n in old_names if n]}); a graph pass may remove "
-                "inputs but cannot add them"
-            )
-        new_inputs.append(
-            InputSpec(spec.kind, _renamed(spec.arg, node.name), spec.target, spec.persistent)
-        )
-    user_inputs_before = sum(s.kind == InputKind.USER_INPUT for s in old.input_specs)
-    user_inputs_after = sum(s.kind == InputKind.USER_INPUT for s in new_inputs)
-    if user_inputs_before != user_inputs_after:
-        raise ValueError(
-            f"the pass changed the number of user inputs from {user_inputs_before} to "
-            f"{user_inputs_after}; the calling convention must stay the same"
-        )
-    output_node = gm.graph.output_node()
-    outputs = list(torch.utils._pytree.tree_leaves(output_node.args[0]))
-    if len(outputs) != len(old.output_specs):
-        raise ValueError(
-            f"the pass changed the number of outputs from {len(old.output_specs)} to "
-            f"{len(outputs)}; the calling convention must stay the same"
-        )
-    new_outputs = [
-        OutputSpec(spec.kind, _renamed(spec.arg, getattr(node, "name", None)), spec.target)
-        for spec, node in zip(old.output_specs, outputs, strict=True)
-    ]
-    return ExportGraphSignature(input_specs=new_inputs, output_specs=new_outputs)
-
-
-def _renamed(arg: Any, name: str | None) -> Any:
-    if name is None or isinstance(arg, (ConstantArgument, CustomObjArgument)):
-        return arg
-    return type(arg)(name=name)
-
-
-def rebuild_from_graph_module(
+def new_program(
     ep: ExportedProgram,
     gm: torch.fx.GraphModule,
-    *,
-    state_dict: Mapping[str, Any] | None = None,
-    constants: Mapping[str, Any] | None = None,
-    graph_signature: ExportGraphSignature | None = None,
+    signature: ExportGraphSignature,
+    state_dict: dict[str, Any],
+    constants: dict[str, Any],
 ) -> ExportedProgram:
-    """A new, validated program from ``ep`` with ``gm`` as its graph.
+    """A new, validated program with ``ep``'s other fields and ``gm`` as its graph.
 
-    The signature is re-derived from ``gm``'s placeholders and outputs unless given.
-    State entries whose placeholders are gone are dropped from the new dicts.
+    Callers derive the signature and dicts with ``epass._graph.build_program``.
     """
     from torch.export.exported_program import _get_updated_range_constraints
 
-    signature = graph_signature or _rederive_signature(ep.graph_signature, gm)
-    sd = dict(ep.state_dict if state_dict is None else state_dict)
-    consts = dict(ep.constants if constants is None else constants)
-    referenced = {s.target for s in signature.input_specs if s.target is not None}
-    for spec in ep.graph_signature.input_specs:
-        if spec.target is not None and spec.target not in referenced:
-            sd.pop(spec.target, None)
-            consts.pop(spec.target, None)
     return ExportedProgram(
         root=gm,
         graph=gm.graph,
         graph_signature=signature,
-        state_dict=sd,
+        state_dict=state_dict,
         range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
         module_call_graph=copy.deepcopy(ep.module_call_graph),
         example_inputs=ep.example_inputs,
-        constants=consts,
+        constants=constants,
         verifiers=ep.verifiers,
     )
 

@@ -9,8 +9,9 @@ from typing import Any
 import attrs
 from torch.export import ExportedProgram
 
-from epass.errors import PassError
-from epass.protocol import adapt, pass_name
+from epass.errors import ArgumentValueError, PassError
+from epass.manager import PassManager, resolve_pass
+from epass.protocol import pass_name
 
 __all__ = ["BisectResult", "bisect"]
 
@@ -74,7 +75,6 @@ class _Prefixes:
         if any(j <= k for j in self.errors):
             return None
         start = max(j for j in self.programs if j <= k)
-        from epass.manager import PassManager
 
         current = self.programs[start]
         for j in range(start, k):
@@ -149,20 +149,19 @@ def bisect(
         found = bisect(ep, passes, lambda p: torch.allclose(p.module()(x), expected))
         print(found)  # culprit: pass 'swap-add' at position 3
     """
-    from epass.manager import PassManager
 
     if isinstance(passes, PassManager):
         passes = passes.passes
-    passes = [adapt(p, position=i) for i, p in enumerate(passes)]
+    passes = [resolve_pass(p, i) for i, p in enumerate(passes)]
     if method not in ("auto", "binary", "linear"):
-        raise ValueError(f"method must be 'auto', 'binary' or 'linear', got {method!r}")
+        raise ArgumentValueError(f"method must be 'auto', 'binary' or 'linear', got {method!r}")
     fallback = method == "auto"
     if method == "auto":
         method = "binary" if getattr(predicate, "monotonic", True) is not False else "linear"
     prefixes = _Prefixes(ep, passes, {"verify": verify})
     if not prefixes.good(0, predicate):
         _, error = prefixes.verdicts[0]
-        raise ValueError(
+        raise ArgumentValueError(
             "the predicate already fails on the input program, before any pass"
             + (f": {type(error).__name__}: {error}" if error else "")
         )

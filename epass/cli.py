@@ -25,20 +25,12 @@ from typing import Any, NoReturn, TextIO
 import torch
 from torch.export import ExportedProgram
 
+from epass.errors import CliError
+
 __all__ = ["CliError", "load_program", "main", "prune_state", "save_program"]
 
 EXIT_FAILED = 1  # a pass failed, or numerics differ
 EXIT_USAGE = 2  # bad arguments, files or pipeline text
-
-
-class CliError(Exception):
-    """A failure the command reports as one line, with its exit code."""
-
-    def __init__(self, reason: str, code: int = EXIT_USAGE, context: str = "") -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.code = code
-        self.context = context
 
 
 # --- loading and saving -----------------------------------------------------------
@@ -387,7 +379,7 @@ def _state_text(record: Any) -> str:
 
 
 def _summary(out: _Out, result: Any) -> None:
-    from epass.manager import _flatten
+    from epass.records import flatten as _flatten
 
     rows = []
     for r in _flatten(result.records):
@@ -406,8 +398,8 @@ def _summary(out: _Out, result: Any) -> None:
 
 
 def _build_manager(text: str, steps: int, instruments: Sequence[Any]) -> Any:
+    from epass.errors import PipelineError
     from epass.manager import PassManager
-    from epass.pipeline import PipelineError
 
     try:
         return PassManager.from_text(text, steps=steps, instruments=instruments)
@@ -556,7 +548,7 @@ def _human(n: float) -> str:
 
 def inspect_program(ep: ExportedProgram) -> dict[str, Any]:
     """What ``epass inspect`` shows, as JSON-ready data."""
-    from epass.manager import op_histogram
+    from epass.records import op_histogram
 
     sig = ep.graph_signature
     by_dtype: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
@@ -648,8 +640,9 @@ def _demo_program() -> ExportedProgram:
 
 def _demo_pipeline() -> tuple[Any, str]:
     """The ``lower`` preset when it is installed, else ``decompose``."""
+    from epass.errors import RegistryError
     from epass.manager import PassManager
-    from epass.registry import RegistryError, create_pass
+    from epass.pipeline import create_pass
 
     try:
         create_pass("lower")

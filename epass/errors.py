@@ -1,16 +1,50 @@
-"""The epass error hierarchy: every error names the pass, key or position at fault."""
+"""Every public epass error: all are ``EpassError`` and name the pass, key or position at fault.
+
+=========================  ==========================================================
+error                      raised when
+=========================  ==========================================================
+``PassError``              a pass failed inside a pipeline (subclasses say how)
+``VerificationError``      a pass's output fails torch's verifier or the state checks
+``StateConflictError``     ``strict`` linking found changed state keys
+``StateMutationError``     a pass wrote into a tensor of the shared store
+``InstrumentError``        an instrument raised in one of its hooks
+``OrderingError``          a pipeline breaks a ``run_before`` / ``run_after`` constraint
+``ProgramError``           a program is inconsistent (``verify_program``)
+``RegistryError``          a pass name cannot be registered or resolved
+``PipelineError``          pipeline text does not parse or names something unknown
+``DecompositionError``     torch's decomposition failed on a node
+``NumericsDriftError``     ``NumericsCheck`` found outputs beyond tolerance
+``ArgumentTypeError``      an argument has the wrong type (also a ``TypeError``)
+``ArgumentValueError``     an argument has a bad value (also a ``ValueError``)
+``CliError``               the ``epass`` command stops with a one-line message
+=========================  ==========================================================
+
+Errors that describe bad arguments also derive from the matching builtin
+(``TypeError``, ``ValueError``, ``LookupError``...), so existing ``except`` clauses
+keep working.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 __all__ = [
+    "ArgumentTypeError",
+    "ArgumentValueError",
+    "CliError",
+    "DecompositionError",
     "EpassError",
     "InstrumentError",
+    "NumericsDriftError",
     "OrderingError",
     "PassError",
+    "PipelineError",
+    "PluginError",
+    "ProgramError",
+    "RegistryError",
     "StateConflictError",
     "StateMutationError",
+    "UnknownPassError",
     "VerificationError",
 ]
 
@@ -19,8 +53,28 @@ class EpassError(Exception):
     """Base class of every error epass raises on purpose."""
 
 
+class ArgumentTypeError(EpassError, TypeError):
+    """An argument of an epass function or class has the wrong type."""
+
+
+class ArgumentValueError(EpassError, ValueError):
+    """An argument of an epass function or class has a value it cannot take."""
+
+
 class OrderingError(EpassError, ValueError):
     """A pipeline breaks a pass's declared ``run_before`` / ``run_after`` constraint."""
+
+
+class ProgramError(EpassError, ValueError):
+    """A program is inconsistent: torch's verifier or the state checks reject it.
+
+    Attributes:
+        problems: one readable line per problem found.
+    """
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        self.problems = tuple(problems)
+        super().__init__(message)
 
 
 class PassError(EpassError):
@@ -31,6 +85,9 @@ class PassError(EpassError):
         index: its position in the pipeline (0-based).
         step: the fixed-point round (0-based).
         previous: names of the passes that ran before it in this round.
+        reason: the message without the location.
+        reported: whether instruments were already told (``pass_failed``) about
+            this error; the manager of a nested pipeline reports it once.
     """
 
     def __init__(
@@ -42,12 +99,23 @@ class PassError(EpassError):
         step: int | None = None,
         previous: Sequence[str] = (),
     ) -> None:
+        self.reported = False
+        self._locate(message, pass_name, index, step, previous)
+        super().__init__(self._render(message))
+
+    def _locate(
+        self,
+        message: str,
+        pass_name: str | None,
+        index: int | None,
+        step: int | None,
+        previous: Sequence[str],
+    ) -> None:
         self.pass_name = pass_name
         self.index = index
         self.step = step
         self.previous = tuple(previous)
         self.reason = message
-        super().__init__(self._render(message))
 
     def _render(self, message: str) -> str:
         if self.pass_name is None:
@@ -60,6 +128,20 @@ class PassError(EpassError):
         if self.previous:
             text += f"\n  passes before it: {', '.join(self.previous)}"
         return text
+
+    def nest(
+        self,
+        *,
+        pass_name: str | None,
+        index: int | None = None,
+        step: int | None = None,
+        previous: Sequence[str] = (),
+    ) -> None:
+        """Name the enclosing pipeline's pass as the location: a nested pipeline
+        failed with this error, which keeps its class and attributes."""
+        message = f"in nested pipeline: {self}"
+        self._locate(message, pass_name, index, step, previous)
+        self.args = (self._render(message),)
 
     def add_note_line(self, line: str) -> None:
         """Append a line to the message (for instance, where a reproducer was written)."""
@@ -106,3 +188,95 @@ class InstrumentError(PassError):
         self.instrument = instrument
         self.hook = hook
         super().__init__(message, **kwargs)  # type: ignore[arg-type]
+
+
+class RegistryError(EpassError, LookupError):
+    """A pass name cannot be registered or resolved."""
+
+    def __str__(self) -> str:  # LookupError would quote the message like a KeyError
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownPassError(RegistryError):
+    """No pass is registered under a name.
+
+    Attributes:
+        name: the name asked for.
+        suggestions: close registered names, best first.
+    """
+
+    def __init__(self, name: str, suggestions: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.suggestions = suggestions
+        hint = f"; did you mean {suggestions[0]!r}?" if suggestions else ""
+        super().__init__(f"unknown pass {name!r}{hint}")
+
+
+class PluginError(RegistryError):
+    """A registered pass could not be loaded, or two providers claim one name."""
+
+
+class PipelineError(EpassError, ValueError):
+    """Pipeline text that does not parse or names something unknown.
+
+    ``str(error)`` is the one-line reason followed by the text and a caret line
+    under the offending column.
+
+    Attributes:
+        reason: the one-line reason (with the column).
+        text: the pipeline text.
+        column: 1-based column of the problem.
+    """
+
+    def __init__(self, message: str, text: str, pos: int, hint: str = "") -> None:
+        self.text = text
+        self.pos = pos
+        line_start = text.rfind("\n", 0, pos) + 1
+        line_end = text.find("\n", pos)
+        line_end = len(text) if line_end < 0 else line_end
+        self.line = text.count("\n", 0, pos) + 1
+        self.column = pos - line_start + 1
+        where = f"column {self.column}"
+        if self.line > 1:
+            where = f"line {self.line}, {where}"
+        self.reason = f"{message} at {where}{hint}"
+        self.context = f"  {text[line_start:line_end]}\n  {' ' * (pos - line_start)}^"
+        super().__init__(f"{self.reason}\n{self.context}")
+
+
+class DecompositionError(EpassError, RuntimeError):
+    """``run_decompositions`` failed; names the graph node and op it failed on.
+
+    Attributes:
+        node: the name of the node being executed when tracing failed (or None).
+        op: that node's target as text (or None).
+        suggestion: an actionable workaround, when one is known (or None).
+    """
+
+    def __init__(
+        self, message: str, *, node: str | None, op: str | None, suggestion: str | None
+    ) -> None:
+        super().__init__(message)
+        self.node = node
+        self.op = op
+        self.suggestion = suggestion
+
+
+class NumericsDriftError(EpassError, AssertionError):
+    """Raised by ``NumericsCheck(raise_on_drift=True)``; names the pass and the error."""
+
+
+class CliError(EpassError):
+    """A failure the ``epass`` command reports as one line, with its exit code.
+
+    Attributes:
+        reason: the one-line message.
+        code: the exit code (2 for bad arguments, files or pipeline text).
+        context: extra lines shown under the message (a caret line, say).
+    """
+
+    def __init__(self, reason: str, code: int = 2, context: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+        self.context = context

@@ -2,126 +2,83 @@
 
 from __future__ import annotations
 
-import collections
 import graphlib
+import hashlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _program, registry
 from epass.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    EpassError,
     OrderingError,
     PassError,
+    ProgramError,
     StateConflictError,
     StateMutationError,
     VerificationError,
 )
-from epass.instruments import Dispatch, PassInfo
-from epass.linker import Journal, LinkReport, StateLinker
+from epass.instrumentation import Dispatch
+from epass.linker import Journal, StateLinker
 from epass.protocol import PassResult, adapt, ordering_names, pass_name
+from epass.records import PassInfo, PassRecord, PipelineResult, op_delta, op_histogram
 from epass.verify import verify_program
 
-__all__ = ["PassManager", "PassRecord", "PipelineResult", "coalesce", "op_histogram"]
+__all__ = [
+    "PassManager",
+    "PassRecord",
+    "PipelineResult",
+    "TextLayer",
+    "coalesce",
+    "install_text_layer",
+    "resolve_pass",
+]
 
 logger = logging.getLogger("epass")
 
 
-@attrs.frozen
-class PassRecord:
-    """What happened when one pass ran once.
+class TextLayer(Protocol):
+    """What the engine needs from the pipeline-text layer, which sits above it."""
 
-    Attributes:
-        name: the pass's name.
-        index: its position in its pipeline.
-        step: the fixed-point round.
-        seconds: wall time of the pass call itself.
-        modified: whether the pass changed the program.
-        nodes_before / nodes_after: graph node counts around the pass.
-        op_delta: change in the count of each call_function target (nonzero only).
-        link: how the output's state was linked (None when unmodified or skipped).
-        skipped: whether the pass was skipped as a no-op; ``skip_reason`` says why.
-        depth: nesting depth (0 for the top-level pipeline).
-        children: records of a nested pipeline's passes.
-    """
+    def parse(self, text: str) -> list[Any]: ...
 
-    name: str
-    index: int
-    step: int
-    seconds: float
-    modified: bool
-    nodes_before: int
-    nodes_after: int
-    op_delta: Mapping[str, int] = attrs.field(factory=dict)
-    link: LinkReport | None = None
-    skipped: bool = False
-    skip_reason: str | None = None
-    depth: int = 0
-    children: tuple[PassRecord, ...] = ()
+    def create(self, spec: str) -> Any: ...
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form with stable keys."""
-        return {
-            "name": self.name,
-            "index": self.index,
-            "step": self.step,
-            "seconds": self.seconds,
-            "modified": self.modified,
-            "nodes_before": self.nodes_before,
-            "nodes_after": self.nodes_after,
-            "op_delta": dict(self.op_delta),
-            "link": self.link.as_dict() if self.link is not None else None,
-            "skipped": self.skipped,
-            "skip_reason": self.skip_reason,
-            "depth": self.depth,
-            "children": [c.as_dict() for c in self.children],
-        }
+    def print(self, pm: PassManager) -> str: ...
 
 
-@attrs.frozen
-class PipelineResult(PassResult):
-    """A pipeline's output program, whether anything changed, and one record per pass run."""
-
-    records: tuple[PassRecord, ...] = ()
-
-    @property
-    def shared(self) -> bool:
-        """True when the output's dicts are the input's dict objects."""
-        return all(r.link is None or r.link.shared for r in self.records)
-
-    def summary(self) -> str:
-        """A plain-text table of the records."""
-        lines = [f"{'pass':<24} {'step':>4} {'seconds':>9} {'nodes':>13}  state"]
-        for r in _flatten(self.records):
-            if r.skipped:
-                state = f"skipped: {r.skip_reason}"
-            elif r.link is None:
-                state = "unchanged"
-            else:
-                state = r.link.summary()
-            nodes = f"{r.nodes_before}->{r.nodes_after}"
-            name = "  " * r.depth + r.name
-            lines.append(f"{name:<24} {r.step:>4} {r.seconds:>9.4f} {nodes:>13}  {state}")
-        return "\n".join(lines)
+# epass.pipeline installs itself here when it is imported (importing epass does),
+# so that PassManager.from_text and string passes need no upward import.
+_text_layer: TextLayer | None = None
 
 
-def _flatten(records: Iterable[PassRecord]) -> Iterable[PassRecord]:
-    for r in records:
-        yield r
-        yield from _flatten(r.children)
+def install_text_layer(layer: TextLayer) -> None:
+    """Give the engine its parser and printer of pipeline text (done by epass.pipeline)."""
+    global _text_layer
+    _text_layer = layer
 
 
-def op_histogram(ep: ExportedProgram) -> collections.Counter[str]:
-    """How many times each call_function target occurs in the top-level graph."""
-    return collections.Counter(str(n.target) for n in ep.graph.nodes if n.op == "call_function")
+def _text() -> TextLayer:
+    if _text_layer is None:  # only when epass.manager is loaded without the package
+        raise EpassError("pipeline text needs epass.pipeline; import epass first")
+    return _text_layer
 
 
-def _op_delta(a: collections.Counter[str], b: collections.Counter[str]) -> dict[str, int]:
-    return {k: b[k] - a[k] for k in sorted(a.keys() | b.keys()) if b[k] != a[k]}
+def resolve_pass(p: Any, position: int | None = None) -> Any:
+    """A pass object for ``p``: registered names and pipeline text through the text
+    layer, everything else through :func:`~epass.protocol.adapt`."""
+    if isinstance(p, str):
+        if _text_layer is None and registry.NAME_PATTERN.fullmatch(p.strip()):
+            return registry.instantiate(p.strip(), {})
+        return _text().create(p)
+    return adapt(p, position=position)
 
 
 def _matches(p: Any, target: Any) -> bool:
@@ -183,8 +140,6 @@ def _store_versions(ep: ExportedProgram) -> dict[tuple[str, str], int | None]:
 
 
 def _fingerprint(ep: ExportedProgram) -> dict[tuple[str, str], int]:
-    import hashlib
-
     out: dict[tuple[str, str], int] = {}
     for label, d in (("state_dict", ep.state_dict), ("constants", ep.constants)):
         for key, value in d.items():
@@ -203,7 +158,7 @@ class _Prepared:
     versions: dict[tuple[str, str], int | None]
     prints: dict[tuple[str, str], int] | None
     nodes_before: int
-    ops_before: collections.Counter[str]
+    ops_before: dict[str, int]
 
 
 class PassManager:
@@ -244,15 +199,15 @@ class PassManager:
         name: str = "pipeline",
     ) -> None:
         if isinstance(passes, (str, bytes)) or not isinstance(passes, Iterable):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"PassManager takes a list of passes, got {type(passes).__name__}; "
                 "use PassManager.from_text for a textual pipeline"
             )
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(f"steps must be a positive int, got {steps!r}")
+            raise ArgumentValueError(f"steps must be a positive int, got {steps!r}")
         if linker is not None and not isinstance(linker, StateLinker):
-            raise TypeError(f"linker must be a StateLinker, got {type(linker).__name__}")
-        self.passes = coalesce([adapt(p, position=i) for i, p in enumerate(passes)])
+            raise ArgumentTypeError(f"linker must be a StateLinker, got {type(linker).__name__}")
+        self.passes = coalesce([resolve_pass(p, i) for i, p in enumerate(passes)])
         check_ordering(self.passes)
         self.steps = steps
         self.linker = linker if linker is not None else StateLinker()
@@ -270,11 +225,9 @@ class PassManager:
         """Build a manager from pipeline text, such as ``"decompose, repeat(2, [dce])"``.
 
         Keyword arguments go to the constructor. See ``docs/pipelines.md`` for the
-        grammar; errors are :class:`epass.pipeline.PipelineError` with a caret line.
+        grammar; errors are :class:`epass.PipelineError` with a caret line.
         """
-        from epass.pipeline import parse_pipeline
-
-        return cls(parse_pipeline(text), **kwargs)
+        return cls(_text().parse(text), **kwargs)
 
     def to_text(self) -> str:
         """The pipeline text that :meth:`from_text` reads back into this pipeline.
@@ -282,18 +235,15 @@ class PassManager:
         Raises ValueError when a pass is not registered or has an option with no
         textual form. ``steps > 1`` prints as ``repeat(steps, [...])``.
         """
-        from epass.pipeline import to_text
-
-        text = to_text(self.passes)
-        return f"repeat({self.steps}, [{text}])" if self.steps > 1 else text
+        return _text().print(self)
 
     def run(self, ep: ExportedProgram) -> ExportedProgram:
         """Run the pipeline and return the resulting program."""
-        return self._execute(ep, inherited=(), depth=0).program
+        return self._execute(ep, inherited=(), parent=None).program
 
     def __call__(self, ep: ExportedProgram) -> PipelineResult:
         """Run the pipeline and return the program, ``modified`` and the records."""
-        return self._execute(ep, inherited=(), depth=0)
+        return self._execute(ep, inherited=(), parent=None)
 
     # The pass is called straight from this loop, not from a helper: torch's tracer
     # symbolizes the whole Python stack for each node it creates without a stack
@@ -301,16 +251,17 @@ class PassManager:
     # per node (benchmarks/bench_core.py measures a bare run_decompositions()
     # called from 20 more frames).
     def _execute(
-        self, ep: ExportedProgram, *, inherited: Sequence[Any], depth: int
+        self, ep: ExportedProgram, *, inherited: Sequence[Any], parent: PassInfo | None
     ) -> PipelineResult:
         if not isinstance(ep, ExportedProgram):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"{self.name} expects an ExportedProgram, got {type(ep).__name__}; "
                 "call torch.export.export(module, args) first"
             )
         dispatch = Dispatch([*inherited, *self.instruments])
+        depth = 0 if parent is None else parent.depth + 1
         if dispatch:
-            dispatch.call("before_pipeline", self, ep)
+            dispatch.call("before_pipeline", self, ep, parent=parent)
         journal = Journal()
         records: list[PassRecord] = []
         current = ep
@@ -320,7 +271,7 @@ class PassManager:
                 round_modified = False
                 ran: list[str] = []
                 for index, p in enumerate(self.passes):
-                    info = PassInfo(p, pass_name(p), index, step, depth)
+                    info = PassInfo(p, pass_name(p), index, step, depth, parent, self)
                     where: dict[str, Any] = {
                         "pass_name": info.name,
                         "index": index,
@@ -338,7 +289,7 @@ class PassManager:
                                     out: Any = p._execute(
                                         prepared.view,
                                         inherited=dispatch.instruments,
-                                        depth=depth + 1,
+                                        parent=info,
                                     )
                                 else:
                                     out = p(prepared.view)
@@ -367,7 +318,7 @@ class PassManager:
         result = PipelineResult(current, modified, tuple(records))
         if dispatch:
             try:
-                dispatch.call("after_pipeline", self, result)
+                dispatch.call("after_pipeline", self, result, parent=parent)
             except BaseException:
                 journal.rollback()
                 raise
@@ -418,8 +369,8 @@ class PassManager:
         dispatch: Dispatch, info: PassInfo, program: ExportedProgram, error: PassError
     ) -> None:
         # A nested pipeline reports its own failures; the outer levels do not repeat them.
-        if dispatch and not getattr(error, "_reported", False):
-            error._reported = True  # type: ignore[attr-defined]
+        if dispatch and not error.reported:
+            error.reported = True
             dispatch.call("pass_failed", info, program, error, info=info)
 
     def _raise_failure(
@@ -440,12 +391,9 @@ class PassManager:
         if not isinstance(exc, PassError):
             raise PassError(f"{type(exc).__name__}: {exc}", **where) from exc
         if isinstance(p, PassManager):
-            # Same class and attributes (keys, instrument...), named at this level.
-            wrapped = type(exc).__new__(type(exc))
-            wrapped.__dict__.update(exc.__dict__)
-            PassError.__init__(wrapped, f"in nested pipeline: {exc}", **where)
-            wrapped._reported = getattr(exc, "_reported", False)  # type: ignore[attr-defined]
-            raise wrapped from exc
+            # Same error object, class and attributes (keys, instrument...), named at
+            # this level.
+            exc.nest(**where)
         raise exc
 
     def _finish(
@@ -471,9 +419,10 @@ class PassManager:
             try:
                 verify_program(program)
             except Exception as exc:
-                raise VerificationError(
-                    f"its output does not verify: {type(exc).__name__}: {exc}", **where
-                ) from exc
+                detail = (
+                    str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
+                )
+                raise VerificationError(f"its output does not verify: {detail}", **where) from exc
         ensures = getattr(p, "ensures", None)
         if ensures is not None and ensures(program) is False:
             raise PassError("its postcondition (ensures) does not hold on its result", **where)
@@ -492,10 +441,11 @@ class PassManager:
             modified=modified,
             nodes_before=prepared.nodes_before,
             nodes_after=len(program.graph.nodes),
-            op_delta=_op_delta(prepared.ops_before, op_histogram(program)) if modified else {},
+            op_delta=op_delta(prepared.ops_before, op_histogram(program)) if modified else {},
             link=link,
             depth=info.depth,
             children=out.records if isinstance(p, PassManager) else (),
+            notes=_notes(out),
         )
         if dispatch:
             dispatch.call("after_pass", info, program, record, info=info)
@@ -545,3 +495,9 @@ def _normalize(
         "ExportedProgram or a PassResult(program, modified)",
         **where,
     )
+
+
+def _notes(out: Any) -> dict[str, Any]:
+    """The JSON-ready ``notes`` a pass's result carries, if any."""
+    notes = getattr(out, "notes", None)
+    return dict(notes) if isinstance(notes, Mapping) else {}

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from epass.errors import ArgumentTypeError, ArgumentValueError, EpassError
 from epass.linker import LinkReport, StateLinker
 from epass.manager import PassManager
 
@@ -61,7 +62,7 @@ def export(
         assert onnx_program.exported_program.state_dict is ep.state_dict
     """
     if onnx_kwargs.pop("dynamo", True) is not True:
-        raise ValueError("epass.onnx.export needs the dynamo exporter; drop dynamo=False")
+        raise ArgumentValueError("epass.onnx.export needs the dynamo exporter; drop dynamo=False")
     if isinstance(ep_or_module, ExportedProgram):
         ep = ep_or_module
         onnx_kwargs.pop("dynamic_shapes", None)  # already part of the program
@@ -74,7 +75,7 @@ def export(
             strict=onnx_kwargs.pop("strict", False),
         )
     else:
-        raise TypeError(
+        raise ArgumentTypeError(
             "epass.onnx.export takes an ExportedProgram or an nn.Module, "
             f"got {type(ep_or_module).__name__}"
         )
@@ -82,7 +83,7 @@ def export(
     program = manager.run(ep) if manager is not None else ep
     onnx_program = torch.onnx.export(program, tuple(args), dynamo=True, **onnx_kwargs)
     if onnx_program is None:  # pragma: no cover - only for dynamo=False
-        raise RuntimeError("torch.onnx.export returned no ONNXProgram")
+        raise EpassError("torch.onnx.export returned no ONNXProgram")
     report = relink(onnx_program, program)
     logger.debug("onnx: relinked exported_program state: %s", report.summary())
     return onnx_program
@@ -97,5 +98,5 @@ def relink(onnx_program: Any, program: ExportedProgram) -> LinkReport:
     """
     exported = onnx_program.exported_program
     if exported is None:
-        raise ValueError("this ONNXProgram carries no exported_program to relink")
+        raise ArgumentValueError("this ONNXProgram carries no exported_program to relink")
     return StateLinker().link(program, exported, pass_name="torch.onnx.export").report

@@ -25,8 +25,6 @@ Example::
 
 from __future__ import annotations
 
-import difflib
-import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -34,10 +32,17 @@ from typing import Any
 import attrs
 import torch
 
-from epass.errors import EpassError
+from epass import manager, registry
+from epass.errors import ArgumentTypeError, ArgumentValueError, PipelineError
+from epass.manager import PassManager
+from epass.protocol import pass_name
+from epass.registry import format_value
 
 __all__ = [
     "FIXPOINT_DEFAULT_MAX",
+    "create_pass",
+    "from_text",
+    "manager_text",
     "Group",
     "PassSpec",
     "PipelineError",
@@ -50,34 +55,6 @@ __all__ = [
 ]
 
 FIXPOINT_DEFAULT_MAX = 10
-
-
-class PipelineError(EpassError, ValueError):
-    """Pipeline text that does not parse or names something unknown.
-
-    ``str(error)`` is the one-line reason followed by the text and a caret line
-    under the offending column.
-
-    Attributes:
-        reason: the one-line reason (with the column).
-        text: the pipeline text.
-        column: 1-based column of the problem.
-    """
-
-    def __init__(self, message: str, text: str, pos: int, hint: str = "") -> None:
-        self.text = text
-        self.pos = pos
-        line_start = text.rfind("\n", 0, pos) + 1
-        line_end = text.find("\n", pos)
-        line_end = len(text) if line_end < 0 else line_end
-        self.line = text.count("\n", 0, pos) + 1
-        self.column = pos - line_start + 1
-        where = f"column {self.column}"
-        if self.line > 1:
-            where = f"line {self.line}, {where}"
-        self.reason = f"{message} at {where}{hint}"
-        self.context = f"  {text[line_start:line_end]}\n  {' ' * (pos - line_start)}^"
-        super().__init__(f"{self.reason}\n{self.context}")
 
 
 # --- syntax tree --------------------------------------------------------------
@@ -335,35 +312,14 @@ def _operator(text: str) -> Any:
         parts = parts[2:]
     if len(parts) not in (2, 3):
         return None
-    obj = _lookup(parts)
-    return obj if obj is not None and _operator_text(obj) is not None else None
-
-
-def _lookup(parts: list[str]) -> Any:
-    """``torch.ops.<parts...>``, or None when any part is missing."""
-    try:
-        obj: Any = getattr(torch.ops, parts[0])
-        for part in parts[1:]:
-            obj = getattr(obj, part)
-    except (AttributeError, RuntimeError):
-        return None
-    return obj
-
-
-def _operator_text(value: Any) -> str | None:
-    """``aten.gelu.default`` for a torch operator (overload or packet), else None."""
-    if isinstance(value, (str, bytes, int, float, type)) or not callable(value):
-        return None
-    text = str(value)
-    if not re.fullmatch(r"[A-Za-z_]\w*\.[A-Za-z_]\w*(\.[A-Za-z_]\w*)?", text):
-        return None
-    return text if _lookup(text.split(".")) is value else None
+    obj = registry.lookup_operator(parts)
+    return obj if obj is not None and registry.operator_text(obj) is not None else None
 
 
 def parse(text: str) -> tuple[Item, ...]:
     """Parse pipeline text into its syntax tree (names are not resolved)."""
     if not isinstance(text, str):
-        raise TypeError(f"pipeline text must be a str, got {type(text).__name__}")
+        raise ArgumentTypeError(f"pipeline text must be a str, got {type(text).__name__}")
     parser = _Parser(text)
     return parser.pipeline(None)
 
@@ -373,9 +329,6 @@ def parse(text: str) -> tuple[Item, ...]:
 
 def build(items: Sequence[Item], text: str) -> list[Any]:
     """Turn a syntax tree into pass objects through the registry."""
-    from epass import registry
-    from epass.manager import PassManager
-
     out: list[Any] = []
     for item in items:
         if isinstance(item, Group):
@@ -409,37 +362,6 @@ def parse_pipeline(text: str) -> list[Any]:
 
 # --- printing -----------------------------------------------------------------
 
-_BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def format_value(value: Any) -> str:
-    """The pipeline-text form of an option value; raises ValueError if it has none."""
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-        for raw, esc in (("\n", "\\n"), ("\t", "\\t"), ("\r", "\\r"), ("\0", "\\0")):
-            escaped = escaped.replace(raw, esc)
-        return f'"{escaped}"'
-    if isinstance(value, torch.dtype):
-        return str(value).removeprefix("torch.")
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(format_value(v) for v in value) + "]"
-    op = _operator_text(value)
-    if op is not None:
-        return op
-    raise ValueError(f"{value!r} ({type(value).__name__}) has no textual form")
-
 
 def format_item(item: Item) -> str:
     if isinstance(item, Group):
@@ -460,10 +382,6 @@ def format_pipeline(items: Iterable[Item]) -> str:
 
 def spec_tree(passes: Iterable[Any]) -> tuple[Item, ...]:
     """The syntax tree that recreates these pass objects; ValueError if one has no name."""
-    from epass import registry
-    from epass.manager import PassManager
-    from epass.protocol import pass_name
-
     out: list[Item] = []
     for p in passes:
         spec = registry.spec_of(p)
@@ -474,7 +392,7 @@ def spec_tree(passes: Iterable[Any]) -> tuple[Item, ...]:
             kind = "fixpoint" if p.name == "fixpoint" else "repeat"
             out.append(Group(kind, p.steps, spec_tree(p.passes)))
         else:
-            raise ValueError(
+            raise ArgumentValueError(
                 f"pass {pass_name(p)!r} ({type(p).__name__}) is not registered, so it has no "
                 "textual form; register it with epass.register_pass"
             )
@@ -489,7 +407,7 @@ def to_text(passes: Iterable[Any]) -> str:
             try:
                 format_value(value)
             except ValueError as exc:
-                raise ValueError(f"option {key!r} of pass {item.name!r}: {exc}") from None
+                raise ArgumentValueError(f"option {key!r} of pass {item.name!r}: {exc}") from None
     return format_pipeline(tree)
 
 
@@ -501,6 +419,58 @@ def _walk(items: Iterable[Item]) -> Iterable[PassSpec]:
             yield item
 
 
-def suggest(name: str, names: Iterable[str]) -> str | None:
-    close = difflib.get_close_matches(name, list(names), n=1)
-    return close[0] if close else None
+def create_pass(spec: str, /, **options: Any) -> Any:
+    """Make a pass from a registered name and options, or from pipeline text.
+
+    ``create_pass("cast-dtype", dtype=torch.bfloat16)`` and
+    ``create_pass("cast-dtype(dtype=bfloat16)")`` give the same pass. Text holding
+    several passes (``"decompose, dce"``) gives a nested :class:`~epass.PassManager`.
+    """
+    if not isinstance(spec, str):
+        raise ArgumentTypeError(
+            f"create_pass takes a name or pipeline text, got {type(spec).__name__}"
+        )
+    if registry.NAME_PATTERN.fullmatch(spec.strip()):
+        try:
+            return registry.instantiate(spec.strip(), options)
+        except (TypeError, ValueError) as exc:
+            error = ArgumentTypeError if isinstance(exc, TypeError) else ArgumentValueError
+            raise error(f"bad options for pass {spec.strip()!r}: {registry.reason(exc)}") from exc
+    if options:
+        raise ArgumentTypeError("pass options either in the text or as keywords, not both")
+    passes = parse_pipeline(spec)
+    return passes[0] if len(passes) == 1 else PassManager(passes, name=spec.strip())
+
+
+def from_text(text: str, **kwargs: Any) -> PassManager:
+    """A :class:`~epass.PassManager` for pipeline text; keywords go to its constructor."""
+    return PassManager(parse_pipeline(text), **kwargs)
+
+
+def manager_text(pm: PassManager) -> str:
+    """The pipeline text that :func:`from_text` reads back into ``pm``'s pipeline.
+
+    Raises ValueError when a pass is not registered or has an option with no
+    textual form. ``steps > 1`` prints as ``repeat(steps, [...])``.
+    """
+    text = to_text(pm.passes)
+    return f"repeat({pm.steps}, [{text}])" if pm.steps > 1 else text
+
+
+class _Text:
+    """The text layer as the engine sees it (:meth:`PassManager.from_text`, string passes)."""
+
+    @staticmethod
+    def parse(text: str) -> list[Any]:
+        return parse_pipeline(text)
+
+    @staticmethod
+    def create(spec: str) -> Any:
+        return create_pass(spec)
+
+    @staticmethod
+    def print(pm: PassManager) -> str:
+        return manager_text(pm)
+
+
+manager.install_text_layer(_Text())

@@ -27,7 +27,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase
 
-from epass import _program
+from epass import _graph
+from epass.errors import ArgumentTypeError
 
 __all__ = [
     "FxPass",
@@ -68,7 +69,7 @@ class Pass(Protocol):
     def __call__(self, ep: ExportedProgram, /) -> PassResult | ExportedProgram: ...
 
 
-PassLike: TypeAlias = "Pass | PassBase | Callable[[ExportedProgram], Any] | str"
+PassLike: TypeAlias = "Pass | PassBase | Callable[[ExportedProgram], Any]"
 
 
 def pass_name(p: Any) -> str:
@@ -108,7 +109,7 @@ class FxPass:
 
     def __init__(self, fn: Callable[[torch.fx.GraphModule], Any], *, name: str | None = None):
         if not callable(fn):
-            raise TypeError(f"FxPass needs a callable, got {type(fn).__name__}")
+            raise ArgumentTypeError(f"FxPass needs a callable, got {type(fn).__name__}")
         self.fn = fn
         self.name = name or pass_name(fn)
 
@@ -116,50 +117,20 @@ class FxPass:
         return f"FxPass({self.name})"
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
-        gm = _program.copy_graph_module(ep.graph_module)
-        before = _program.graph_code(gm)
-        out = self.fn(gm)
-        if out is None:
-            new_gm, modified = gm, None
-        elif isinstance(out, torch.fx.GraphModule):
-            new_gm, modified = out, None
-        elif hasattr(out, "graph_module") and hasattr(out, "modified"):
-            new_gm, modified = out.graph_module, bool(out.modified)
-        else:
-            raise TypeError(
-                f"fx pass {self.name!r} returned {type(out).__name__}; expected a "
-                "torch.fx PassResult, a GraphModule or None"
-            )
-        if not isinstance(new_gm, torch.fx.GraphModule):
-            raise TypeError(
-                f"fx pass {self.name!r} returned a result whose graph_module is "
-                f"{type(new_gm).__name__}, not a GraphModule"
-            )
-        code = _program.graph_code(new_gm)  # recompiles every graph
-        if modified is None:
-            modified = code != before
-        if not modified:
-            return PassResult(ep, False)
-        if _program.has_tensor_attributes(new_gm):
-            # torch.export's verifier rejects tensor get_attr nodes: lift them to
-            # constants so that a rewrite that registers a tensor just works.
-            from epass.passes.lift_constants import lift_constants
-
-            return PassResult(lift_constants(ep, new_gm), True)
-        return PassResult(_program.rebuild_from_graph_module(ep, new_gm), True)
+        program, modified = _graph.run_graph_pass(ep, self.fn, self.name)
+        return PassResult(program, modified)
 
 
 def adapt(p: Any, *, position: int | None = None) -> Any:
-    """Turn a pass-like object into something the manager can call, or raise TypeError."""
-    if isinstance(p, str):
-        from epass.registry import create_pass
+    """Turn a pass-like object into something the manager can call, or raise TypeError.
 
-        return create_pass(p)
+    Names and pipeline text are resolved by the manager through the text layer.
+    """
     if isinstance(p, PassBase):
         return FxPass(p, name=pass_name(p))
-    if isinstance(p, (ExportedProgram, torch.nn.Module)) or not callable(p):
+    if isinstance(p, (str, ExportedProgram, torch.nn.Module)) or not callable(p):
         where = f"pipeline position {position}: " if position is not None else ""
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{where}{p!r} ({type(p).__name__}) is not a pass; a pass is a callable "
             "taking an ExportedProgram and returning a PassResult or ExportedProgram, "
             "a torch.fx PassBase, or FxPass(fn) around a GraphModule function"

@@ -26,6 +26,8 @@ import difflib
 import importlib
 import importlib.metadata
 import inspect
+import math
+import pkgutil
 import re
 import threading
 import weakref
@@ -33,8 +35,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, overload
 
 import attrs
+import torch
 
-from epass.errors import EpassError
+from epass.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    PluginError,
+    RegistryError,
+    UnknownPassError,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -43,8 +52,8 @@ __all__ = [
     "PluginError",
     "RegistryError",
     "UnknownPassError",
-    "create_pass",
     "describe_pass",
+    "format_value",
     "get_factory",
     "list_passes",
     "pass_names",
@@ -59,32 +68,6 @@ NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*")
 RESERVED = frozenset({"repeat", "fixpoint", "true", "false", "none", "inf", "nan"})
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class RegistryError(EpassError, LookupError):
-    """A pass name cannot be registered or resolved."""
-
-    def __str__(self) -> str:  # LookupError would quote the message like a KeyError
-        return str(self.args[0]) if self.args else ""
-
-
-class UnknownPassError(RegistryError):
-    """No pass is registered under a name.
-
-    Attributes:
-        name: the name asked for.
-        suggestions: close registered names, best first.
-    """
-
-    def __init__(self, name: str, suggestions: tuple[str, ...] = ()) -> None:
-        self.name = name
-        self.suggestions = suggestions
-        hint = f"; did you mean {suggestions[0]!r}?" if suggestions else ""
-        super().__init__(f"unknown pass {name!r}{hint}")
-
-
-class PluginError(RegistryError):
-    """A registered pass could not be loaded, or two providers claim one name."""
 
 
 BUILTINS: dict[str, str] = {
@@ -120,8 +103,6 @@ class OptionInfo:
     required: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        from epass.pipeline import format_value
-
         try:
             default = None if self.required else format_value(self.default)
         except ValueError:
@@ -379,12 +360,9 @@ def _lookup(name: str) -> _Entry:
 
 
 def _import(target: str) -> Any:
-    module_name, _, attr = target.partition(":")
-    obj: Any = importlib.import_module(module_name.strip())
-    for part in attr.strip().split(".") if attr.strip() else ():
-        obj = getattr(obj, part)
+    obj = pkgutil.resolve_name(target.strip())
     if not callable(obj):
-        raise TypeError(f"{target} is {type(obj).__name__}, not a pass factory")
+        raise ArgumentTypeError(f"{target} is {type(obj).__name__}, not a pass factory")
     return obj
 
 
@@ -487,28 +465,6 @@ def list_passes() -> list[PassEntry]:
     return [describe_pass(name) for name in pass_names()]
 
 
-def create_pass(spec: str | Any, /, **options: Any) -> Any:
-    """Make a pass from a name and options, or from pipeline text.
-
-    ``create_pass("cast-dtype", dtype=torch.bfloat16)`` and
-    ``create_pass("cast-dtype(dtype=bfloat16)")`` give the same pass. Text holding
-    several passes (``"decompose, dce"``) gives a nested :class:`~epass.PassManager`.
-    """
-    if not isinstance(spec, str):
-        raise TypeError(f"create_pass takes a name or pipeline text, got {type(spec).__name__}")
-    if NAME_PATTERN.fullmatch(spec.strip()):
-        try:
-            return instantiate(spec.strip(), options)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"bad options for pass {spec.strip()!r}: {reason(exc)}") from exc
-    if options:
-        raise TypeError("pass options either in the text or as keywords, not both")
-    from epass.pipeline import parse_pipeline
-
-    passes = parse_pipeline(spec)
-    return passes[0] if len(passes) == 1 else _manager(passes, spec)
-
-
 def reason(exc: BaseException) -> str:
     """An exception's message: its first argument when that is the message of a
     multi-argument error (attrs validators raise ``ValueError(message, attribute,
@@ -516,12 +472,6 @@ def reason(exc: BaseException) -> str:
     if len(exc.args) > 1 and isinstance(exc.args[0], str):
         return exc.args[0]
     return str(exc)
-
-
-def _manager(passes: list[Any], text: str) -> Any:
-    from epass.manager import PassManager
-
-    return PassManager(passes, name=text.strip())
 
 
 def instantiate(name: str, options: Mapping[str, Any]) -> Any:
@@ -535,7 +485,7 @@ def instantiate(name: str, options: Mapping[str, Any]) -> Any:
     options = dict(options)
     if entry.is_pass:
         if options:
-            raise TypeError(f"pass {name!r} takes no options, got {sorted(options)}")
+            raise ArgumentTypeError(f"pass {name!r} takes no options, got {sorted(options)}")
         obj = entry.factory
     else:
         known = option_infos(entry.factory)
@@ -546,7 +496,7 @@ def instantiate(name: str, options: Mapping[str, Any]) -> Any:
                 close = difflib.get_close_matches(key, names, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 valid = f" (options: {', '.join(names)})" if names and not close else ""
-                raise TypeError(f"no option {key!r}{hint}{valid}")
+                raise ArgumentTypeError(f"no option {key!r}{hint}{valid}")
         obj = entry.factory(**options)
     obj = _named(obj, name)
     # Objects that are not weak-referenceable print from their attrs fields instead.
@@ -655,3 +605,58 @@ def _same(a: Any, b: Any) -> bool:
         )
     except Exception:
         return False
+
+
+# --- option values as pipeline text ----------------------------------------------
+# The printing half of the pipeline grammar's values: option defaults are described
+# in this form, and epass.pipeline prints pipelines with it.
+
+
+def format_value(value: Any) -> str:
+    """The pipeline-text form of an option value; raises ValueError if it has none."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        for raw, esc in (("\n", "\\n"), ("\t", "\\t"), ("\r", "\\r"), ("\0", "\\0")):
+            escaped = escaped.replace(raw, esc)
+        return f'"{escaped}"'
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    op = operator_text(value)
+    if op is not None:
+        return op
+    raise ArgumentValueError(f"{value!r} ({type(value).__name__}) has no textual form")
+
+
+def lookup_operator(parts: list[str]) -> Any:
+    """``torch.ops.<parts...>``, or None when any part is missing."""
+    try:
+        obj: Any = getattr(torch.ops, parts[0])
+        for part in parts[1:]:
+            obj = getattr(obj, part)
+    except (AttributeError, RuntimeError):
+        return None
+    return obj
+
+
+def operator_text(value: Any) -> str | None:
+    """``aten.gelu.default`` for a torch operator (overload or packet), else None."""
+    if isinstance(value, (str, bytes, int, float, type)) or not callable(value):
+        return None
+    text = str(value)
+    if not re.fullmatch(r"[A-Za-z_]\w*\.[A-Za-z_]\w*(\.[A-Za-z_]\w*)?", text):
+        return None
+    return text if lookup_operator(text.split(".")) is value else None

@@ -11,7 +11,9 @@ store), ``seconds`` (sum over top-level passes), ``nodes_before``, ``nodes_after
 :meth:`epass.PassRecord.as_dict` (``children`` nest the same way) plus ``path``
 (``"lower/dce"`` for nested passes), ``spec`` (the pass as pipeline text, or null),
 ``options`` (JSON values; dtypes and operators as their text) and ``memory``
-(null unless measured).
+(null unless a :class:`~epass.instruments.MemoryAccounting` measured the run, else
+``{"bytes", "new_bytes", "released_bytes", "duplicate_bytes"}`` of the pass's
+output state).
 
 Example::
 
@@ -30,7 +32,13 @@ from typing import Any
 
 import torch
 
-from epass.manager import PassManager, PassRecord, PipelineResult
+from epass._version import __version__
+from epass.errors import ArgumentValueError
+from epass.instruments import MemoryAccounting, MemoryEntry
+from epass.manager import PassManager
+from epass.pipeline import PassSpec, format_item
+from epass.records import PassRecord, PipelineResult
+from epass.registry import format_value, spec_of
 
 __all__ = ["SCHEMA", "build_report", "render_html", "write_report"]
 
@@ -44,8 +52,6 @@ def _json_value(value: Any) -> Any:
         return [_json_value(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): _json_value(v) for k, v in value.items()}
-    from epass.pipeline import format_value
-
     try:
         return format_value(value)
     except ValueError:
@@ -53,10 +59,7 @@ def _json_value(value: Any) -> Any:
 
 
 def _pass_spec(p: Any) -> tuple[str | None, dict[str, Any]]:
-    from epass import registry
-    from epass.pipeline import PassSpec, format_item
-
-    spec = registry.spec_of(p)
+    spec = spec_of(p)
     if spec is None:
         return None, {}
     name, options = spec
@@ -67,19 +70,41 @@ def _pass_spec(p: Any) -> tuple[str | None, dict[str, Any]]:
     return text, {k: _json_value(v) for k, v in options.items()}
 
 
-def _record_dict(record: PassRecord, p: Any, prefix: str) -> dict[str, Any]:
+class _Memory:
+    """MemoryAccounting's entries, taken in run order by (path, step)."""
+
+    def __init__(self, instrument: MemoryAccounting | None) -> None:
+        self.pending: dict[tuple[str, int], list[MemoryEntry]] = {}
+        for e in instrument.entries if instrument is not None else ():
+            self.pending.setdefault((e.path, e.step), []).append(e)
+
+    def take(self, path: str, record: PassRecord) -> dict[str, int] | None:
+        queue = self.pending.get((path, record.step))
+        if record.skipped or not queue:
+            return None
+        e = queue.pop(0)
+        return {
+            "bytes": e.bytes,
+            "new_bytes": e.new_bytes,
+            "released_bytes": e.released_bytes,
+            "duplicate_bytes": e.duplicate_bytes,
+        }
+
+
+def _record_dict(record: PassRecord, p: Any, prefix: str, memory: _Memory) -> dict[str, Any]:
     out: dict[str, Any] = _json_value(record.as_dict())  # tuples become lists, as in JSON
     path = f"{prefix}{record.name}"
     spec, options = _pass_spec(p) if p is not None else (None, {})
     inner = p.passes if isinstance(p, PassManager) else []
+    # MemoryAccounting records a nested pipeline's passes before the pipeline itself.
     out["children"] = [
-        _record_dict(c, inner[c.index] if c.index < len(inner) else None, f"{path}/")
+        _record_dict(c, inner[c.index] if c.index < len(inner) else None, f"{path}/", memory)
         for c in record.children
     ]
     out["path"] = path
     out["spec"] = spec
     out["options"] = options
-    out["memory"] = getattr(record, "memory", None)
+    out["memory"] = memory.take(path, record)
     return out
 
 
@@ -91,10 +116,14 @@ def build_report(
     input_path: str | None = None,
     output_path: str | None = None,
     numerics: Mapping[str, Any] | None = None,
+    memory: MemoryAccounting | None = None,
 ) -> dict[str, Any]:
-    """The JSON-ready report of one pipeline run (see the module docstring for keys)."""
-    import epass
+    """The JSON-ready report of one pipeline run (see the module docstring for keys).
 
+    Give the run's :class:`~epass.instruments.MemoryAccounting` as ``memory`` to
+    fill each pass's ``memory`` key.
+    """
+    measured = _Memory(memory)
     passes = manager.passes if manager is not None else []
     if pipeline is None and manager is not None:
         try:
@@ -104,7 +133,7 @@ def build_report(
     records = result.records
     return {
         "schema": SCHEMA,
-        "epass_version": epass.__version__,
+        "epass_version": __version__,
         "torch_version": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "pipeline": pipeline,
@@ -117,7 +146,8 @@ def build_report(
         "nodes_after": len(result.program.graph.nodes),
         "numerics": dict(numerics) if numerics is not None else None,
         "passes": [
-            _record_dict(r, passes[r.index] if r.index < len(passes) else None, "") for r in records
+            _record_dict(r, passes[r.index] if r.index < len(passes) else None, "", measured)
+            for r in records
         ],
     }
 
@@ -314,5 +344,5 @@ def write_report(path: str | Path, report: Mapping[str, Any]) -> Path:
     elif suffix in (".html", ".htm"):
         path.write_text(render_html(report))
     else:
-        raise ValueError(f"report file must end in .json or .html, got {path.name!r}")
+        raise ArgumentValueError(f"report file must end in .json or .html, got {path.name!r}")
     return path

@@ -6,6 +6,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from epass.errors import ProgramError
+
 __all__ = ["state_problems", "verify_program"]
 
 
@@ -37,8 +39,16 @@ def state_problems(ep: ExportedProgram) -> list[str]:
 
 
 def verify_program(ep: ExportedProgram) -> None:
-    """Run ``ep.validate()`` and the state checks; raise ValueError listing every problem."""
-    ep.validate()
+    """Run ``ep.validate()`` and the state checks.
+
+    Raises:
+        ProgramError: torch's verifier rejects the program, or its state and
+            signature disagree (``problems`` lists every disagreement).
+    """
+    try:
+        ep.validate()
+    except Exception as exc:
+        raise ProgramError(f"{type(exc).__name__}: {exc}", [str(exc)]) from exc
     problems = state_problems(ep)
     if problems:
-        raise ValueError("inconsistent program state:\n  " + "\n  ".join(problems))
+        raise ProgramError("inconsistent program state:\n  " + "\n  ".join(problems), problems)

@@ -27,6 +27,7 @@ from epass import (
     Progress,
     Reproducer,
     Timing,
+    _graph,
     _program,
 )
 from epass.instruments import Instrument, format_delta
@@ -357,7 +358,7 @@ def _replace_weight(ep: torch.export.ExportedProgram) -> PassResult:
     state = dict(ep.state_dict)
     state["lin2.weight"] = nn.Parameter(ep.state_dict["lin1.weight"].detach().clone())
     gm = _program.copy_graph_module(ep.graph_module)
-    return PassResult(_program.rebuild_from_graph_module(ep, gm, state_dict=state), True)
+    return PassResult(_graph.build_program(ep, gm, state_dict=state), True)
 
 
 _replace_weight.name = "replace-weight"  # type: ignore[attr-defined]
@@ -508,7 +509,7 @@ def _adds_a_constant(ep: torch.export.ExportedProgram) -> PassResult:
     state = dict(ep.state_dict)
     state["lin1.bias"] = nn.Parameter(ep.state_dict["lin1.bias"].detach() + 1)
     gm = _program.copy_graph_module(ep.graph_module)
-    return PassResult(_program.rebuild_from_graph_module(ep, gm, state_dict=state), True)
+    return PassResult(_graph.build_program(ep, gm, state_dict=state), True)
 
 
 @pytest.mark.parametrize("hook", HOOKS)

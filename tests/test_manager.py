@@ -24,6 +24,7 @@ from epass import (
     StateLinker,
     StateMutationError,
     VerificationError,
+    _graph,
     _program,
 )
 
@@ -585,7 +586,7 @@ def test_graph_mutating_pass_gets_a_copy_when_submodules_are_shared_with_the_use
     def new_top_level(ep):
         # A new top-level graph whose cond branches are the input's GraphModules.
         gm = torch.fx.GraphModule(ep.graph_module, copy.deepcopy(ep.graph_module.graph))
-        return PassResult(_program.rebuild_from_graph_module(ep, gm), True)
+        return PassResult(_graph.build_program(ep, gm), True)
 
     new_top_level.changes_input = False
 

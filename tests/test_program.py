@@ -8,7 +8,7 @@ import models
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _graph, _program
 
 
 def test_private_fields_exist_and_back_the_public_properties():
@@ -82,10 +82,18 @@ def test_range_constraint_helper_exists():
     assert _get_updated_range_constraints(ep.graph_module, ep.range_constraints)
 
 
-def test_rebuild_from_graph_module_round_trips():
+def test_new_program_round_trips():
     _, ep, args = models.export("mixed")
     gm = _program.copy_graph_module(ep.graph_module)
-    out = _program.rebuild_from_graph_module(ep, gm)
+    out = _program.new_program(ep, gm, ep.graph_signature, dict(ep.state_dict), dict(ep.constants))
+    assert out.graph_signature == ep.graph_signature
+    torch.testing.assert_close(out.module()(*args), ep.module()(*args))
+
+
+def test_build_program_round_trips_an_untagged_copy():
+    _, ep, args = models.export("mixed")
+    gm = _program.copy_graph_module(ep.graph_module)
+    out = _graph.build_program(ep, gm)
     assert out.graph_signature == ep.graph_signature
     torch.testing.assert_close(out.module()(*args), ep.module()(*args))
 

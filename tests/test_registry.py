@@ -76,9 +76,9 @@ def test_agreed_builtin_names_are_registered_without_importing_them() -> None:
 
 def test_register_as_decorator_and_create_with_options(fresh: None) -> None:
     registry.register_pass("scale-test", description="Scale for tests")(Scale)
-    p = registry.create_pass("scale-test", factor=2.5)
+    p = epass.create_pass("scale-test", factor=2.5)
     assert isinstance(p, Scale) and p.factor == 2.5
-    q = registry.create_pass("scale-test(factor=3.0, dtype=bfloat16)")
+    q = epass.create_pass("scale-test(factor=3.0, dtype=bfloat16)")
     assert (q.factor, q.dtype) == (3.0, torch.bfloat16)
     assert epass.register_pass is registry.register_pass
 
@@ -93,12 +93,12 @@ def test_function_pass_and_factory_function(fresh: None) -> None:
     def make(*, factor: int = 2) -> Scale:
         return Scale(factor=float(factor))
 
-    named = registry.create_pass("identity-test")
+    named = epass.create_pass("identity-test")
     assert named.name == "identity-test" and named.inner is identity
     assert not hasattr(identity, "name")  # the user's function is not relabelled
-    assert registry.create_pass("factory-test(factor=4)").factor == 4.0
+    assert epass.create_pass("factory-test(factor=4)").factor == 4.0
     with pytest.raises(TypeError, match="takes no options"):
-        registry.create_pass("identity-test", x=1)
+        epass.create_pass("identity-test", x=1)
     entry = registry.describe_pass("factory-test")
     assert [(o.name, o.default) for o in entry.options] == [("factor", 2)]
     assert registry.describe_pass("identity-test").description == "Return the program unchanged."
@@ -123,7 +123,7 @@ def test_list_passes_reports_description_source_and_options(fresh: None) -> None
 
 def test_unknown_name_suggests_the_nearest() -> None:
     with pytest.raises(UnknownPassError, match="unknown pass 'decompse'; did you mean 'decompose'"):
-        registry.create_pass("decompse")
+        epass.create_pass("decompse")
 
 
 def test_name_clash_names_both_providers(fresh: None) -> None:
@@ -138,7 +138,7 @@ def test_name_clash_names_both_providers(fresh: None) -> None:
     with pytest.raises(RegistryError, match="already registered by epass"):
         registry.register_pass("decompose", Other)
     registry.register_pass("scale-test", Other, replace=True)
-    assert isinstance(registry.create_pass("scale-test"), Other)
+    assert isinstance(epass.create_pass("scale-test"), Other)
 
 
 @pytest.mark.parametrize("bad", ["Fold Constants", "fold--constants", "-x", "repeat", "", "a.b"])
@@ -153,9 +153,9 @@ def test_missing_builtin_module_fails_only_when_used(
     monkeypatch.setitem(registry.BUILTINS, "ghost-pass", "epass.passes.no_such_module:Ghost")
     registry.refresh_plugins()
     assert "ghost-pass" in registry.pass_names()
-    assert isinstance(registry.create_pass("decompose"), Decompose)
+    assert isinstance(epass.create_pass("decompose"), Decompose)
     with pytest.raises(PluginError, match=r"'ghost-pass'.*No module named 'epass.passes.no_such"):
-        registry.create_pass("ghost-pass")
+        epass.create_pass("ghost-pass")
     entry = registry.describe_pass("ghost-pass")
     assert entry.error is not None and "no_such_module" in entry.error
 
@@ -189,7 +189,7 @@ def test_broken_plugin_is_reported_and_breaks_nothing_else(
     assert entries["good-pass"].error is None
     assert entries["good-pass"].description == "A plugin pass that works."
     with pytest.raises(PluginError, match="plugin exploded"):
-        registry.create_pass("broken-pass")
+        epass.create_pass("broken-pass")
     with pytest.raises(epass.PipelineError, match="cannot load pass 'broken-pass' at column 12"):
         PassManager.from_text("decompose, broken-pass")
     assert len(PassManager.from_text("decompose, good-pass").passes) == 2
@@ -203,10 +203,10 @@ def test_two_plugins_with_one_name_name_both(
     monkeypatch.syspath_prepend(str(tmp_path))
     registry.refresh_plugins()
     with pytest.raises(PluginError) as info:
-        registry.create_pass("twin-pass")
+        epass.create_pass("twin-pass")
     message = str(info.value)
     assert "twin-one" in message and "twin-two" in message
-    assert isinstance(registry.create_pass("decompose"), Decompose)
+    assert isinstance(epass.create_pass("decompose"), Decompose)
 
 
 def test_plugin_cannot_shadow_a_builtin(
@@ -216,7 +216,7 @@ def test_plugin_cannot_shadow_a_builtin(
     monkeypatch.syspath_prepend(str(tmp_path))
     registry.refresh_plugins()
     with pytest.raises(PluginError, match=r"epass .*and shadow"):
-        registry.create_pass("decompose")
+        epass.create_pass("decompose")
 
 
 # --- the example plugin, really installed ------------------------------------------

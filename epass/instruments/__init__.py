@@ -1,4 +1,5 @@
-"""Instrumentation: the ``Instrument`` hooks and the built-in instruments.
+"""Instrumentation: the built-in instruments, one per module, on the hooks of
+:mod:`epass.instrumentation`.
 
 ========================  ===================================================
 instrument                what it records
@@ -15,19 +16,15 @@ instrument                what it records
 With no instrument registered the manager skips every hook call.
 """
 
-from epass.instruments._base import Dispatch, Instrument, PassInfo
+from epass.errors import NumericsDriftError
+from epass.instrumentation import Dispatch, Instrument
 from epass.instruments.ir import IRDump, OpCountEntry, OpCounts, PrintIR, format_delta
 from epass.instruments.memory import MemoryAccounting, MemoryEntry, StateMemory, state_memory
-from epass.instruments.numerics import (
-    Drift,
-    NumericsCheck,
-    NumericsDriftError,
-    compare_outputs,
-    run_program,
-)
+from epass.instruments.numerics import Drift, NumericsCheck, compare_outputs, run_program
 from epass.instruments.progress import Progress
 from epass.instruments.reproducer import Reproducer
 from epass.instruments.timing import Timing, TimingRow
+from epass.records import PassInfo
 
 __all__ = [
     "Dispatch",

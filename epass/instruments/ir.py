@@ -14,10 +14,12 @@ from typing import IO, TYPE_CHECKING, Any
 import attrs
 from torch.export import ExportedProgram
 
-from epass.instruments._base import Instrument, PassInfo, _Nesting
+from epass.errors import ArgumentValueError
+from epass.instrumentation import Instrument
+from epass.records import PassInfo, PassRecord, PipelineResult, op_delta, op_histogram
 
 if TYPE_CHECKING:
-    from epass.manager import PassManager, PassRecord, PipelineResult
+    from epass.manager import PassManager
 
 __all__ = ["IRDump", "OpCountEntry", "OpCounts", "PrintIR", "format_delta", "short_op"]
 
@@ -97,7 +99,7 @@ class PrintIR(Instrument):
         directory: str | Path | None = None,
     ) -> None:
         if form not in ("code", "graph"):
-            raise ValueError(f"form must be 'code' or 'graph', got {form!r}")
+            raise ArgumentValueError(f"form must be 'code' or 'graph', got {form!r}")
         self.before = before
         self.after = after
         self.diff = (not before and not after) if diff is None else diff
@@ -107,17 +109,9 @@ class PrintIR(Instrument):
         self.stream = stream
         self.directory = Path(directory) if directory is not None else None
         self.dumps: list[IRDump] = []
-        self._nesting = _Nesting()
         self._inputs: dict[int, str] = {}
 
-    def before_pipeline(self, manager: PassManager, program: ExportedProgram) -> None:
-        self._nesting.enter_pipeline(manager)
-
-    def after_pipeline(self, manager: PassManager, result: PipelineResult) -> None:
-        self._nesting.exit_pipeline(manager)
-
     def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
-        self._nesting.enter_pass(info)
         if not self.selected(info.name):
             return
         text = _graph_text(program, self.form)
@@ -127,7 +121,6 @@ class PrintIR(Instrument):
 
     def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
         before = self._inputs.pop(info.depth, None)
-        self._nesting.exit_pass(info)
         if before is None or (self.only_changed and not record.modified):
             return
         if self.before and self.only_changed:
@@ -136,7 +129,7 @@ class PrintIR(Instrument):
         if self.after:
             self._emit(info, "after", after)
         if self.diff:
-            path = self._nesting.path(info)
+            path = info.path
             lines = difflib.unified_diff(
                 before.splitlines(keepends=True),
                 after.splitlines(keepends=True),
@@ -149,10 +142,9 @@ class PrintIR(Instrument):
         before = self._inputs.pop(info.depth, None)
         if before is not None:
             self._emit(info, "failed", before)
-        self._nesting.exit_pass(info)
 
     def _emit(self, info: PassInfo, kind: str, text: str) -> None:
-        path = self._nesting.path(info)
+        path = info.path
         dump = IRDump(path, info.step, kind, text)
         self.dumps.append(dump)
         if self.directory is not None:
@@ -178,19 +170,6 @@ def format_delta(delta: dict[str, int]) -> str:
     if not gone and not new:
         return "(no change)"
     return " → ".join(part for part in (", ".join(gone), ", ".join(new)) if part)
-
-
-def _target_name(target: Any) -> str:
-    name = str(target)  # "aten.addmm.default" for ATen ops
-    if name.startswith("<"):  # "<built-in function getitem>"
-        name = getattr(target, "__qualname__", name)
-    return name
-
-
-def _histogram(program: ExportedProgram) -> collections.Counter[str]:
-    return collections.Counter(
-        _target_name(n.target) for n in program.graph.nodes if n.op == "call_function"
-    )
 
 
 def _wrap(text: str, head: str, indent: str, width: int) -> list[str]:
@@ -221,8 +200,7 @@ class OpCountEntry:
     @property
     def delta(self) -> dict[str, int]:
         """Nonzero count changes, by op."""
-        keys = sorted(self.before.keys() | self.after.keys())
-        return {k: self.after[k] - self.before[k] for k in keys if self.after[k] != self.before[k]}
+        return op_delta(self.before, self.after)
 
     def format_delta(self) -> str:
         return format_delta(self.delta)
@@ -244,34 +222,32 @@ class OpCounts(Instrument):
     def __init__(self) -> None:
         self.entries: list[OpCountEntry] = []
         self.final: collections.Counter[str] = collections.Counter()
-        self._nesting = _Nesting()
         self._before: dict[int, collections.Counter[str]] = {}
 
-    def before_pipeline(self, manager: PassManager, program: ExportedProgram) -> None:
-        if self._nesting.enter_pipeline(manager):
+    def before_pipeline(
+        self, manager: PassManager, program: ExportedProgram, parent: PassInfo | None = None
+    ) -> None:
+        if parent is None:
             self.entries.clear()
-            self.final = _histogram(program)
+            self.final = op_histogram(program)
 
-    def after_pipeline(self, manager: PassManager, result: PipelineResult) -> None:
-        if self._nesting.exit_pipeline(manager):
-            self.final = _histogram(result.program)
+    def after_pipeline(
+        self, manager: PassManager, result: PipelineResult, parent: PassInfo | None = None
+    ) -> None:
+        if parent is None:
+            self.final = op_histogram(result.program)
 
     def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
-        self._nesting.enter_pass(info)
-        self._before[info.depth] = _histogram(program)
+        self._before[info.depth] = op_histogram(program)
 
     def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
         before = self._before.pop(info.depth, collections.Counter())
-        after = _histogram(program) if record.modified else before
-        entry = OpCountEntry(
-            self._nesting.path(info), info.step, info.depth, record.modified, before, after
-        )
+        after = op_histogram(program) if record.modified else before
+        entry = OpCountEntry(info.path, info.step, info.depth, record.modified, before, after)
         self.entries.append(entry)
-        self._nesting.exit_pass(info)
 
     def pass_failed(self, info: PassInfo, program: ExportedProgram, error: BaseException) -> None:
         self._before.pop(info.depth, None)
-        self._nesting.exit_pass(info)
 
     def histogram(self) -> collections.Counter[str]:
         """The op counts of the last top-level pipeline's output."""

@@ -9,10 +9,11 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass.instruments._base import Instrument, PassInfo, _Nesting
+from epass.instrumentation import Instrument
+from epass.records import PassInfo, PassRecord, PipelineResult
 
 if TYPE_CHECKING:
-    from epass.manager import PassManager, PassRecord, PipelineResult
+    from epass.manager import PassManager
 
 __all__ = ["MemoryAccounting", "MemoryEntry", "StateMemory", "state_memory"]
 
@@ -142,7 +143,6 @@ class MemoryAccounting(Instrument):
         self.duplicates = duplicates
         self.baseline: StateMemory | None = None
         self.entries: list[MemoryEntry] = []
-        self._nesting = _Nesting()
         self._inputs: dict[int, StateMemory] = {}
         self._last: tuple[ExportedProgram, StateMemory] | None = None
 
@@ -154,23 +154,25 @@ class MemoryAccounting(Instrument):
         self._last = (program, memory)
         return memory
 
-    def before_pipeline(self, manager: PassManager, program: ExportedProgram) -> None:
-        if self._nesting.enter_pipeline(manager):
+    def before_pipeline(
+        self, manager: PassManager, program: ExportedProgram, parent: PassInfo | None = None
+    ) -> None:
+        if parent is None:
             self.entries = []
             self._last = None
             self.baseline = self._measure(program)
 
-    def after_pipeline(self, manager: PassManager, result: PipelineResult) -> None:
-        if self._nesting.exit_pipeline(manager):
+    def after_pipeline(
+        self, manager: PassManager, result: PipelineResult, parent: PassInfo | None = None
+    ) -> None:
+        if parent is None:
             self._last = None
 
     def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
-        self._nesting.enter_pass(info)
         self._inputs[info.depth] = self._measure(program)
 
     def pass_failed(self, info: PassInfo, program: ExportedProgram, error: BaseException) -> None:
         self._inputs.pop(info.depth, None)
-        self._nesting.exit_pass(info)
 
     def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
         before = self._inputs.pop(info.depth)
@@ -179,7 +181,7 @@ class MemoryAccounting(Instrument):
         gone = sum(n for k, n in before.storages.items() if k not in after.storages)
         self.entries.append(
             MemoryEntry(
-                self._nesting.path(info),
+                info.path,
                 info.step,
                 info.depth,
                 after.bytes,
@@ -189,7 +191,6 @@ class MemoryAccounting(Instrument):
                 after.duplicate_bytes,
             )
         )
-        self._nesting.exit_pass(info)
 
     def table(self) -> str:
         """Per pass: state size, bytes added and released, duplicated bytes (entries),

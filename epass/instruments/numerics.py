@@ -12,18 +12,16 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _program
-from epass.instruments._base import Instrument, PassInfo, _Nesting
+from epass.errors import ArgumentValueError, NumericsDriftError, ProgramError
+from epass.instrumentation import Instrument
+from epass.records import PassInfo, PassRecord
 
 if TYPE_CHECKING:
-    from epass.manager import PassManager, PassRecord, PipelineResult
+    from epass.manager import PassManager
 
 __all__ = ["Drift", "NumericsCheck", "NumericsDriftError", "compare_outputs", "run_program"]
 
 logger = logging.getLogger("epass")
-
-
-class NumericsDriftError(AssertionError):
-    """Raised by ``NumericsCheck(raise_on_drift=True)``; names the pass and the error."""
 
 
 @attrs.frozen
@@ -97,7 +95,7 @@ def run_program(
     ``"all"`` always clones. The program's own dicts and tensors stay as they were.
     """
     if clone_state not in ("auto", "all"):
-        raise ValueError(f"clone_state must be 'auto' or 'all', got {clone_state!r}")
+        raise ArgumentValueError(f"clone_state must be 'auto' or 'all', got {clone_state!r}")
     view = _program.private_view(program, copy_graph=False)
     clone_all = clone_state == "all" or _has_mutating_ops(program)
     mutated = set(program.graph_signature.buffers_to_mutate.values())
@@ -124,7 +122,7 @@ def run_program(
     touched = [key for key, v in versions().items() if before.get(key) != v]
     if touched:  # a safety net: the cloning above should make this unreachable
         names = [k for _, k in touched]
-        raise RuntimeError(f"running the program wrote into its state tensors {names}")
+        raise ProgramError(f"running the program wrote into its state tensors {names}")
     return _clone(out)
 
 
@@ -208,7 +206,6 @@ class NumericsCheck(Instrument):
         self.clone_state = clone_state
         self.checks: list[Drift] = []
         self.first_drift: Drift | None = None
-        self._nesting = _Nesting()
         self._args: tuple[Any, ...] = ()
         self._kwargs: dict[str, Any] = {}
         self._expected: Any = None
@@ -216,8 +213,10 @@ class NumericsCheck(Instrument):
     def _run(self, program: ExportedProgram) -> Any:
         return run_program(program, self._args, self._kwargs, clone_state=self.clone_state)
 
-    def before_pipeline(self, manager: PassManager, program: ExportedProgram) -> None:
-        if not self._nesting.enter_pipeline(manager):
+    def before_pipeline(
+        self, manager: PassManager, program: ExportedProgram, parent: PassInfo | None = None
+    ) -> None:
+        if parent is not None:
             return
         self.checks = []
         self.first_drift = None
@@ -227,7 +226,9 @@ class NumericsCheck(Instrument):
             args, kwargs = program.example_inputs
             self._args, self._kwargs = tuple(args), dict(kwargs)
         else:
-            raise ValueError("the program has no example_inputs; pass NumericsCheck(inputs=(...))")
+            raise ArgumentValueError(
+                "the program has no example_inputs; pass NumericsCheck(inputs=(...))"
+            )
         ref = self.reference
         if ref is None or (isinstance(ref, str) and ref == "input"):
             self._expected = self._run(program)
@@ -238,18 +239,8 @@ class NumericsCheck(Instrument):
         else:
             self._expected = ref
 
-    def after_pipeline(self, manager: PassManager, result: PipelineResult) -> None:
-        self._nesting.exit_pipeline(manager)
-
-    def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
-        self._nesting.enter_pass(info)
-
-    def pass_failed(self, info: PassInfo, program: ExportedProgram, error: BaseException) -> None:
-        self._nesting.exit_pass(info)
-
     def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
-        path = self._nesting.path(info)
-        self._nesting.exit_pass(info)
+        path = info.path
         # A nested pipeline's passes were checked one by one already.
         if not record.modified or record.children:
             return

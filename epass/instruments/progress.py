@@ -6,10 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 from torch.export import ExportedProgram
 
-from epass.instruments._base import Instrument, PassInfo, _Nesting
+from epass.instrumentation import Instrument
+from epass.records import PassInfo, PassRecord, PipelineResult
 
 if TYPE_CHECKING:
-    from epass.manager import PassManager, PassRecord, PipelineResult
+    from epass.manager import PassManager
 
 __all__ = ["Progress"]
 
@@ -36,7 +37,6 @@ class Progress(Instrument):
         self.console = console
         self.enabled = enabled
         self.transient = transient
-        self._nesting = _Nesting()
         self._progress: Any = None
         self._task: Any = None
         self._count = 0
@@ -81,20 +81,23 @@ class Progress(Instrument):
             self._progress.stop()
             self._progress = None
 
-    def before_pipeline(self, manager: PassManager, program: ExportedProgram) -> None:
-        if self._nesting.enter_pipeline(manager):
+    def before_pipeline(
+        self, manager: PassManager, program: ExportedProgram, parent: PassInfo | None = None
+    ) -> None:
+        if parent is None:
             self._stop()
             self._start(manager)
 
-    def after_pipeline(self, manager: PassManager, result: PipelineResult) -> None:
-        if self._nesting.exit_pipeline(manager):
+    def after_pipeline(
+        self, manager: PassManager, result: PipelineResult, parent: PassInfo | None = None
+    ) -> None:
+        if parent is None:
             self._stop()
 
     def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
-        self._nesting.enter_pass(info)
         if self._progress is not None:
             step = f" (step {info.step + 1})" if info.step else ""
-            path = self._nesting.path(info).replace("/", " > ")
+            path = info.path.replace("/", " > ")
             self._progress.update(self._task, description=f"{path}{step}")
 
     def _advance(self, info: PassInfo) -> None:
@@ -104,7 +107,6 @@ class Progress(Instrument):
             self._progress.update(self._task, completed=done, total=total)
 
     def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
-        self._nesting.exit_pass(info)
         self._advance(info)
 
     def pass_skipped(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
@@ -112,5 +114,4 @@ class Progress(Instrument):
 
     def pass_failed(self, info: PassInfo, program: ExportedProgram, error: BaseException) -> None:
         # A failure ends the pipeline and after_pipeline is not called.
-        self._nesting.exit_pass(info)
         self._stop()

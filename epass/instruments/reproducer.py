@@ -8,16 +8,15 @@ import re
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
 from epass.errors import InstrumentError
-from epass.instruments._base import Instrument, PassInfo, _Nesting
-
-if TYPE_CHECKING:
-    from epass.manager import PassManager, PassRecord, PipelineResult
+from epass.instrumentation import Instrument
+from epass.pipeline import to_text
+from epass.records import PassInfo
 
 __all__ = ["Reproducer", "pipeline_text", "qualified_name"]
 
@@ -38,8 +37,6 @@ def pipeline_text(passes: Sequence[Any]) -> tuple[str, str]:
     """The pipeline as registry text when every pass is registered, otherwise one
     qualified name per line. Returns ``(format, text)`` with format ``"text"`` or
     ``"qualified"``."""
-    from epass.pipeline import to_text
-
     try:
         return "text", to_text(list(passes)) + "\n"
     except Exception:  # a pass the registry cannot name
@@ -56,8 +53,8 @@ _REPRO = '''\
 Run: python repro.py    (exits with the pass's error; 0 means it did not fail)
 """
 
-import importlib
 import pickle
+import pkgutil
 import sys
 from pathlib import Path
 
@@ -81,10 +78,7 @@ def load_passes():
         return epass.PassManager.from_text(text.strip()).passes
     passes = []
     for line in text.splitlines()[1:]:
-        module, _, qualname = line.strip().partition(":")
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        obj = pkgutil.resolve_name(line.strip())
         # Classes are rebuilt with their default options; functions are used as they are.
         passes.append(obj() if isinstance(obj, type) else obj)
     return passes
@@ -130,24 +124,10 @@ class Reproducer(Instrument):
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.written: list[Path] = []
-        self._nesting = _Nesting()
-
-    def before_pipeline(self, manager: PassManager, program: ExportedProgram) -> None:
-        self._nesting.enter_pipeline(manager)
-
-    def after_pipeline(self, manager: PassManager, result: PipelineResult) -> None:
-        self._nesting.exit_pipeline(manager)
-
-    def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
-        self._nesting.enter_pass(info)
-
-    def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
-        self._nesting.exit_pass(info)
 
     def pass_failed(self, info: PassInfo, program: ExportedProgram, error: BaseException) -> None:
-        manager = self._nesting.manager_of(info)
-        path = self._nesting.path(info)
-        self._nesting.exit_pass(info)
+        manager = info.manager
+        path = info.path
         if isinstance(error, InstrumentError):
             return  # an instrument stopped the pipeline; rerunning the passes would not
         note = getattr(error, "add_note_line", None)

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from torch.export import ExportedProgram
 
-from epass.instruments._base import Instrument, PassInfo, _Nesting
+from epass.instrumentation import Instrument
+from epass.records import PassInfo, PassRecord, PipelineResult
 
 if TYPE_CHECKING:
-    from epass.manager import PassManager, PassRecord, PipelineResult
+    from epass.manager import PassManager
 
 __all__ = ["Timing", "TimingRow"]
 
@@ -66,7 +67,6 @@ class Timing(Instrument):
     def __init__(self) -> None:
         self.rows: dict[str, TimingRow] = {}
         self.pipeline_seconds = 0.0
-        self._nesting = _Nesting()
         self._started: dict[int, float] = {}
         self._pipeline_start = 0.0
 
@@ -76,22 +76,25 @@ class Timing(Instrument):
         self.pipeline_seconds = 0.0
 
     def _row(self, info: PassInfo) -> TimingRow:
-        path = self._nesting.path(info)
+        path = info.path
         row = self.rows.get(path)
         if row is None:
             row = self.rows[path] = TimingRow(path, info.depth)
         return row
 
-    def before_pipeline(self, manager: PassManager, program: ExportedProgram) -> None:
-        if self._nesting.enter_pipeline(manager):
+    def before_pipeline(
+        self, manager: PassManager, program: ExportedProgram, parent: PassInfo | None = None
+    ) -> None:
+        if parent is None:
             self._pipeline_start = time.perf_counter()
 
-    def after_pipeline(self, manager: PassManager, result: PipelineResult) -> None:
-        if self._nesting.exit_pipeline(manager):
+    def after_pipeline(
+        self, manager: PassManager, result: PipelineResult, parent: PassInfo | None = None
+    ) -> None:
+        if parent is None:
             self.pipeline_seconds += time.perf_counter() - self._pipeline_start
 
     def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
-        self._nesting.enter_pass(info)
         self._started[info.depth] = time.perf_counter()
 
     def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
@@ -102,14 +105,12 @@ class Timing(Instrument):
         row.overhead += max(elapsed - record.seconds, 0.0)
         row.min_seconds = min(row.min_seconds, record.seconds)
         row.max_seconds = max(row.max_seconds, record.seconds)
-        self._nesting.exit_pass(info)
 
     def pass_skipped(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
         self._row(info).skipped += 1
 
     def pass_failed(self, info: PassInfo, program: ExportedProgram, error: BaseException) -> None:
         self._started.pop(info.depth, None)
-        self._nesting.exit_pass(info)
 
     def as_dicts(self) -> list[dict[str, Any]]:
         """The rows as JSON-ready dicts, in first-run order."""

@@ -9,7 +9,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
-from epass.passes import _graph
+from epass import _graph
+from epass.errors import ArgumentValueError
 from epass.protocol import PassResult
 
 __all__ = ["CastDtype"]
@@ -76,7 +77,7 @@ class CastDtype:
             if isinstance(module, torch.fx.GraphModule)
         ]
         if subgraphs:
-            raise ValueError(
+            raise ArgumentValueError(
                 "cast-dtype does not convert programs with control-flow subgraphs "
                 f"(torch.cond, map, while_loop: {', '.join(subgraphs)}); their "
                 "operators would keep computing in the old dtype"

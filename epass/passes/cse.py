@@ -9,7 +9,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.dialect.common.cse_pass import CSEPass, get_CSE_banned_ops
 
-from epass.passes import _graph
+from epass import _graph
 from epass.protocol import PassResult
 
 __all__ = ["CSE"]

@@ -7,7 +7,7 @@ from typing import ClassVar
 import attrs
 from torch.export import ExportedProgram
 
-from epass.passes import _graph
+from epass import _graph
 from epass.protocol import PassResult
 
 __all__ = ["DeadCodeElimination"]

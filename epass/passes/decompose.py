@@ -11,6 +11,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _program
+from epass.errors import ArgumentTypeError, DecompositionError
 from epass.protocol import PassResult
 
 __all__ = ["Decompose", "DecompositionError"]
@@ -26,29 +27,11 @@ def _ops(value: Iterable[Any]) -> tuple[Any, ...]:
     ops = tuple(value)
     for op in ops:
         if not _program.is_operator(op):
-            raise TypeError(
+            raise ArgumentTypeError(
                 "Decompose(keep=...) takes ATen operators such as "
                 f"torch.ops.aten.linear.default, got {op!r}"
             )
     return ops
-
-
-class DecompositionError(RuntimeError):
-    """``run_decompositions`` failed; names the graph node and op it failed on.
-
-    Attributes:
-        node: the name of the node being executed when tracing failed (or None).
-        op: that node's target as text (or None).
-        suggestion: an actionable workaround, when one is known (or None).
-    """
-
-    def __init__(
-        self, message: str, *, node: str | None, op: str | None, suggestion: str | None
-    ) -> None:
-        super().__init__(message)
-        self.node = node
-        self.op = op
-        self.suggestion = suggestion
 
 
 # Call targets that retracing reproduces unchanged: Python arithmetic on sizes and

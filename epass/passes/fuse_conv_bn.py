@@ -10,8 +10,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
-from epass import _program
-from epass.passes import _graph
+from epass import _graph, _program
 from epass.protocol import PassResult
 
 __all__ = ["FuseConvBN"]

@@ -8,66 +8,17 @@ from typing import Any, ClassVar
 import attrs
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputSpec
 
-from epass import _program
-from epass.passes import _graph
+from epass import _graph
 from epass.protocol import PassResult
 
 __all__ = ["LiftConstants", "lift_constants"]
 
 
-def _tensor_attrs(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    nodes = []
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            value = _attr(gm, str(node.target))
-            if isinstance(value, torch.Tensor):
-                nodes.append(node)
-    return nodes
-
-
-def _attr(gm: torch.nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for atom in target.split("."):
-        obj = getattr(obj, atom, None)
-    return obj
-
-
 def lift_constants(ep: ExportedProgram, gm: torch.fx.GraphModule) -> ExportedProgram:
     """Build a program from ``ep`` with graph ``gm`` (a graph copy derived from ``ep``'s),
-    lifting every tensor ``get_attr`` of ``gm`` to a ``CONSTANT_TENSOR`` input.
-
-    ``gm`` is edited in place. Each attribute becomes one new key of ``constants``
-    holding the very tensor object (no copy), named after the attribute (suffixed
-    when the name is taken).
-    """
-    kinds = _graph.input_kinds(ep)
-    constants = dict(ep.constants)
-    new_specs: dict[str, InputSpec] = {}
-    lifted: dict[str, torch.fx.Node] = {}
-    for node in _tensor_attrs(gm):
-        target = str(node.target)
-        placeholder = lifted.get(target)
-        if placeholder is None:
-            value = _attr(gm, target)
-            key = _graph.unique_key(target.replace(".", "_"), ep.state_dict, constants)
-            placeholder = _graph.new_state_placeholder(
-                gm, kinds, "c_" + key, value, _graph.InputKind.CONSTANT_TENSOR
-            )
-            if "val" not in placeholder.meta and "val" in node.meta:
-                placeholder.meta["val"] = node.meta["val"]
-            constants[key] = value
-            new_specs[placeholder.name] = _graph.constant_spec(placeholder.name, key)
-            lifted[target] = placeholder
-        node.replace_all_uses_with(placeholder)
-        gm.graph.erase_node(node)
-    _graph.fill_meta(gm)
-    for target in lifted:
-        owner, _, attr = target.rpartition(".")
-        module = gm.get_submodule(owner) if owner else gm
-        delattr(module, attr)
-    return _graph.build_program(ep, gm, new_specs=new_specs, constants=constants)
+    lifting every tensor ``get_attr`` of ``gm`` to a ``CONSTANT_TENSOR`` input."""
+    return _graph.lift_tensor_attributes(ep, gm)
 
 
 @attrs.define(eq=False)
@@ -105,16 +56,9 @@ class LiftConstants:
     )
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
-        if self.fx is None:
-            if not _tensor_attrs(ep.graph_module):
-                return PassResult(ep, False)
-            gm = _graph.copy_graph(ep)
-        else:
-            gm = _graph.copy_graph(ep)
-            before = _program.graph_code(gm)
-            out = self.fx(gm)
-            if isinstance(out, torch.fx.GraphModule):
-                gm = out
-            if _program.graph_code(gm) == before:
-                return PassResult(ep, False)
-        return PassResult(lift_constants(ep, gm), True)
+        if self.fx is not None:
+            program, modified = _graph.run_graph_pass(ep, self.fx, self.name)
+            return PassResult(program, modified)
+        if not _graph.tensor_attributes(ep.graph_module):
+            return PassResult(ep, False)
+        return PassResult(_graph.lift_tensor_attributes(ep, _graph.copy_graph(ep)), True)

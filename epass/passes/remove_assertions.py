@@ -9,8 +9,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
-from epass.passes import _graph
+from epass import _graph, _program
 from epass.protocol import PassResult
 
 __all__ = ["ASSERTION_OPS", "RemoveAssertions", "RemoveAssertionsResult"]

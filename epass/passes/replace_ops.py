@@ -9,8 +9,8 @@ import attrs
 from torch.export import ExportedProgram
 from torch.fx import subgraph_rewriter
 
-from epass import _program
-from epass.passes import _graph
+from epass import _graph, _program
+from epass.errors import ArgumentTypeError
 from epass.passes.lift_constants import lift_constants
 from epass.protocol import PassResult
 
@@ -21,12 +21,12 @@ def _ops(value: Mapping[Any, Any]) -> dict[Any, Any]:
     table = dict(value)
     for op, replacement in table.items():
         if not _program.is_op_overload(op):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"ReplaceOps keys must be operator overloads such as "
                 f"torch.ops.aten.gelu.default, got {op!r}"
             )
         if not callable(replacement):
-            raise TypeError(f"replacement for {op} must be an operator or a function")
+            raise ArgumentTypeError(f"replacement for {op} must be an operator or a function")
     return table
 
 
@@ -34,7 +34,7 @@ def _patterns(value: Iterable[Any]) -> tuple[tuple[Callable[..., Any], Callable[
     pairs = tuple(tuple(p) for p in value)
     for pair in pairs:
         if len(pair) != 2 or not all(callable(f) for f in pair):
-            raise TypeError("patterns must be (pattern, replacement) pairs of functions")
+            raise ArgumentTypeError("patterns must be (pattern, replacement) pairs of functions")
     return pairs  # type: ignore[return-value]
 
 

@@ -1,8 +1,10 @@
-"""Graph helpers the built-in passes share: state placeholders, signatures, purity."""
+"""The graph toolkit: copy a graph, rebuild a program from a graph (the one rule),
+lift tensor attributes to constants, and the helpers the built-in passes share."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping
+import operator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -18,6 +20,7 @@ from torch.export.graph_signature import (
 )
 
 from epass import _program
+from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = [
     "STATE_KINDS",
@@ -31,6 +34,9 @@ __all__ = [
     "fake_value",
     "fill_meta",
     "input_kinds",
+    "lift_tensor_attributes",
+    "run_graph_pass",
+    "tensor_attributes",
     "is_mutating",
     "leaves",
     "mutated_nodes",
@@ -124,7 +130,7 @@ def _anchor(gm: torch.fx.GraphModule, kinds: InputKinds, parameter: bool) -> tor
         ):
             kinds.anchors[parameter] = node
             return node
-    raise ValueError("graph has no output node")
+    raise ProgramError("graph has no output node")
 
 
 def new_state_placeholder(
@@ -182,7 +188,7 @@ def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
     specs = ep.graph_signature.input_specs
     nodes = list(placeholders(gm))
     if len(nodes) != len(specs):
-        raise ValueError(f"{len(nodes)} placeholders but {len(specs)} input specs")
+        raise ProgramError(f"{len(nodes)} placeholders but {len(specs)} input specs")
     for node, spec in zip(nodes, specs, strict=True):
         node.meta[_SPEC] = spec
     return gm
@@ -202,25 +208,61 @@ def build_program(
     state_dict: Mapping[str, Any] | None = None,
     constants: Mapping[str, Any] | None = None,
 ) -> ExportedProgram:
-    """A new, validated program from ``ep`` with graph ``gm``.
+    """A new, validated program from ``ep`` with graph ``gm``: the one rule by which
+    every epass pass and adapter turns a rewritten graph into a program.
 
-    ``gm``'s placeholders are ``ep``'s (found through the tag :func:`copy_graph`
-    left, else by name; some may be gone) plus the ones named in ``new_specs``.
-    Outputs keep ``ep``'s output specs, renamed after ``gm``'s output nodes.
+    Each placeholder of ``gm`` gets its input spec from, in order: the tag that
+    :func:`copy_graph` left on it; ``new_specs`` (placeholders a pass added on
+    purpose); ``ep``'s spec of that name; or ``ep``'s spec at the same position, for
+    a placeholder renamed in place when the count is unchanged. A placeholder
+    matching none is an error: a graph rewrite may remove inputs but cannot add
+    them. The number of user inputs and of outputs must stay the same; outputs keep
+    ``ep``'s output specs, renamed after ``gm``'s output nodes. State entries whose
+    inputs are gone leave the new program's dicts.
     """
     by_name = specs_by_name(ep.graph_signature)
+    old_specs = ep.graph_signature.input_specs
     added = dict(new_specs or {})
+    nodes = list(placeholders(gm))
+    current = {node.name for node in nodes}
+    positional = len(nodes) == len(old_specs)
     inputs = []
-    for node in placeholders(gm):
+    for i, node in enumerate(nodes):
         spec = node.meta.pop(_SPEC, None) or added.get(node.name) or by_name.get(node.name)
+        if spec is None and positional:
+            old_name = getattr(old_specs[i].arg, "name", None)
+            if old_name not in current:
+                spec = old_specs[i]
         if spec is None:
-            raise ValueError(f"placeholder {node.name!r} has no input spec")
-        if hasattr(spec.arg, "name") and spec.arg.name != node.name:
+            known = [name for name in by_name if name]
+            raise ProgramError(
+                f"the graph has a new placeholder {node.name!r} that matches no input "
+                f"spec (known: {known}); a graph pass may remove inputs but cannot add them"
+            )
+        arg_name = getattr(spec.arg, "name", None)
+        if (
+            arg_name is not None
+            and arg_name != node.name
+            and not isinstance(spec.arg, (ConstantArgument, CustomObjArgument))
+        ):
             spec = InputSpec(
                 spec.kind, type(spec.arg)(name=node.name), spec.target, spec.persistent
             )
         inputs.append(spec)
+    user_before = sum(s.kind == InputKind.USER_INPUT for s in old_specs)
+    user_after = sum(s.kind == InputKind.USER_INPUT for s in inputs)
+    if user_before != user_after:
+        raise ProgramError(
+            f"the pass changed the number of user inputs from {user_before} to "
+            f"{user_after}; the calling convention must stay the same"
+        )
     outs = leaves(gm.graph.output_node().args[0])
+    if len(outs) != len(ep.graph_signature.output_specs):
+        raise ProgramError(
+            f"the pass changed the number of outputs from "
+            f"{len(ep.graph_signature.output_specs)} to {len(outs)}; the calling "
+            "convention must stay the same"
+        )
     outputs = []
     for spec, node in zip(ep.graph_signature.output_specs, outs, strict=True):
         arg = spec.arg
@@ -231,9 +273,106 @@ def build_program(
         outputs.append(OutputSpec(spec.kind, arg, spec.target))
     gm.recompile()
     signature = ExportGraphSignature(input_specs=inputs, output_specs=outputs)
-    return _program.rebuild_from_graph_module(
-        ep, gm, state_dict=state_dict, constants=constants, graph_signature=signature
-    )
+    sd = dict(ep.state_dict if state_dict is None else state_dict)
+    consts = dict(ep.constants if constants is None else constants)
+    referenced = {s.target for s in inputs if s.target is not None}
+    for spec in old_specs:
+        if spec.target is not None and spec.target not in referenced:
+            sd.pop(spec.target, None)
+            consts.pop(spec.target, None)
+    return _program.new_program(ep, gm, signature, sd, consts)
+
+
+def tensor_attributes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The ``get_attr`` nodes of ``gm``'s top-level graph that read a tensor."""
+    return [
+        node
+        for node in gm.graph.nodes
+        if node.op == "get_attr" and isinstance(_attribute(gm, str(node.target)), torch.Tensor)
+    ]
+
+
+def _attribute(gm: torch.nn.Module, target: str) -> Any:
+    try:
+        return operator.attrgetter(target)(gm)
+    except AttributeError:
+        return None
+
+
+def lift_tensor_attributes(ep: ExportedProgram, gm: torch.fx.GraphModule) -> ExportedProgram:
+    """Build a program from ``ep`` with graph ``gm`` (a graph copy derived from ``ep``'s),
+    lifting every tensor ``get_attr`` of ``gm`` to a ``CONSTANT_TENSOR`` input.
+
+    torch.export's verifier rejects tensor attributes, so this is how a rewrite that
+    registers a tensor becomes a program. ``gm`` is edited in place. Each attribute
+    becomes one new key of ``constants`` holding the very tensor object (no copy),
+    named after the attribute (suffixed when the name is taken).
+    """
+    kinds = input_kinds(ep)
+    constants = dict(ep.constants)
+    new_specs: dict[str, InputSpec] = {}
+    lifted: dict[str, torch.fx.Node] = {}
+    for node in tensor_attributes(gm):
+        target = str(node.target)
+        placeholder = lifted.get(target)
+        if placeholder is None:
+            value = _attribute(gm, target)
+            key = unique_key(target.replace(".", "_"), ep.state_dict, constants)
+            placeholder = new_state_placeholder(
+                gm, kinds, "c_" + key, value, InputKind.CONSTANT_TENSOR
+            )
+            if "val" not in placeholder.meta and "val" in node.meta:
+                placeholder.meta["val"] = node.meta["val"]
+            constants[key] = value
+            new_specs[placeholder.name] = constant_spec(placeholder.name, key)
+            lifted[target] = placeholder
+        node.replace_all_uses_with(placeholder)
+        gm.graph.erase_node(node)
+    fill_meta(gm)
+    for target in lifted:
+        owner, _, attr = target.rpartition(".")
+        module = gm.get_submodule(owner) if owner else gm
+        delattr(module, attr)
+    return build_program(ep, gm, new_specs=new_specs, constants=constants)
+
+
+def run_graph_pass(
+    ep: ExportedProgram, fn: Callable[[torch.fx.GraphModule], Any], name: str
+) -> tuple[ExportedProgram, bool]:
+    """Run a torch.fx pass (``GraphModule -> PassResult | GraphModule | None``) on a
+    copy of ``ep``'s graph and return ``(program, modified)``.
+
+    ``modified`` is the fx ``PassResult``'s flag when the pass returns one, else
+    whether the graph code changed. Tensors the pass registered and reads through
+    ``get_attr`` are lifted to constants. The input program is never touched.
+    """
+    gm = copy_graph(ep)
+    before = _program.graph_code(gm)
+    out = fn(gm)
+    flag: bool | None
+    if out is None:
+        new_gm, flag = gm, None
+    elif isinstance(out, torch.fx.GraphModule):
+        new_gm, flag = out, None
+    elif hasattr(out, "graph_module") and hasattr(out, "modified"):
+        new_gm, flag = out.graph_module, bool(out.modified)
+    else:
+        raise ArgumentTypeError(
+            f"fx pass {name!r} returned {type(out).__name__}; expected a "
+            "torch.fx PassResult, a GraphModule or None"
+        )
+    if not isinstance(new_gm, torch.fx.GraphModule):
+        raise ArgumentTypeError(
+            f"fx pass {name!r} returned a result whose graph_module is "
+            f"{type(new_gm).__name__}, not a GraphModule"
+        )
+    code = _program.graph_code(new_gm)  # recompiles every graph
+    modified = code != before if flag is None else flag
+    if not modified:
+        return ep, False
+    if tensor_attributes(new_gm):
+        return lift_tensor_attributes(ep, new_gm), True
+    return build_program(ep, new_gm), True
 
 
 def constant_spec(name: str, key: str) -> InputSpec:

@@ -7,8 +7,8 @@ import operator
 import pytest
 import torch
 
-from epass import _program
-from epass.passes import CastDtype, ConstantFold, DeadCodeElimination, _graph
+from epass import _graph, _program
+from epass.passes import CastDtype, ConstantFold, DeadCodeElimination
 
 
 def test_op_schema_reads_operator_schemas() -> None:

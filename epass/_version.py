@@ -1,0 +1,3 @@
+"""The epass version (one place; the package and reports read it)."""
+
+__version__ = "0.1.0"

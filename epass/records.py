@@ -1,0 +1,169 @@
+"""What a pipeline run leaves behind: pass infos and records, results, op counts."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+from torch.export import ExportedProgram
+
+from epass.linker import LinkReport
+from epass.protocol import PassResult
+
+__all__ = [
+    "PassInfo",
+    "PassRecord",
+    "PipelineResult",
+    "flatten",
+    "op_delta",
+    "op_histogram",
+    "op_name",
+]
+
+
+def op_name(target: Any) -> str:
+    """The one name an op goes by in histograms, deltas, records and reports:
+    ``aten.addmm.default`` for ATen overloads, ``getitem`` for Python functions."""
+    name = str(target)
+    if name.startswith("<"):  # "<built-in function getitem>"
+        name = getattr(target, "__qualname__", name)
+    return name
+
+
+def op_histogram(ep: ExportedProgram) -> collections.Counter[str]:
+    """How many times each call_function target occurs in the top-level graph."""
+    return collections.Counter(op_name(n.target) for n in ep.graph.nodes if n.op == "call_function")
+
+
+def op_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
+    """The nonzero change of each op's count, sorted by op name."""
+    keys = sorted(before.keys() | after.keys())
+    return {
+        k: after.get(k, 0) - before.get(k, 0) for k in keys if after.get(k, 0) != before.get(k, 0)
+    }
+
+
+@attrs.frozen
+class PassInfo:
+    """Which pass is about to run, or ran, and where: the manager hands one to every hook.
+
+    Attributes:
+        pass_: the pass object.
+        name: its name.
+        index: its position in its pipeline.
+        step: the fixed-point round of that pipeline.
+        depth: nesting depth (0 for the top-level pipeline).
+        parent: the info of the nested pipeline (a pass of the enclosing one) that
+            runs this pass; None at the top level.
+        manager: the pipeline whose pass list holds this pass.
+    """
+
+    pass_: Any
+    name: str
+    index: int
+    step: int
+    depth: int = 0
+    parent: PassInfo | None = attrs.field(default=None, repr=False)
+    manager: Any = attrs.field(default=None, repr=False, eq=False)
+
+    @property
+    def path(self) -> str:
+        """The pass's name prefixed by the names of the pipelines around it (``lower/cse``)."""
+        names = [self.name]
+        outer = self.parent
+        while outer is not None:
+            names.append(outer.name)
+            outer = outer.parent
+        return "/".join(reversed(names))
+
+
+@attrs.frozen
+class PassRecord:
+    """What happened when one pass ran once.
+
+    Attributes:
+        name: the pass's name.
+        index: its position in its pipeline.
+        step: the fixed-point round.
+        seconds: wall time of the pass call itself.
+        modified: whether the pass changed the program.
+        nodes_before / nodes_after: graph node counts around the pass.
+        op_delta: change in the count of each call_function target (nonzero only),
+            keyed by :func:`op_name`.
+        link: how the output's state was linked (None when unmodified or skipped).
+        skipped: whether the pass was skipped as a no-op; ``skip_reason`` says why.
+        depth: nesting depth (0 for the top-level pipeline).
+        children: records of a nested pipeline's passes.
+        notes: JSON-ready facts the pass reported about its run (its result's
+            ``notes``), such as which method it used.
+    """
+
+    name: str
+    index: int
+    step: int
+    seconds: float
+    modified: bool
+    nodes_before: int
+    nodes_after: int
+    op_delta: Mapping[str, int] = attrs.field(factory=dict)
+    link: LinkReport | None = None
+    skipped: bool = False
+    skip_reason: str | None = None
+    depth: int = 0
+    children: tuple[PassRecord, ...] = ()
+    notes: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form with stable keys."""
+        return {
+            "name": self.name,
+            "index": self.index,
+            "step": self.step,
+            "seconds": self.seconds,
+            "modified": self.modified,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "op_delta": dict(self.op_delta),
+            "link": self.link.as_dict() if self.link is not None else None,
+            "skipped": self.skipped,
+            "skip_reason": self.skip_reason,
+            "depth": self.depth,
+            "children": [c.as_dict() for c in self.children],
+            "notes": dict(self.notes),
+        }
+
+
+def flatten(records: Iterable[PassRecord]) -> Iterable[PassRecord]:
+    """Every record, nested pipelines' records right after their own, depth first."""
+    for r in records:
+        yield r
+        yield from flatten(r.children)
+
+
+@attrs.frozen
+class PipelineResult(PassResult):
+    """A pipeline's output program, whether anything changed, and one record per pass run."""
+
+    records: tuple[PassRecord, ...] = ()
+
+    @property
+    def shared(self) -> bool:
+        """True when the output's dicts are the input's dict objects."""
+        return all(r.link is None or r.link.shared for r in self.records)
+
+    def summary(self) -> str:
+        """A plain-text table of the records."""
+        lines = [f"{'pass':<24} {'step':>4} {'seconds':>9} {'nodes':>13}  state"]
+        for r in flatten(self.records):
+            if r.skipped:
+                state = f"skipped: {r.skip_reason}"
+            elif r.link is None:
+                state = "unchanged"
+            else:
+                state = r.link.summary()
+            nodes = f"{r.nodes_before}->{r.nodes_after}"
+            name = "  " * r.depth + r.name
+            lines.append(f"{name:<24} {r.step:>4} {r.seconds:>9.4f} {nodes:>13}  {state}")
+        return "\n".join(lines)

@@ -1,0 +1,183 @@
+"""The layered architecture: one error tree, one op histogram, nesting info, the registry table."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import epass
+from epass import FxPass, PassManager, errors, registry
+from epass.instruments import MemoryAccounting, OpCounts
+from epass.passes import ConstantFold, Decompose
+from epass.records import PassInfo, op_histogram
+from epass.report import build_report
+from tests import models
+
+aten = torch.ops.aten
+
+
+def _epass_modules() -> list[Any]:
+    names = ["epass"] + [
+        m.name
+        for m in pkgutil.walk_packages(epass.__path__, "epass.")
+        if m.name not in ("epass.__main__",)
+    ]
+    out = []
+    for name in names:
+        try:
+            out.append(importlib.import_module(name))
+        except ImportError as exc:  # optional extras (executorch, ...)
+            if "epass" in str(exc):
+                raise
+    return out
+
+
+def test_every_error_class_epass_defines_is_an_epass_error() -> None:
+    found = set()
+    for module in _epass_modules():
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, BaseException) and obj.__module__.startswith("epass"):
+                found.add(obj)
+                assert issubclass(obj, errors.EpassError), f"{obj.__module__}.{obj.__name__}"
+                assert obj.__module__ == "epass.errors", f"{obj.__name__} lives outside errors.py"
+    assert {errors.PipelineError, errors.DecompositionError, errors.NumericsDriftError} <= found
+
+
+def _raises(fn: Callable[[], Any]) -> BaseException:
+    try:
+        fn()
+    except BaseException as exc:
+        return exc
+    raise AssertionError("no error raised")
+
+
+BAD_CALLS: dict[str, Callable[[], Any]] = {
+    "PassManager(str)": lambda: PassManager("decompose"),  # type: ignore[arg-type]
+    "PassManager([5])": lambda: PassManager([5]),
+    "PassManager(steps=0)": lambda: PassManager([], steps=0),
+    "PassManager(linker=1)": lambda: PassManager([], linker=1),  # type: ignore[arg-type]
+    "PassManager unknown name": lambda: PassManager(["no-such-pass"]),
+    "from_text bad syntax": lambda: PassManager.from_text("decompose(("),
+    "create_pass unknown": lambda: epass.create_pass("no-such-pass"),
+    "create_pass(5)": lambda: epass.create_pass(5),  # type: ignore[arg-type]
+    "create_pass bad option": lambda: epass.create_pass("dce", nope=1),
+    "register_pass bad name": lambda: epass.register_pass("Bad Name", lambda ep: ep),
+    "FxPass(5)": lambda: FxPass(5),  # type: ignore[arg-type]
+    "Decompose(keep=[5])": lambda: Decompose(keep=[5]),
+    "bisect method": lambda: epass.bisect(None, [], bool, method="nope"),  # type: ignore[arg-type]
+    "run on a module": lambda: PassManager([]).run(torch.nn.Linear(2, 2)),  # type: ignore[arg-type]
+}
+
+
+@pytest.mark.parametrize("call", list(BAD_CALLS))
+def test_bad_input_to_the_public_api_raises_an_epass_error(call: str) -> None:
+    exc = _raises(BAD_CALLS[call])
+    assert isinstance(exc, epass.EpassError), f"{call}: {type(exc).__name__}: {exc}"
+
+
+def test_verify_program_raises_a_program_error_listing_problems() -> None:
+    _, ep, _ = models.export("seed")
+    broken = epass._program.shallow_clone(ep)
+    epass._program.set_state(broken, state_dict={})
+    exc = _raises(lambda: epass.verify_program(broken))
+    assert isinstance(exc, epass.ProgramError)
+    assert isinstance(exc, ValueError)
+    assert any("linear.weight" in p for p in exc.problems)
+
+
+def test_failing_pass_inside_nested_pipeline_keeps_its_class_and_names_both_levels() -> None:
+    _, ep, _ = models.export("mlp")
+
+    def boom(program: Any) -> Any:
+        raise RuntimeError("boom")
+
+    inner = PassManager([FxPass(lambda gm: gm, name="noop"), boom], name="inner")
+    exc = _raises(lambda: PassManager([inner], name="outer").run(ep))
+    assert type(exc) is epass.PassError
+    assert exc.pass_name == "inner" and exc.index == 0
+    assert "in nested pipeline" in str(exc) and "'boom'" in str(exc)
+    assert isinstance(exc.__cause__, RuntimeError)
+
+
+def test_builtin_table_agrees_with_the_pass_names() -> None:
+    for name, target in registry.BUILTINS.items():
+        factory = registry.get_factory(name)
+        assert registry.get_factory(name) is pkgutil.resolve_name(target)
+        made = factory()
+        assert made.name == name, f"{target} makes a pass named {made.name!r}, registered {name!r}"
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str | None, int]] = []
+        self.infos: list[PassInfo] = []
+
+    def before_pipeline(self, manager: Any, program: Any, parent: PassInfo | None) -> None:
+        self.calls.append(("before_pipeline", parent.path if parent else None, manager.name))
+
+    def after_pipeline(self, manager: Any, result: Any, parent: PassInfo | None) -> None:
+        self.calls.append(("after_pipeline", parent.path if parent else None, manager.name))
+
+    def before_pass(self, info: PassInfo, program: Any) -> None:
+        self.infos.append(info)
+
+
+class _OldStyle:
+    """An instrument written without the ``parent`` parameter still works."""
+
+    def __init__(self) -> None:
+        self.pipelines = 0
+
+    def before_pipeline(self, manager: Any, program: Any) -> None:
+        self.pipelines += 1
+
+
+def test_manager_hands_instruments_the_nesting() -> None:
+    _, ep, _ = models.export("mlp")
+    inner = PassManager([FxPass(lambda gm: gm, name="noop")], name="inner")
+    recorder, old = _Recorder(), _OldStyle()
+    PassManager([inner, ConstantFold()], name="outer", instruments=[recorder, old]).run(ep)
+    assert recorder.calls == [
+        ("before_pipeline", None, "outer"),
+        ("before_pipeline", "inner", "inner"),
+        ("after_pipeline", "inner", "inner"),
+        ("after_pipeline", None, "outer"),
+    ]
+    assert old.pipelines == 2
+    by_path = {i.path: i for i in recorder.infos}
+    assert set(by_path) == {"inner", "inner/noop", "fold-constants"}
+    nested = by_path["inner/noop"]
+    assert nested.depth == 1 and nested.parent is by_path["inner"]
+    assert nested.manager is inner and by_path["inner"].manager.name == "outer"
+
+
+def test_one_op_histogram_keys_records_and_op_counts_alike() -> None:
+    class Split(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a, b = torch.split(x, 2, dim=1)
+            return a * b
+
+    ep = torch.export.export(Split(), (torch.randn(2, 4),))
+    counts = OpCounts()
+    result = PassManager([Decompose()], instruments=[counts])(ep)
+    assert "getitem" in op_histogram(result.program)
+    assert dict(result.records[0].op_delta) == counts.entries[0].delta
+    assert "getitem" in counts.entries[0].after
+
+
+def test_report_fills_memory_from_memory_accounting() -> None:
+    _, ep, _ = models.export("mixed")
+    memory = MemoryAccounting()
+    pm = PassManager([Decompose(), ConstantFold()], instruments=[memory])
+    result = pm(ep)
+    report = build_report(result, manager=pm, memory=memory)
+    for entry, measured in zip(report["passes"], memory.entries, strict=True):
+        assert entry["memory"]["bytes"] == measured.bytes
+        assert entry["memory"]["new_bytes"] == measured.new_bytes
+    assert build_report(result, manager=pm)["passes"][0]["memory"] is None
