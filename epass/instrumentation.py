@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.export import ExportedProgram
 
 from epass.errors import InstrumentError
 from epass.records import PassInfo, PassRecord, PipelineResult
-
-if TYPE_CHECKING:
-    from epass.manager import PassManager
 
 __all__ = ["HOOKS", "Dispatch", "Instrument"]
 
@@ -28,17 +25,18 @@ class Instrument:
 
     Any object with some of these methods works as an instrument; missing hooks
     are not called. Hooks must not mutate the programs they are shown. The
-    pipeline hooks may leave out the ``parent`` parameter.
+    pipeline hooks may leave out the ``parent`` parameter; their ``manager`` is the
+    :class:`~epass.PassManager` that runs (typed ``Any`` here: the engine sits above).
     """
 
     def before_pipeline(
-        self, manager: PassManager, program: ExportedProgram, parent: PassInfo | None = None
+        self, manager: Any, program: ExportedProgram, parent: PassInfo | None = None
     ) -> None:
         """Called once before the first pass of a pipeline (and of each nested one);
         ``parent`` is None for a top-level run."""
 
     def after_pipeline(
-        self, manager: PassManager, result: PipelineResult, parent: PassInfo | None = None
+        self, manager: Any, result: PipelineResult, parent: PassInfo | None = None
     ) -> None:
         """Called once after the last pass, with the pipeline's result."""
 
