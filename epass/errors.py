@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "ArgumentTypeError",
+    "ArgumentValueError",
     "EpassError",
     "InstrumentError",
     "OrderingError",
@@ -17,6 +19,14 @@ __all__ = [
 
 class EpassError(Exception):
     """Base class of every error epass raises on purpose."""
+
+
+class ArgumentTypeError(EpassError, TypeError):
+    """An argument of the wrong type; the message names the argument and the type expected."""
+
+
+class ArgumentValueError(EpassError, ValueError):
+    """An argument of the right type whose value cannot be used; the message names it."""
 
 
 class OrderingError(EpassError, ValueError):

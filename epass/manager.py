@@ -15,13 +15,14 @@ from torch.export import ExportedProgram
 
 from epass import _program
 from epass.errors import (
+    ArgumentTypeError,
     OrderingError,
     PassError,
     StateConflictError,
     StateMutationError,
     VerificationError,
 )
-from epass.instruments import Dispatch, PassInfo
+from epass.instruments import Dispatch, Instrument, PassInfo
 from epass.linker import Journal, LinkReport, StateLinker
 from epass.protocol import PassResult, adapt, ordering_names, pass_name
 from epass.verify import verify_program
@@ -29,6 +30,9 @@ from epass.verify import verify_program
 __all__ = ["PassManager", "PassRecord", "PipelineResult", "coalesce", "op_histogram"]
 
 logger = logging.getLogger("epass")
+
+# An instrument is any object with at least one of these hooks (duck-typed).
+_HOOKS = tuple(name for name in vars(Instrument) if not name.startswith("_"))
 
 
 @attrs.frozen
@@ -206,6 +210,25 @@ class _Prepared:
     ops_before: collections.Counter[str]
 
 
+def _instrument_list(instruments: Any) -> list[Any]:
+    if isinstance(instruments, (str, bytes)) or not isinstance(instruments, Iterable):
+        raise ArgumentTypeError(
+            f"instruments must be a list of instruments, got {type(instruments).__name__}"
+        )
+    out = list(instruments)
+    for i, instrument in enumerate(out):
+        if isinstance(instrument, type):
+            raise ArgumentTypeError(
+                f"instruments[{i}] is the class {instrument.__name__}; pass an instance"
+            )
+        if not any(hasattr(instrument, hook) for hook in _HOOKS):
+            raise ArgumentTypeError(
+                f"instruments[{i}] ({type(instrument).__name__}) is not an instrument "
+                f"(an instrument has at least one of the hooks {', '.join(_HOOKS)})"
+            )
+    return out
+
+
 class PassManager:
     """Runs a sequence of passes, verifying and linking the state after each one.
 
@@ -257,7 +280,7 @@ class PassManager:
         self.steps = steps
         self.linker = linker if linker is not None else StateLinker()
         self.verify = verify
-        self.instruments = list(instruments)
+        self.instruments = _instrument_list(instruments)
         self.fingerprint = fingerprint
         self.name = name
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from epass.errors import EpassError
 
 __all__ = [
     "FIXPOINT_DEFAULT_MAX",
+    "MAX_NESTING",
     "Group",
     "PassSpec",
     "PipelineError",
@@ -50,6 +52,9 @@ __all__ = [
 ]
 
 FIXPOINT_DEFAULT_MAX = 10
+# Groups and lists may nest this deep (together). The parser, the printer and nested
+# managers recurse once per level, so text must not be able to exhaust the stack.
+MAX_NESTING = 32
 
 
 class PipelineError(EpassError, ValueError):
@@ -172,6 +177,7 @@ class _Parser:
         self.text = text
         self.toks = _tokens(text)
         self.i = 0
+        self.depth = 0  # open groups and lists
 
     @property
     def tok(self) -> _Tok:
@@ -193,6 +199,18 @@ class _Parser:
 
     def at(self, punct: str) -> bool:
         return self.tok.kind == "punct" and self.tok.text == punct
+
+    def enter(self, tok: _Tok) -> None:
+        """Open one level of nesting at ``tok`` (a group's or a list's '[')."""
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.error(f"groups and lists nest more than {MAX_NESTING} levels deep", tok)
+
+    def integer(self, tok: _Tok) -> int:
+        try:
+            return int(tok.text)
+        except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+            raise self.error(f"integer with {len(tok.text)} characters is too long", tok) from None
 
     def pipeline(self, closing: str | None) -> tuple[Item, ...]:
         items: list[Item] = []
@@ -245,15 +263,19 @@ class _Parser:
 
     def count(self, what: str) -> int:
         tok = self.tok
-        if tok.kind != "number" or not re.fullmatch(r"\+?\d+", tok.text) or int(tok.text) < 1:
+        if tok.kind != "number" or not re.fullmatch(r"\+?\d+", tok.text):
+            raise self.error(f"{what} must be a positive integer, found {self.describe(tok)}")
+        value = self.integer(tok)
+        if value < 1:
             raise self.error(f"{what} must be a positive integer, found {self.describe(tok)}")
         self.i += 1
-        return int(tok.text)
+        return value
 
     def group_items(self) -> tuple[Item, ...]:
-        self.expect("[", "'[' opening the group's pass list")
+        self.enter(self.expect("[", "'[' opening the group's pass list"))
         items = self.pipeline("]")
         self.expect("]", "']' closing the group's pass list")
+        self.depth -= 1
         return items
 
     def repeat(self, head: _Tok) -> Group:
@@ -284,17 +306,19 @@ class _Parser:
         self.i += 1
         if tok.kind == "number":
             if re.fullmatch(r"[-+]?\d+", tok.text):
-                return int(tok.text)
+                return self.integer(tok)
             return float(tok.text)
         if tok.kind == "string":
             return _unquote(tok, self.text)
         if tok.kind == "punct" and tok.text == "[":
+            self.enter(tok)
             items: list[Any] = []
             while not self.at("]"):
                 items.append(self.value())
                 if not self.at("]"):
                     self.expect(",", "',' or ']' in a list")
             self.i += 1
+            self.depth -= 1
             return items
         if tok.kind == "word":
             return self.word(tok)
@@ -324,7 +348,8 @@ def _dtype(text: str) -> torch.dtype | None:
     name = text.removeprefix("torch.")
     if "." in name:
         return None
-    value = getattr(torch, name, None)
+    # vars(), not getattr(): torch imports submodules (_inductor, onnx) on attribute access.
+    value = vars(torch).get(name)
     return value if isinstance(value, torch.dtype) else None
 
 
@@ -340,9 +365,16 @@ def _operator(text: str) -> Any:
 
 
 def _lookup(parts: list[str]) -> Any:
-    """``torch.ops.<parts...>``, or None when any part is missing."""
+    """``torch.ops.<parts...>``, or None when any part is missing.
+
+    Only namespaces that already exist are searched: ``getattr(torch.ops, ns)``
+    would create (and keep) a namespace for any word. Operator and overload
+    lookups below a namespace ask torch's C++ registry and import nothing.
+    """
+    obj: Any = vars(torch.ops).get(parts[0])
+    if not isinstance(obj, types.ModuleType):
+        return None
     try:
-        obj: Any = getattr(torch.ops, parts[0])
         for part in parts[1:]:
             obj = getattr(obj, part)
     except (AttributeError, RuntimeError):
@@ -382,7 +414,7 @@ def build(items: Sequence[Item], text: str) -> list[Any]:
             out.append(PassManager(build(item.items, text), steps=item.count, name=item.kind))
             continue
         try:
-            out.append(registry.instantiate(item.name, dict(item.options)))
+            out.append(registry.instantiate(item.name, dict(item.options), declared_only=True))
         except registry.UnknownPassError as exc:
             hint = f"; did you mean {exc.suggestions[0]!r}?" if exc.suggestions else ""
             raise PipelineError(f"unknown pass {item.name!r}", text, item.pos, hint) from None
@@ -483,9 +515,17 @@ def spec_tree(passes: Iterable[Any]) -> tuple[Item, ...]:
 
 def to_text(passes: Iterable[Any]) -> str:
     """Print pass objects as pipeline text that :func:`parse_pipeline` reads back."""
+    from epass import registry
+
     tree = spec_tree(passes)
     for item in _walk(tree):
+        declared = {o.name for o in registry.option_infos(registry.get_factory(item.name))}
         for key, value in item.options:
+            if key not in declared:
+                raise ValueError(
+                    f"option {key!r} of pass {item.name!r} is a keyword argument that "
+                    "pipeline text cannot set"
+                )
             try:
                 format_value(value)
             except ValueError as exc:

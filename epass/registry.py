@@ -34,7 +34,7 @@ from typing import Any, TypeVar, overload
 
 import attrs
 
-from epass.errors import EpassError
+from epass.errors import ArgumentValueError, EpassError
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -496,6 +496,8 @@ def create_pass(spec: str | Any, /, **options: Any) -> Any:
     """
     if not isinstance(spec, str):
         raise TypeError(f"create_pass takes a name or pipeline text, got {type(spec).__name__}")
+    if not spec.strip():
+        raise ArgumentValueError("create_pass: spec is empty; give a pass name or pipeline text")
     if NAME_PATTERN.fullmatch(spec.strip()):
         try:
             return instantiate(spec.strip(), options)
@@ -506,6 +508,8 @@ def create_pass(spec: str | Any, /, **options: Any) -> Any:
     from epass.pipeline import parse_pipeline
 
     passes = parse_pipeline(spec)
+    if not passes:
+        raise ArgumentValueError(f"create_pass: spec {spec!r} holds no pass")
     return passes[0] if len(passes) == 1 else _manager(passes, spec)
 
 
@@ -524,8 +528,12 @@ def _manager(passes: list[Any], text: str) -> Any:
     return PassManager(passes, name=text.strip())
 
 
-def instantiate(name: str, options: Mapping[str, Any]) -> Any:
+def instantiate(name: str, options: Mapping[str, Any], *, declared_only: bool = False) -> Any:
     """Call the factory registered as ``name`` with ``options``.
+
+    With ``declared_only`` (pipeline text), only the options the factory names
+    (:func:`option_infos`) are accepted: a ``**kwargs`` catch-all, such as the
+    manager settings a preset forwards, is out of the text's reach.
 
     Raises:
         UnknownPassError / PluginError: the name does not resolve.
@@ -540,12 +548,14 @@ def instantiate(name: str, options: Mapping[str, Any]) -> Any:
     else:
         known = option_infos(entry.factory)
         names = [o.name for o in known]
-        takes_any = _takes_var_keywords(entry.factory)
+        takes_any = _takes_var_keywords(entry.factory) and not declared_only
         for key in options:
             if not takes_any and key not in names:
                 close = difflib.get_close_matches(key, names, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 valid = f" (options: {', '.join(names)})" if names and not close else ""
+                if not names and declared_only:
+                    valid = f" ({name!r} takes no options in pipeline text)"
                 raise TypeError(f"no option {key!r}{hint}{valid}")
         obj = entry.factory(**options)
     obj = _named(obj, name)

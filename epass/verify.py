@@ -6,6 +6,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from epass.errors import ArgumentTypeError
+
 __all__ = ["state_problems", "verify_program"]
 
 
@@ -37,7 +39,13 @@ def state_problems(ep: ExportedProgram) -> list[str]:
 
 
 def verify_program(ep: ExportedProgram) -> None:
-    """Run ``ep.validate()`` and the state checks; raise ValueError listing every problem."""
+    """Run ``ep.validate()`` and the state checks; raise ValueError listing every problem.
+
+    Raises:
+        ArgumentTypeError: ``ep`` is not an ExportedProgram.
+    """
+    if not isinstance(ep, ExportedProgram):
+        raise ArgumentTypeError(f"verify_program takes an ExportedProgram, got {type(ep).__name__}")
     ep.validate()
     problems = state_problems(ep)
     if problems:

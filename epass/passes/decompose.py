@@ -11,6 +11,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _program
+from epass.errors import ArgumentTypeError
 from epass.protocol import PassResult
 
 __all__ = ["Decompose", "DecompositionError"]
@@ -19,7 +20,19 @@ _SDPA = "aten.scaled_dot_product_attention"
 
 
 def _table(value: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
-    return None if value is None else dict(value)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ArgumentTypeError(
+            f"Decompose(table=...) takes a mapping of operators, got {type(value).__name__}"
+        )
+    for op in value:
+        if not (_program.is_operator(op) or _program.is_op_packet(op)):
+            raise ArgumentTypeError(
+                "Decompose(table=...) keys must be operators such as "
+                f"torch.ops.aten.gelu.default, got {op!r} ({type(op).__name__})"
+            )
+    return dict(value)
 
 
 def _ops(value: Iterable[Any]) -> tuple[Any, ...]:
