@@ -192,3 +192,18 @@ def test_replace_ops_patterns_creating_tensors_keep_them_apart() -> None:
     assert values == [2.0, 3.0]
     x = torch.randn(3)
     torch.testing.assert_close(out.module()(x), x * 2 - (x * 3) * 2)
+
+
+def test_replace_ops_composite_op_calling_itself_does_not_recurse() -> None:
+    # aten.linear is CompositeImplicitAutograd: torch replaces it through another path.
+    def doubled_linear(x: torch.Tensor, w: torch.Tensor, b: Any = None) -> torch.Tensor:
+        return F.linear(x, w, b) * 2
+
+    ep = h.program("mlp")
+    out = h.run_checked(ReplaceOps({aten.linear.default: doubled_linear}), ep).program
+    assert h.node_count(out, aten.linear.default) == h.node_count(ep, aten.linear.default) > 0
+    assert h.node_count(out, aten.mul.Tensor) == h.node_count(ep, aten.linear.default)
+    net = h.models.fresh_eager("mlp").net
+    x = h.inputs("mlp")[0]
+    hidden = torch.relu(net[0](x) * 2)
+    torch.testing.assert_close(out.module()(x), net[4](torch.relu(net[2](hidden) * 2)) * 2)
