@@ -736,8 +736,10 @@ def test_duck_typed_instruments_are_accepted():
         ({5: abs}, r"keys must be operators .* got 5 \(int\)"),
         ({aten.relu.default: abs, None: abs}, r"got None \(NoneType\)"),
         ("aten.relu.default", r"takes a mapping of operators, got str"),
+        ("", r"takes a mapping of operators, got str"),
+        (5, r"takes a mapping of operators, got int"),
     ],
-    ids=["str-key", "int-key", "none-key", "str-table"],
+    ids=["str-key", "int-key", "none-key", "str-table", "empty-str-table", "int-table"],
 )
 def test_decompose_table_keys_must_be_operators(table, message):
     with pytest.raises(ArgumentTypeError, match=message):
