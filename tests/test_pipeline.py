@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -414,47 +415,48 @@ def test_numbers_too_long_for_int_are_a_pipeline_error(text: str) -> None:
     assert err.text[err.pos] in "-9"
 
 
-@pytest.mark.parametrize(
-    "word",
-    [
-        "_inductor",
-        "onnx",
-        "_dynamo",
-        "torch._inductor",
-        "_inductor.config",
-        "torch.onnx.export",
-        "_dynamo.config.x",
-        "no_such_namespace.relu",
-        "torch.ops.no_such_namespace.relu.default",
-    ],
-)
-def test_option_values_import_nothing(word: str) -> None:
-    # A fresh interpreter: in this one, other tests may have imported these already.
-    code = f"""
-import sys
-import epass.pipeline as p
+_SUBMODULE_WORDS = [
+    "_inductor",
+    "onnx",
+    "_dynamo",
+    "torch._inductor",
+    "_inductor.config",
+    "torch.onnx.export",
+    "_dynamo.config.x",
+    "no_such_namespace.relu",
+    "torch.ops.no_such_namespace.relu.default",
+]
+_IMPORT_PROBE = """
+import json, sys
 import torch
-before = set(sys.modules)
-namespaces = set(vars(torch.ops))
-try:
-    p.parse_pipeline("knobs(label={word})")
-except p.PipelineError as exc:
-    print("PipelineError", exc.column)
-except Exception as exc:
-    print("other", type(exc).__name__, exc)
-else:
-    print("parsed")
-print(sorted(set(sys.modules) - before))
-print(sorted(set(vars(torch.ops)) - namespaces))
+from epass.pipeline import PipelineError, parse
+for word in json.loads(sys.argv[1]):
+    before, namespaces = set(sys.modules), set(vars(torch.ops))
+    try:
+        result = [[item.name, item.options] for item in parse(f"knobs(label={word})")]
+    except PipelineError as exc:
+        result = exc.column
+    new = sorted(set(sys.modules) - before) + sorted(set(vars(torch.ops)) - namespaces)
+    print(json.dumps([word, result, new]))
 """
+
+
+def test_option_values_import_nothing() -> None:
+    # A fresh interpreter: in this one, other tests may have imported these already.
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-c", _IMPORT_PROBE, json.dumps(_SUBMODULE_WORDS)],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.splitlines()
-    assert out[1:] == ["[]", "[]"], out
-    if "." in word:
-        assert out[0] == "PipelineError 13"
-    else:
-        assert out[0] in ("PipelineError 1", "parsed")  # a bare word is a string
+    results = {word: (result, new) for word, result, new in map(json.loads, out)}
+    assert list(results) == _SUBMODULE_WORDS
+    for word, (result, new) in results.items():
+        assert new == [], word  # no module imported, no torch.ops namespace made
+        if "." in word:
+            assert result == 13, word  # an unknown operator, at the value's column
+        else:  # a bare word is a string
+            assert result == [["knobs", [["label", word]]]], word
 
 
 # --- property: any text either parses or is a PipelineError, importing nothing ------
