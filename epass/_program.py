@@ -197,6 +197,12 @@ def is_op_overload(value: Any) -> bool:
     return isinstance(value, torch._ops.OpOverload)
 
 
+def is_op_packet(value: Any) -> bool:
+    """True for an operator packet (``torch._ops.OpOverloadPacket``), such as
+    ``torch.ops.aten.relu``."""
+    return isinstance(value, torch._ops.OpOverloadPacket)
+
+
 def is_operator(value: Any) -> bool:
     """True for any torch operator object (``torch._ops.OperatorBase``): ATen
     overloads and higher-order operators, the keys of a decomposition table."""

@@ -10,7 +10,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _program
-from epass.errors import StateConflictError
+from epass.errors import ArgumentTypeError, StateConflictError
 
 __all__ = ["DictReport", "Journal", "LinkReport", "LinkResult", "Policy", "StateLinker", "prune"]
 
@@ -234,7 +234,16 @@ class StateLinker:
 
         ``new`` is updated in place (only its dict references) and returned.
         Writes into the store go through ``journal`` when one is given.
+
+        Raises:
+            ArgumentTypeError: ``original`` or ``new`` is not an ExportedProgram.
         """
+        for arg, value in (("original", original), ("new", new)):
+            if not isinstance(value, ExportedProgram):
+                raise ArgumentTypeError(
+                    f"StateLinker.link: {arg} must be an ExportedProgram, "
+                    f"got {type(value).__name__}"
+                )
         plans = {
             "state_dict": _plan(original.state_dict, new.state_dict, self.compare_values),
             "constants": _plan(original.constants, new.constants, self.compare_values),
@@ -304,6 +313,8 @@ def prune(ep: ExportedProgram, *, compact: bool = False) -> ExportedProgram:
         lean = prune(out)
         assert set(lean.state_dict) <= set(out.state_dict)
     """
+    if not isinstance(ep, ExportedProgram):
+        raise ArgumentTypeError(f"prune takes an ExportedProgram, got {type(ep).__name__}")
     targets = {s.target for s in ep.graph_signature.input_specs if s.target is not None}
     state_dict = {k: v for k, v in ep.state_dict.items() if k in targets}
     constants = {k: v for k, v in ep.constants.items() if k in targets}

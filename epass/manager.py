@@ -25,7 +25,7 @@ from epass.errors import (
     StateMutationError,
     VerificationError,
 )
-from epass.instrumentation import Dispatch
+from epass.instrumentation import HOOKS, Dispatch
 from epass.linker import Journal, StateLinker
 from epass.protocol import PassResult, adapt, ordering_names, pass_name
 from epass.records import PassInfo, PassRecord, PipelineResult, op_delta, op_histogram
@@ -161,6 +161,25 @@ class _Prepared:
     ops_before: dict[str, int]
 
 
+def _instrument_list(instruments: Any) -> list[Any]:
+    if isinstance(instruments, (str, bytes)) or not isinstance(instruments, Iterable):
+        raise ArgumentTypeError(
+            f"instruments must be a list of instruments, got {type(instruments).__name__}"
+        )
+    out = list(instruments)
+    for i, instrument in enumerate(out):
+        if isinstance(instrument, type):
+            raise ArgumentTypeError(
+                f"instruments[{i}] is the class {instrument.__name__}; pass an instance"
+            )
+        if not any(hasattr(instrument, hook) for hook in HOOKS):
+            raise ArgumentTypeError(
+                f"instruments[{i}] ({type(instrument).__name__}) is not an instrument "
+                f"(an instrument has at least one of the hooks {', '.join(HOOKS)})"
+            )
+    return out
+
+
 class PassManager:
     """Runs a sequence of passes, verifying and linking the state after each one.
 
@@ -212,7 +231,7 @@ class PassManager:
         self.steps = steps
         self.linker = linker if linker is not None else StateLinker()
         self.verify = verify
-        self.instruments = list(instruments)
+        self.instruments = _instrument_list(instruments)
         self.fingerprint = fingerprint
         self.name = name
 

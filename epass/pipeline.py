@@ -43,6 +43,7 @@ __all__ = [
     "create_pass",
     "from_text",
     "manager_text",
+    "MAX_NESTING",
     "Group",
     "PassSpec",
     "PipelineError",
@@ -55,6 +56,9 @@ __all__ = [
 ]
 
 FIXPOINT_DEFAULT_MAX = 10
+# Groups and lists may nest this deep (together). The parser, the printer and nested
+# managers recurse once per level, so text must not be able to exhaust the stack.
+MAX_NESTING = 32
 
 
 # --- syntax tree --------------------------------------------------------------
@@ -149,6 +153,7 @@ class _Parser:
         self.text = text
         self.toks = _tokens(text)
         self.i = 0
+        self.depth = 0  # open groups and lists
 
     @property
     def tok(self) -> _Tok:
@@ -170,6 +175,18 @@ class _Parser:
 
     def at(self, punct: str) -> bool:
         return self.tok.kind == "punct" and self.tok.text == punct
+
+    def enter(self, tok: _Tok) -> None:
+        """Open one level of nesting at ``tok`` (a group's or a list's '[')."""
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.error(f"groups and lists nest more than {MAX_NESTING} levels deep", tok)
+
+    def integer(self, tok: _Tok) -> int:
+        try:
+            return int(tok.text)
+        except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+            raise self.error(f"integer with {len(tok.text)} characters is too long", tok) from None
 
     def pipeline(self, closing: str | None) -> tuple[Item, ...]:
         items: list[Item] = []
@@ -222,15 +239,19 @@ class _Parser:
 
     def count(self, what: str) -> int:
         tok = self.tok
-        if tok.kind != "number" or not re.fullmatch(r"\+?\d+", tok.text) or int(tok.text) < 1:
+        if tok.kind != "number" or not re.fullmatch(r"\+?\d+", tok.text):
+            raise self.error(f"{what} must be a positive integer, found {self.describe(tok)}")
+        value = self.integer(tok)
+        if value < 1:
             raise self.error(f"{what} must be a positive integer, found {self.describe(tok)}")
         self.i += 1
-        return int(tok.text)
+        return value
 
     def group_items(self) -> tuple[Item, ...]:
-        self.expect("[", "'[' opening the group's pass list")
+        self.enter(self.expect("[", "'[' opening the group's pass list"))
         items = self.pipeline("]")
         self.expect("]", "']' closing the group's pass list")
+        self.depth -= 1
         return items
 
     def repeat(self, head: _Tok) -> Group:
@@ -261,17 +282,19 @@ class _Parser:
         self.i += 1
         if tok.kind == "number":
             if re.fullmatch(r"[-+]?\d+", tok.text):
-                return int(tok.text)
+                return self.integer(tok)
             return float(tok.text)
         if tok.kind == "string":
             return _unquote(tok, self.text)
         if tok.kind == "punct" and tok.text == "[":
+            self.enter(tok)
             items: list[Any] = []
             while not self.at("]"):
                 items.append(self.value())
                 if not self.at("]"):
                     self.expect(",", "',' or ']' in a list")
             self.i += 1
+            self.depth -= 1
             return items
         if tok.kind == "word":
             return self.word(tok)
@@ -301,7 +324,8 @@ def _dtype(text: str) -> torch.dtype | None:
     name = text.removeprefix("torch.")
     if "." in name:
         return None
-    value = getattr(torch, name, None)
+    # vars(), not getattr(): torch imports submodules (_inductor, onnx) on attribute access.
+    value = vars(torch).get(name)
     return value if isinstance(value, torch.dtype) else None
 
 
@@ -335,7 +359,7 @@ def build(items: Sequence[Item], text: str) -> list[Any]:
             out.append(PassManager(build(item.items, text), steps=item.count, name=item.kind))
             continue
         try:
-            out.append(registry.instantiate(item.name, dict(item.options)))
+            out.append(registry.instantiate(item.name, dict(item.options), declared_only=True))
         except registry.UnknownPassError as exc:
             hint = f"; did you mean {exc.suggestions[0]!r}?" if exc.suggestions else ""
             raise PipelineError(f"unknown pass {item.name!r}", text, item.pos, hint) from None
@@ -401,9 +425,17 @@ def spec_tree(passes: Iterable[Any]) -> tuple[Item, ...]:
 
 def to_text(passes: Iterable[Any]) -> str:
     """Print pass objects as pipeline text that :func:`parse_pipeline` reads back."""
+    from epass import registry
+
     tree = spec_tree(passes)
     for item in _walk(tree):
+        declared = {o.name for o in registry.option_infos(registry.get_factory(item.name))}
         for key, value in item.options:
+            if key not in declared:
+                raise ValueError(
+                    f"option {key!r} of pass {item.name!r} is a keyword argument that "
+                    "pipeline text cannot set"
+                )
             try:
                 format_value(value)
             except ValueError as exc:
@@ -430,6 +462,8 @@ def create_pass(spec: str, /, **options: Any) -> Any:
         raise ArgumentTypeError(
             f"create_pass takes a name or pipeline text, got {type(spec).__name__}"
         )
+    if not spec.strip():
+        raise ArgumentValueError("create_pass: spec is empty; give a pass name or pipeline text")
     if registry.NAME_PATTERN.fullmatch(spec.strip()):
         try:
             return registry.instantiate(spec.strip(), options)
@@ -439,6 +473,8 @@ def create_pass(spec: str, /, **options: Any) -> Any:
     if options:
         raise ArgumentTypeError("pass options either in the text or as keywords, not both")
     passes = parse_pipeline(spec)
+    if not passes:
+        raise ArgumentValueError(f"create_pass: spec {spec!r} holds no pass")
     return passes[0] if len(passes) == 1 else PassManager(passes, name=spec.strip())
 
 

@@ -30,6 +30,7 @@ import math
 import pkgutil
 import re
 import threading
+import types
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, overload
@@ -474,8 +475,12 @@ def reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def instantiate(name: str, options: Mapping[str, Any]) -> Any:
+def instantiate(name: str, options: Mapping[str, Any], *, declared_only: bool = False) -> Any:
     """Call the factory registered as ``name`` with ``options``.
+
+    With ``declared_only`` (pipeline text), only the options the factory names
+    (:func:`option_infos`) are accepted: a ``**kwargs`` catch-all, such as the
+    manager settings a preset forwards, is out of the text's reach.
 
     Raises:
         UnknownPassError / PluginError: the name does not resolve.
@@ -490,12 +495,14 @@ def instantiate(name: str, options: Mapping[str, Any]) -> Any:
     else:
         known = option_infos(entry.factory)
         names = [o.name for o in known]
-        takes_any = _takes_var_keywords(entry.factory)
+        takes_any = _takes_var_keywords(entry.factory) and not declared_only
         for key in options:
             if not takes_any and key not in names:
                 close = difflib.get_close_matches(key, names, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 valid = f" (options: {', '.join(names)})" if names and not close else ""
+                if not names and declared_only:
+                    valid = f" ({name!r} takes no options in pipeline text)"
                 raise ArgumentTypeError(f"no option {key!r}{hint}{valid}")
         obj = entry.factory(**options)
     obj = _named(obj, name)
@@ -642,9 +649,16 @@ def format_value(value: Any) -> str:
 
 
 def lookup_operator(parts: list[str]) -> Any:
-    """``torch.ops.<parts...>``, or None when any part is missing."""
+    """``torch.ops.<parts...>``, or None when any part is missing.
+
+    Only namespaces that already exist are searched: ``getattr(torch.ops, ns)``
+    would create (and keep) a namespace for any word. Operator and overload
+    lookups below a namespace ask torch's C++ registry and import nothing.
+    """
+    obj: Any = vars(torch.ops).get(parts[0])
+    if not isinstance(obj, types.ModuleType):
+        return None
     try:
-        obj: Any = getattr(torch.ops, parts[0])
         for part in parts[1:]:
             obj = getattr(obj, part)
     except (AttributeError, RuntimeError):

@@ -6,7 +6,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from epass.errors import ProgramError
+from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = ["state_problems", "verify_program"]
 
@@ -42,9 +42,12 @@ def verify_program(ep: ExportedProgram) -> None:
     """Run ``ep.validate()`` and the state checks.
 
     Raises:
+        ArgumentTypeError: ``ep`` is not an ExportedProgram.
         ProgramError: torch's verifier rejects the program, or its state and
             signature disagree (``problems`` lists every disagreement).
     """
+    if not isinstance(ep, ExportedProgram):
+        raise ArgumentTypeError(f"verify_program takes an ExportedProgram, got {type(ep).__name__}")
     try:
         ep.validate()
     except Exception as exc:

@@ -11,6 +11,7 @@ from fingerprint import fingerprint
 
 import epass
 from epass import StateConflictError, StateLinker, _program
+from epass.errors import ArgumentTypeError
 from epass.linker import Journal
 
 
@@ -261,3 +262,21 @@ def test_prune_compact_copies_views_of_dropped_entries():
     assert all(lean.state_dict[k] is out.state_dict[k] for k in lean.state_dict)
     torch.testing.assert_close(lean.module()(*args), out.module()(*args))
     assert epass.prune(out).constants == {k: out.constants[k] for k in lean.constants}
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda ep: epass.prune("x"), "prune takes an ExportedProgram, got str"),
+        (lambda ep: StateLinker().link("a", "b"), "original must be an ExportedProgram, got str"),
+        (lambda ep: StateLinker().link(ep, None), "new must be an ExportedProgram, got NoneType"),
+        (lambda ep: StateLinker().link(None, ep), "original must be an ExportedProgram"),
+    ],
+    ids=["prune", "link-strings", "link-none-new", "link-none-original"],
+)
+def test_non_programs_are_a_type_error_naming_the_expected_type(mixed, call, message):
+    before = fingerprint(mixed)
+    with pytest.raises(ArgumentTypeError, match=message) as info:
+        call(mixed)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, epass.EpassError)
+    assert fingerprint(mixed) == before

@@ -27,6 +27,7 @@ from epass import (
     _graph,
     _program,
 )
+from epass.errors import ArgumentTypeError
 
 aten = torch.ops.aten
 
@@ -698,3 +699,59 @@ def test_fx_pass_that_reorders_placeholders_keeps_each_ones_spec():
     targets = {s.arg.name: s.target for s in out.graph_signature.input_specs}
     assert targets["p_a"] == "a" and targets["p_b"] == "b"
     torch.testing.assert_close(out.module()(torch.ones(2)), ep.module()(torch.ones(2)))
+
+
+class _Hooked:
+    """A duck-typed instrument: one known hook, no base class."""
+
+    def after_pass(self, info, program, record):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("instruments", "message"),
+    [
+        ("abc", r"instruments must be a list of instruments, got str"),
+        (b"abc", r"instruments must be a list of instruments, got bytes"),
+        (5, r"instruments must be a list of instruments, got int"),
+        ([_Hooked(), "abc"], r"instruments\[1\] \(str\) is not an instrument"),
+        ([object()], r"instruments\[0\] \(object\) is not an instrument"),
+        ([epass.Timing], r"instruments\[0\] is the class Timing; pass an instance"),
+    ],
+    ids=["str", "bytes", "int", "str-item", "object-item", "class-item"],
+)
+def test_instruments_that_are_not_instruments_are_a_type_error(instruments, message):
+    with pytest.raises(ArgumentTypeError, match=message):
+        PassManager([], instruments=instruments)
+
+
+def test_duck_typed_instruments_are_accepted():
+    pm = PassManager([], instruments=(i for i in [_Hooked(), epass.Timing()]))
+    assert len(pm.instruments) == 2
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"aten.relu.default": abs}, r"keys must be operators .* got 'aten.relu.default' \(str\)"),
+        ({5: abs}, r"keys must be operators .* got 5 \(int\)"),
+        ({aten.relu.default: abs, None: abs}, r"got None \(NoneType\)"),
+        ("aten.relu.default", r"takes a mapping of operators, got str"),
+        ("", r"takes a mapping of operators, got str"),
+        (5, r"takes a mapping of operators, got int"),
+    ],
+    ids=["str-key", "int-key", "none-key", "str-table", "empty-str-table", "int-table"],
+)
+def test_decompose_table_keys_must_be_operators(table, message):
+    with pytest.raises(ArgumentTypeError, match=message):
+        Decompose(table=table)
+
+
+def test_decompose_table_takes_overloads_and_packets():
+    assert Decompose(table={aten.relu.default: abs, aten.gelu: abs}).table is not None
+
+
+@pytest.mark.parametrize("value", ["x", None, torch.nn.Linear(2, 2)])
+def test_verify_program_wants_an_exported_program(value):
+    with pytest.raises(ArgumentTypeError, match="verify_program takes an ExportedProgram"):
+        epass.verify_program(value)

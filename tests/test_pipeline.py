@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -12,9 +15,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import epass
 from epass import PassManager, PassResult, registry
 from epass.passes import Decompose
 from epass.pipeline import (
+    MAX_NESTING,
     Group,
     PassSpec,
     PipelineError,
@@ -320,3 +325,215 @@ def test_manager_round_trip(tree: tuple[Any, ...]) -> None:
     assert again.to_text() == text
     assert _structure(again.passes) == _structure(pm.passes)
     assert _structure(parse_pipeline(text)) == _structure(pm.passes)
+
+
+# --- text cannot reach manager settings -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "column", "option"),
+    [
+        ("lower(verify=false)", 7, "verify"),
+        ("cleanup(fingerprint=true)", 9, "fingerprint"),
+        ('lower(instruments="abc")', 7, "instruments"),
+        ("lower(steps=1000000)", 7, "steps"),
+        ("dce, cleanup(linker=none)", 14, "linker"),
+        ("repeat(2, [lower(name=x)])", 18, "name"),
+    ],
+)
+def test_presets_take_no_manager_settings_from_text(text: str, column: int, option: str) -> None:
+    with pytest.raises(PipelineError) as info:
+        PassManager.from_text(text)
+    assert info.value.column == column, str(info.value)
+    assert f"no option {option!r}" in info.value.reason
+    assert "takes no options in pipeline text" in info.value.reason
+    assert str(info.value).splitlines()[-1].index("^") - 2 == column - 1
+
+
+def test_presets_still_take_manager_settings_from_python() -> None:
+    from epass.passes import presets
+
+    assert presets.lower(verify=False).verify is False
+    assert epass.create_pass("cleanup", fingerprint=True).fingerprint is True
+
+
+def test_to_text_refuses_options_the_text_cannot_set() -> None:
+    pm = PassManager([epass.create_pass("lower", verify=False)])
+    with pytest.raises(ValueError, match="option 'verify' of pass 'lower'"):
+        pm.to_text()
+
+
+# --- text that used to escape the grammar's errors --------------------------------
+
+
+def _error(text: str) -> PipelineError:
+    before = set(sys.modules)
+    with pytest.raises(PipelineError) as info:
+        PassManager.from_text(text)
+    assert set(sys.modules) == before
+    lines = str(info.value).splitlines()
+    assert lines[-1].strip() == "^" and f"column {info.value.column}" in info.value.reason
+    return info.value
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING + 1, 300, 3000])
+def test_deeply_nested_groups_are_a_pipeline_error(depth: int) -> None:
+    err = _error("repeat(1, [" * depth + "plain" + "])" * depth)
+    assert "nest more than" in err.reason
+    assert err.column == len("repeat(1, [") * (MAX_NESTING + 1)  # at the first '[' too many
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING + 1, 3000, 100_000])
+def test_deeply_nested_option_lists_are_a_pipeline_error(depth: int) -> None:
+    err = _error("knobs(sizes=" + "[" * depth + "]" * depth + ")")
+    assert "nest more than" in err.reason
+    assert err.column == len("knobs(sizes=") + MAX_NESTING + 1
+
+
+def test_nesting_up_to_the_limit_parses_prints_and_builds() -> None:
+    half = MAX_NESTING // 2
+    text = "repeat(1, [" * half + "knobs(sizes=" + "[" * half + "]" * half + ")" + "])" * half
+    pm = PassManager.from_text(text)
+    assert PassManager.from_text(pm.to_text()).to_text() == pm.to_text()
+    groups = "repeat(1, [" * MAX_NESTING + "plain" + "])" * MAX_NESTING
+    assert PassManager.from_text(groups).to_text() == groups
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "knobs(count=" + "9" * 5000 + ")",
+        "knobs(count=-" + "1" * 4301 + ")",
+        "knobs(sizes=[1, " + "9" * 5000 + "])",
+        "repeat(" + "9" * 5000 + ", [plain])",
+        "fixpoint([plain], max=" + "9" * 5000 + ")",
+    ],
+    ids=["option", "negative", "in-list", "repeat", "fixpoint"],
+)
+def test_numbers_too_long_for_int_are_a_pipeline_error(text: str) -> None:
+    err = _error(text)
+    assert "too long" in err.reason
+    assert err.text[err.pos] in "-9"
+
+
+_SUBMODULE_WORDS = [
+    "_inductor",
+    "onnx",
+    "_dynamo",
+    "torch._inductor",
+    "_inductor.config",
+    "torch.onnx.export",
+    "_dynamo.config.x",
+    "no_such_namespace.relu",
+    "torch.ops.no_such_namespace.relu.default",
+]
+_IMPORT_PROBE = """
+import json, sys
+import torch
+from epass.pipeline import PipelineError, parse
+for word in json.loads(sys.argv[1]):
+    before, namespaces = set(sys.modules), set(vars(torch.ops))
+    try:
+        result = [[item.name, item.options] for item in parse(f"knobs(label={word})")]
+    except PipelineError as exc:
+        result = exc.column
+    new = sorted(set(sys.modules) - before) + sorted(set(vars(torch.ops)) - namespaces)
+    print(json.dumps([word, result, new]))
+"""
+
+
+def test_option_values_import_nothing() -> None:
+    # A fresh interpreter: in this one, other tests may have imported these already.
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE, json.dumps(_SUBMODULE_WORDS)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    results = {word: (result, new) for word, result, new in map(json.loads, out)}
+    assert list(results) == _SUBMODULE_WORDS
+    for word, (result, new) in results.items():
+        assert new == [], word  # no module imported, no torch.ops namespace made
+        if "." in word:
+            assert result == 13, word  # an unknown operator, at the value's column
+        else:  # a bare word is a string
+            assert result == [["knobs", [["label", word]]]], word
+
+
+# --- property: any text either parses or is a PipelineError, importing nothing ------
+
+# Words that mean something to the grammar or to torch (including names of torch
+# submodules that attribute access would import), and numbers int() refuses.
+_WORDS = st.sampled_from(
+    [
+        *("0", "-1", "+7", "2.5", "1e309", "-inf", "nan", "9" * 4400, "-" + "1" * 4301),
+        *("true", "none", "max", "bfloat16", "torch.float16", "float", "x"),
+        *('"a\\n"', "'q'", "'x", '"\\z"', "\\"),
+        *("aten.relu", "aten.gelu.default", "torch.ops.aten.add.Tensor", "prims.add"),
+        *("_inductor", "onnx", "_dynamo", "torch._inductor", "onnx.export", "x.y"),
+        *("__class__", "aten.__class__", "higher_order.cond", "torch.ops.__dict__.x"),
+    ]
+)
+_KEYS = st.sampled_from(["count", "sizes", "label", "op", "dtype", "verify", "steps", "max"])
+_NAMES = st.sampled_from(["knobs", "plain", "lower", "cleanup", "dce", "nope", "repeat"])
+_VALUES = st.recursive(
+    _WORDS, lambda inner: st.lists(inner, max_size=3).map(lambda v: f"[{', '.join(v)}]")
+)
+
+
+@st.composite
+def _deep_value(draw: st.DrawFn) -> str:
+    depth = draw(st.integers(0, 4000))
+    return "[" * depth + draw(_VALUES) + "]" * draw(st.sampled_from([depth, 0, depth // 2]))
+
+
+@st.composite
+def _pass_text(draw: st.DrawFn) -> str:
+    options = draw(st.lists(st.tuples(_KEYS, st.one_of(_VALUES, _deep_value())), max_size=3))
+    name = draw(_NAMES)
+    return f"{name}({', '.join(f'{k}={v}' for k, v in options)})" if options else name
+
+
+def _group(kind: str, count: str, body: list[str]) -> str:
+    inner = ", ".join(body)
+    return (
+        f"repeat({count}, [{inner}])" if kind == "repeat" else f"fixpoint([{inner}], max={count})"
+    )
+
+
+_ITEMS = st.recursive(
+    _pass_text(),
+    lambda inner: st.builds(
+        _group, st.sampled_from(["repeat", "fixpoint"]), _WORDS, st.lists(inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@st.composite
+def _pipeline_text(draw: st.DrawFn) -> str:
+    text = ", ".join(draw(st.lists(_ITEMS, max_size=3)))
+    depth = draw(st.integers(0, 400))
+    text = "repeat(1, [" * depth + text + "])" * depth
+    # Then damage it: cut it, or splice in arbitrary characters.
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, len(text)))
+        text = text[:at] + draw(st.text(max_size=3)) + text[at + draw(st.integers(0, 2)) :]
+    return text
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=40), _pipeline_text()))
+def test_any_text_parses_or_is_a_pipeline_error(text: str) -> None:
+    before = set(sys.modules)
+    try:
+        parse(text)
+    except PipelineError as exc:
+        assert exc.column >= 1 and str(exc).splitlines()[-1].strip() == "^"
+    assert set(sys.modules) == before  # parsing imports nothing
+    try:
+        PassManager.from_text(text)
+    except PipelineError as exc:
+        assert exc.column >= 1 and str(exc).splitlines()[-1].strip() == "^"
+    # Building loads the named passes' own modules (the registry is lazy), nothing else.
+    assert {m for m in set(sys.modules) - before if not m.startswith("epass.")} == set()

@@ -163,6 +163,9 @@ def test_operator_checks_know_aten_overloads():
     assert _program.is_op_overload(torch.ops.aten.linear.default)
     assert not _program.is_op_overload(torch.ops.aten.linear)  # a packet, not an overload
     assert not _program.is_operator("aten.linear.default")
+    assert _program.is_op_packet(torch.ops.aten.linear)
+    assert not _program.is_op_packet(torch.ops.aten.linear.default)
+    assert not _program.is_op_packet("aten.linear")
     schema = _program.op_schema(torch.ops.aten.add_.Tensor)
     assert schema is not None and schema.is_mutable
     assert _program.op_schema(len) is None

@@ -17,6 +17,7 @@ import torch
 
 import epass
 from epass import PassManager, PassResult, registry
+from epass.errors import ArgumentValueError
 from epass.passes import Decompose
 from epass.registry import PluginError, RegistryError, UnknownPassError
 
@@ -293,3 +294,23 @@ def test_names_the_grammar_reads_as_numbers_are_reserved(name: str) -> None:
     # name could never be written in a pipeline.
     with pytest.raises(registry.RegistryError, match="reserved word"):
         registry.register_pass(name, lambda ep: ep)
+
+
+@pytest.mark.parametrize("spec", ["", "   ", "\n\t ", "# only a comment"])
+def test_create_pass_without_a_pass_is_a_value_error(spec: str) -> None:
+    with pytest.raises(ArgumentValueError, match="create_pass: spec") as info:
+        epass.create_pass(spec)
+    assert isinstance(info.value, ValueError)
+
+
+def test_var_keyword_factories_take_only_named_options_from_text(fresh: None) -> None:
+    @registry.register_pass("kwargs-test")
+    def make(*, factor: int = 2, **settings: Any) -> Scale:
+        return Scale(factor=float(factor + len(settings)))
+
+    # From Python, keywords reach **settings; from text, only the named option.
+    assert epass.create_pass("kwargs-test", factor=1, verify=False).factor == 2.0
+    assert epass.create_pass("kwargs-test(factor=1)").factor == 1.0
+    with pytest.raises(epass.PipelineError, match="no option 'verify'") as info:
+        epass.create_pass("kwargs-test(factor=1, verify=false)")
+    assert info.value.column == 23

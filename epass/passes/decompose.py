@@ -20,7 +20,24 @@ _SDPA = "aten.scaled_dot_product_attention"
 
 
 def _table(value: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
-    return None if value is None else dict(value)
+    if value is None:
+        return None
+    not_a_table = ArgumentTypeError(
+        f"Decompose(table=...) takes a mapping of operators, got {type(value).__name__}"
+    )
+    if isinstance(value, (str, bytes)):
+        raise not_a_table
+    try:
+        table = dict(value)
+    except (TypeError, ValueError):
+        raise not_a_table from None
+    for op in table:
+        if not (_program.is_operator(op) or _program.is_op_packet(op)):
+            raise ArgumentTypeError(
+                "Decompose(table=...) keys must be operators such as "
+                f"torch.ops.aten.gelu.default, got {op!r} ({type(op).__name__})"
+            )
+    return table
 
 
 def _ops(value: Iterable[Any]) -> tuple[Any, ...]:

@@ -22,7 +22,8 @@ def lower(**options: object) -> PassManager:
     pre-computed constant, duplicates are merged and unused inputs are gone.
     State: the store gains the folded constants; the output shares the user's
     dicts. ``options`` go to :class:`~epass.PassManager` (``instruments``,
-    ``linker``, ``verify``...).
+    ``linker``, ``verify``...); they are Python keywords only, and pipeline text
+    gives a preset no options.
 
     Example::
 
@@ -38,7 +39,8 @@ def cleanup(**options: object) -> PassManager:
     LiftConstants -> ConstantFold -> CSE -> DCE, repeated until nothing changes
     (at most 3 rounds). It keeps the program's dialect (no decomposition) and its
     assertions. State: the store gains lifted and folded constants; the output
-    shares the user's dicts.
+    shares the user's dicts. ``options`` go to :class:`~epass.PassManager`, from
+    Python only (pipeline text gives a preset no options).
 
     Example::
 

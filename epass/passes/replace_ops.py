@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import attrs
+import torch
 from torch.export import ExportedProgram
 from torch.fx import subgraph_rewriter
 
@@ -36,6 +39,58 @@ def _patterns(value: Iterable[Any]) -> tuple[tuple[Callable[..., Any], Callable[
         if len(pair) != 2 or not all(callable(f) for f in pair):
             raise ArgumentTypeError("patterns must be (pattern, replacement) pairs of functions")
     return pairs  # type: ignore[return-value]
+
+
+_inside = threading.local()
+
+
+def _not_reentrant(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a decomposition-table entry whose own operator calls stay as they are.
+
+    While a replacement runs (on this thread), every replaced operator it calls
+    returns ``NotImplemented``, which tells torch's tracer to keep the call as it
+    is; so ``gelu -> lambda x: F.gelu(x, approximate="tanh")`` does not recurse.
+    """
+
+    @functools.wraps(fn)
+    def replacement(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_inside, "active", False):
+            return NotImplemented
+        _inside.active = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _inside.active = False
+
+    return replacement
+
+
+def _traced(
+    replacement: Callable[..., Any], gm: torch.fx.GraphModule, taken: set[str]
+) -> torch.fx.GraphModule:
+    """``replacement`` traced to a GraphModule whose tensor attributes (the tensors it
+    creates, such as ``torch.tensor([...])``) have names that neither ``gm`` nor an
+    earlier pattern (``taken``, updated) uses.
+
+    The subgraph rewriter copies a replacement GraphModule's attributes into ``gm``
+    (a plain function's are lost, leaving ``get_attr`` nodes without a value), but
+    keeps an attribute ``gm`` already has under the same name, so names must be fresh.
+    """
+    traced = torch.fx.symbolic_trace(replacement)
+    for node in traced.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        index = 0
+        while hasattr(gm, f"replacement_constant_{index}") or (
+            f"replacement_constant_{index}" in taken
+        ):
+            index += 1
+        name = f"replacement_constant_{index}"
+        taken.add(name)
+        setattr(traced, name, getattr(traced, str(node.target)))
+        node.target = name
+    traced.recompile()
+    return traced
 
 
 @attrs.define(eq=False)
@@ -80,7 +135,7 @@ class ReplaceOps:
     def __call__(self, ep: ExportedProgram) -> PassResult:
         present = {n.target for n in ep.graph.nodes if n.op == "call_function"}
         traced = {
-            op: fn
+            op: _not_reentrant(fn)
             for op, fn in self.ops.items()
             if op in present and not _program.is_op_overload(fn)
         }
@@ -99,10 +154,13 @@ class ReplaceOps:
                 node.target = new
                 node.meta.pop("val", None)
                 changed = True
+        taken: set[str] = set()
         for pattern, replacement in self.patterns:
-            replaced = subgraph_rewriter.replace_pattern_with_filters(gm, pattern, replacement)
+            replaced = subgraph_rewriter.replace_pattern_with_filters(
+                gm, pattern, _traced(replacement, gm, taken)
+            )
             changed |= bool(replaced)
         if not changed:
             return PassResult(ep, modified)
-        _graph.fill_meta(gm)
+        # lift_constants fills the fake values in, once the created tensors are inputs.
         return PassResult(lift_constants(ep, gm), True)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pass_helpers as h
 import pytest
 import torch
+import torch.nn.functional as F
 
 from epass.passes import ReplaceOps
 
@@ -90,3 +93,117 @@ def test_replace_ops_validates_its_options() -> None:
         ReplaceOps({"relu": clamp_relu})
     with pytest.raises(TypeError, match="pairs"):
         ReplaceOps(patterns=[(clamp_relu,)])
+
+
+class GeluTwice(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(torch.nn.functional.gelu(x) * 2)
+
+
+@pytest.mark.parametrize("form", ["training", "decomposed"])
+def test_replace_ops_function_calling_the_replaced_op_does_not_recurse(form: str) -> None:
+    ep = torch.export.export(GeluTwice(), (torch.randn(8),))
+    if form == "decomposed":
+        ep = ep.run_decompositions({})
+    tanh = ReplaceOps(
+        {aten.gelu.default: lambda x, approximate="none": F.gelu(x, approximate="tanh")}
+    )
+    out = h.run_checked(tanh, ep).program
+    gelus = [n for n in out.graph.nodes if n.target == aten.gelu.default]
+    assert [n.kwargs.get("approximate") for n in gelus] == ["tanh", "tanh"]
+    x = torch.randn(8)
+    expected = F.gelu(F.gelu(x, approximate="tanh") * 2, approximate="tanh")
+    torch.testing.assert_close(out.module()(x), expected)
+    assert not torch.allclose(out.module()(x), GeluTwice()(x))  # the replacement did run
+
+
+def test_replace_ops_functions_calling_each_others_ops_are_not_replaced_inside() -> None:
+    # Inside any replacement, no replaced op is replaced again: each call site is
+    # rewritten once, so a cycle (relu -> gelu, gelu -> relu) terminates.
+    class Both(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x) + F.gelu(x)
+
+    swap = ReplaceOps(
+        {
+            aten.relu.default: lambda x: F.gelu(x),
+            aten.gelu.default: lambda x, approximate="none": torch.relu(x),
+        }
+    )
+    out = h.run_checked(swap, torch.export.export(Both(), (torch.randn(8),))).program
+    x = torch.randn(8)
+    torch.testing.assert_close(out.module()(x), F.gelu(x) + torch.relu(x))
+
+
+def _relu_program() -> torch.export.ExportedProgram:
+    class Relu(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x) - torch.relu(-x)
+
+    return torch.export.export(Relu(), (torch.randn(3),)).run_decompositions()
+
+
+def relu_pattern(x: torch.Tensor) -> torch.Tensor:
+    return aten.relu.default(x)
+
+
+@pytest.mark.parametrize(
+    ("replacement", "scale"),
+    [
+        (lambda x: aten.mul.Tensor(x, torch.tensor([1.0, 2.0, 3.0])), [1.0, 2.0, 3.0]),
+        (lambda x: aten.mul.Tensor(x, aten.ones.default([3])), [1.0, 1.0, 1.0]),
+    ],
+    ids=["torch.tensor", "aten.ones"],
+)
+def test_replace_ops_pattern_creating_a_tensor_lifts_it_to_a_constant(
+    replacement: Any, scale: list[float]
+) -> None:
+    ep = _relu_program()
+    keys = set(ep.constants)
+    result = h.run_checked(ReplaceOps(patterns=[(relu_pattern, replacement)]), ep)
+    out = result.program
+    assert aten.relu.default not in _targets(out)
+    added = set(out.constants) - keys
+    assert len(added) == 1  # both matches use the one tensor the replacement created
+    (key,) = added
+    torch.testing.assert_close(out.constants[key], torch.tensor(scale))
+    assert out.constants is ep.constants  # added to the store, dicts still shared
+    x = torch.randn(3)
+    s = torch.tensor(scale)
+    torch.testing.assert_close(out.module()(x), x * s - (-x) * s)
+
+
+def test_replace_ops_patterns_creating_tensors_keep_them_apart() -> None:
+    def neg_pattern(x: torch.Tensor) -> torch.Tensor:
+        return aten.neg.default(x)
+
+    def by_two(x: torch.Tensor) -> torch.Tensor:
+        return aten.mul.Tensor(x, torch.tensor([2.0, 2.0, 2.0]))
+
+    def by_three(x: torch.Tensor) -> torch.Tensor:
+        return aten.mul.Tensor(x, torch.tensor([3.0, 3.0, 3.0]))
+
+    ep = _relu_program()
+    keys = set(ep.constants)
+    p = ReplaceOps(patterns=[(relu_pattern, by_two), (neg_pattern, by_three)])
+    out = h.run_checked(p, ep).program
+    added = sorted(set(out.constants) - keys)
+    values = sorted(out.constants[k][0].item() for k in added)
+    assert values == [2.0, 3.0]
+    x = torch.randn(3)
+    torch.testing.assert_close(out.module()(x), x * 2 - (x * 3) * 2)
+
+
+def test_replace_ops_composite_op_calling_itself_does_not_recurse() -> None:
+    # aten.linear is CompositeImplicitAutograd: torch replaces it through another path.
+    def doubled_linear(x: torch.Tensor, w: torch.Tensor, b: Any = None) -> torch.Tensor:
+        return F.linear(x, w, b) * 2
+
+    ep = h.program("mlp")
+    out = h.run_checked(ReplaceOps({aten.linear.default: doubled_linear}), ep).program
+    assert h.node_count(out, aten.linear.default) == h.node_count(ep, aten.linear.default) > 0
+    assert h.node_count(out, aten.mul.Tensor) == h.node_count(ep, aten.linear.default)
+    net = h.models.fresh_eager("mlp").net
+    x = h.inputs("mlp")[0]
+    hidden = torch.relu(net[0](x) * 2)
+    torch.testing.assert_close(out.module()(x), net[4](torch.relu(net[2](hidden) * 2)) * 2)
