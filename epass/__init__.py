@@ -2,12 +2,16 @@
 
 from epass.bisect import BisectResult, bisect
 from epass.errors import (
+    CliError,
     EpassError,
     InstrumentError,
+    LoadError,
     OrderingError,
     PassError,
+    SaveError,
     StateConflictError,
     StateMutationError,
+    UnsafeArchiveError,
     VerificationError,
 )
 from epass.instruments import (
@@ -21,7 +25,8 @@ from epass.instruments import (
     Reproducer,
     Timing,
 )
-from epass.linker import DictReport, LinkReport, LinkResult, StateLinker, prune
+from epass.io import inspect, load, prune, save
+from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
 from epass.manager import PassManager, PassRecord, PipelineResult
 from epass.passes import Decompose
 from epass.pipeline import PipelineError
@@ -31,6 +36,7 @@ from epass.verify import verify_program
 
 __all__ = [
     "BisectResult",
+    "CliError",
     "Decompose",
     "DictReport",
     "EpassError",
@@ -39,6 +45,7 @@ __all__ = [
     "InstrumentError",
     "LinkReport",
     "LinkResult",
+    "LoadError",
     "MemoryAccounting",
     "NumericsCheck",
     "OpCounts",
@@ -54,16 +61,21 @@ __all__ = [
     "PrintIR",
     "Progress",
     "Reproducer",
+    "SaveError",
     "StateConflictError",
     "StateLinker",
     "StateMutationError",
     "Timing",
+    "UnsafeArchiveError",
     "VerificationError",
     "bisect",
     "create_pass",
+    "inspect",
     "list_passes",
+    "load",
     "prune",
     "register_pass",
+    "save",
     "verify_program",
 ]
 

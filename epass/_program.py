@@ -24,6 +24,7 @@ from torch.export.graph_signature import (
 __all__ = [
     "PRIVATE_FIELDS",
     "copy_graph_module",
+    "load_pt2",
     "private_view",
     "rebuild_from_graph_module",
     "set_state",
@@ -380,3 +381,19 @@ def graph_code(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
             module.recompile()
             out.append((name, module.code))
     return out
+
+
+def load_pt2(f: Any) -> ExportedProgram:
+    """The ``"model"`` program of a .pt2 archive, through torch's archive loader.
+
+    ``torch.export.load`` wraps the same loader but hides its error behind a log
+    record and falls back to a legacy reader that unpickles without restriction;
+    calling the loader directly gives torch's own exception and no fallback.
+    """
+    from torch.export.pt2_archive._package import load_pt2 as _load_pt2
+
+    contents = _load_pt2(f)
+    programs = contents.exported_programs
+    if "model" not in programs:
+        raise ValueError(f"the archive holds no 'model' program (found {sorted(programs)})")
+    return programs["model"]

@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "CliError",
     "EpassError",
     "InstrumentError",
+    "LoadError",
     "OrderingError",
     "PassError",
+    "SaveError",
     "StateConflictError",
     "StateMutationError",
+    "UnsafeArchiveError",
     "VerificationError",
 ]
 
@@ -106,3 +110,50 @@ class InstrumentError(PassError):
         self.instrument = instrument
         self.hook = hook
         super().__init__(message, **kwargs)  # type: ignore[arg-type]
+
+
+class LoadError(EpassError, ValueError):
+    """A file could not be loaded as a program: missing, not a .pt2 archive, or corrupt.
+
+    Attributes:
+        path: the file.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        self.path = path
+        super().__init__(message)
+
+
+class UnsafeArchiveError(LoadError):
+    """An archive holds a member that loading it without trust would not allow.
+
+    Raised before torch reads the file: nothing in it has been executed.
+
+    Attributes:
+        path: the file.
+        member: the offending archive member.
+    """
+
+    def __init__(self, message: str, *, path: str = "", member: str = "") -> None:
+        self.member = member
+        super().__init__(message, path=path)
+
+
+class SaveError(EpassError, OSError):
+    """A program or report could not be written; the target path is as it was before."""
+
+
+class CliError(EpassError):
+    """A failure the ``epass`` command reports as one line, with its exit code.
+
+    Attributes:
+        reason: the line printed after ``epass: error:``.
+        code: the exit code (1: a pass or a check failed; 2: bad arguments or files).
+        context: further lines (the caret under a pipeline syntax error).
+    """
+
+    def __init__(self, reason: str, code: int = 2, context: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+        self.context = context

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from epass.io import atomic_write
 from epass.manager import PassManager, PassRecord, PipelineResult
 
 __all__ = ["SCHEMA", "build_report", "render_html", "write_report"]
@@ -310,9 +311,11 @@ def write_report(path: str | Path, report: Mapping[str, Any]) -> Path:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".json":
-        path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+        text = json.dumps(report, indent=2, sort_keys=False) + "\n"
     elif suffix in (".html", ".htm"):
-        path.write_text(render_html(report))
+        text = render_html(report)
     else:
         raise ValueError(f"report file must end in .json or .html, got {path.name!r}")
+    with atomic_write(path) as tmp:  # a reader never sees half a report
+        tmp.write_text(text)
     return path
