@@ -408,13 +408,13 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
 
 def _screen_members(archive: zipfile.ZipFile, size: int, name: str) -> None:
     infos = archive.infolist()
-    root = _check_zip_entries(infos, size, name)
-    names = {i.filename[len(root) + 1 :]: i.filename for i in infos}
-    if "models/model.json" not in names:
+    if not any(i.filename.lower().endswith("models/model.json") for i in infos):
         raise LoadError(
             f"{name}: a zip file, but not an exported program (no models/model.json inside)",
             path=name,
         )
+    root = _check_zip_entries(infos, size, name)
+    names = {i.filename[len(root) + 1 :]: i.filename for i in infos}
     pickles: set[str] = set()
     for short, full in names.items():
         if any(re.fullmatch(p, short.lower()) for p in TRUST_ONLY):
