@@ -271,8 +271,8 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     report_path = io.check_output_path(args.report, REPORT_SUFFIXES) if args.report else None
     if output is not None and report_path is not None and output.resolve() == report_path.resolve():
         raise CliError(f"{args.output}: -o and --report name the same file")
+    io.import_modules(args.imports)  # they may register passes as well as ops
     pm = _build_manager(args.pipeline, args.steps)
-    io.import_modules(args.imports)
     io.import_modules(io.declared_imports(pm.passes))
     ep = io.load(args.input, trust=args.trust)
     check = _numerics_check(args, ep) if args.check_numerics else None

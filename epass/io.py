@@ -349,7 +349,9 @@ def _screen_config(
             raise _Refuse(member, f"entry {key!r} has no path_name")
         target = folder + path_name
         if any(re.fullmatch(p, target.lower()) for p in TRUST_ONLY):
-            raise _Refuse(target, "a pickled object that loading would execute")
+            # torch finds the member case-insensitively: name the one it would read.
+            actual = next((v for k, v in names.items() if k.lower() == target.lower()), target)
+            raise _Refuse(actual, "a pickled object that loading would execute")
         if not re.fullmatch(allowed, path_name) or target not in names:
             raise _Refuse(member, f"entry {key!r} points at {path_name!r}, not a tensor member")
         if entry.get("use_pickle"):
@@ -572,8 +574,12 @@ def check_output_path(path: str | os.PathLike[str], suffixes: Sequence[str]) -> 
         raise SaveError(f"{p}: directory {p.parent} does not exist")
     if p.is_dir():
         raise SaveError(f"{p}: is a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise SaveError(f"{p}: directory {p.parent} is not writable")
+    try:  # the one reliable test (permissions, read-only mounts, /proc) is to try
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{p.stem}.", suffix=".probe")
+    except OSError as exc:
+        raise SaveError(f"{p}: cannot write in {p.parent} ({exc.strerror or exc})") from exc
+    os.close(fd)
+    os.unlink(probe)
     return p
 
 

@@ -449,3 +449,213 @@ def test_output_program_that_cannot_run_the_inputs_is_named(
     assert _one_line_error(err).startswith(
         "epass: error: numerics differ after pass 'cast-dtype': running it raised RuntimeError("
     )
+
+
+# --- outputs are all-or-nothing; exit codes ------------------------------------------
+
+
+def test_unwritable_report_path_fails_before_running(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_file = tmp_path / "out.pt2"
+    code, out, err = _run(
+        capsys, "run", str(files["mlp"]), "-p", "decompose", "-o", str(out_file),
+        "--report", "/proc/x.json",
+    )  # fmt: skip
+    assert code == 2
+    assert "/proc/x.json" in _one_line_error(err)
+    assert "decompose" not in out and not out_file.exists()
+
+
+def test_numerics_failure_writes_the_report_but_not_the_program(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_file, report = tmp_path / "out.pt2", tmp_path / "r.json"
+    code, _, err = _run(
+        capsys, "run", str(files["bias"]), "-p", "drop-bias-test", "--check-numerics",
+        "-o", str(out_file), "--report", str(report),
+    )  # fmt: skip
+    assert code == 1
+    assert _one_line_error(err).endswith(f"{out_file} was not written")
+    assert not out_file.exists()
+    data = json.loads(report.read_text())
+    assert data["numerics"]["ok"] is False and data["output"] is None
+    assert data["numerics"]["first_drift"].startswith("drop-bias-test: DRIFT")
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temp files either
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--atol", "-1"), ("--rtol", "nan"), ("--atol", "inf")]
+)
+def test_bad_tolerance_exits_2_before_running(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    code, out, err = _run(
+        capsys, "run", str(files["mlp"]), "-p", "decompose", "--check-numerics", flag, value
+    )
+    assert code == 2
+    assert f"argument {flag}: must be a finite number >= 0" in _one_line_error(err)
+    assert out == ""
+
+
+def _exit_three(ep: Any) -> Any:
+    sys.exit(3)
+
+
+def test_sys_exit_in_a_pass_is_a_pass_failure(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    registry.register_pass("exit-test", _exit_three)
+    try:
+        code, _, err = _run(capsys, "run", str(files["mlp"]), "-p", "decompose, exit-test")
+    finally:
+        registry.unregister_pass("exit-test")
+    assert code == 1
+    assert err.splitlines() == [
+        "epass: error: pass 'exit-test' (position 1, step 0) failed: SystemExit: 3"
+    ]
+
+
+def test_cli_numerics_verdict_is_numerics_check_verdict(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One tolerance rule: the command's verdict is NumericsCheck's on the same program."""
+    from epass import NumericsCheck, PassManager
+
+    ep = load(files["bias"])
+    for atol in ("0.5", "1.5"):  # the dropped bias is 1.0: fails, then passes
+        report = tmp_path / f"r{atol}.json"
+        code, _, _ = _run(
+            capsys, "run", str(files["bias"]), "-p", "drop-bias-test", "--check-numerics",
+            "--atol", atol, "--rtol", "0", "--report", str(report),
+        )  # fmt: skip
+        check = NumericsCheck(reference="input", atol=float(atol), rtol=0.0)
+        PassManager.from_text("drop-bias-test", instruments=[check]).run(ep)
+        numerics = json.loads(report.read_text())["numerics"]
+        assert numerics["ok"] is (check.first_drift is None) is (code == 0)
+        assert numerics["max_abs_diff"] == check.checks[-1].max_abs
+    assert code == 0  # the last one, atol 1.5, passed
+
+
+def test_passes_prints_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    from epass.cli import plain_text
+
+    assert plain_text("Fold :class:`~torch.nn.BatchNorm2d` into ``conv``") == (
+        "Fold BatchNorm2d into conv"
+    )
+    code, out, _ = _run(capsys, "passes")
+    assert code == 0
+    assert "``" not in out and ":class:" not in out and ":func:" not in out
+
+
+# --- loading programs that need extra libraries ------------------------------------
+
+_OPS_LIBRARY = """
+import torch
+
+
+@torch.library.custom_op("epass_test_ops::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+"""
+
+_PLUGIN = """
+import epass
+from epass import PassResult
+
+
+class NeedsOps:
+    name = "needs-ops"
+    imports = ("epass_test_ops",)
+
+    def __call__(self, ep):
+        return PassResult(ep, False)
+
+
+epass.register_pass("needs-ops", NeedsOps)
+"""
+
+
+@pytest.fixture(scope="module")
+def custom_op_program(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A program calling a custom op, and the folder holding the op's library."""
+    root = tmp_path_factory.mktemp("ops")
+    (root / "epass_test_ops.py").write_text(_OPS_LIBRARY)
+    (root / "needs_ops_plugin.py").write_text(_PLUGIN)
+    script = (
+        "import sys, torch\nsys.path.insert(0, sys.argv[1])\nimport epass_test_ops\n"
+        "class M(torch.nn.Module):\n    def forward(self, x):\n"
+        "        return torch.ops.epass_test_ops.twice(x) + 1\n"
+        "torch.export.save(torch.export.export(M(), (torch.randn(3),)), sys.argv[2])\n"
+    )
+    program = root / "ops.pt2"
+    subprocess.run([sys.executable, "-c", script, str(root), str(program)], check=True)
+    return program, root
+
+
+def _epass(*argv: str, path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(path)])}
+    return subprocess.run(
+        [sys.executable, "-m", "epass", "--plain", *argv],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+
+
+def test_import_option_registers_custom_ops_before_loading(
+    custom_op_program: tuple[Path, Path],
+) -> None:
+    program, library = custom_op_program
+    refused = _epass("inspect", str(program), path=library)
+    assert refused.returncode == 2
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith(f"epass: error: {program}: cannot load (SerializeError: ")
+    assert "torch.ops.epass_test_ops.twice.default" in line and "--import" in line
+    loaded = _epass("inspect", str(program), "--import", "epass_test_ops", path=library)
+    assert loaded.returncode == 0, loaded.stderr
+    assert "epass_test_ops.twice.default" in loaded.stdout
+    missing = _epass("inspect", str(program), "--import", "no_such_module_xyz", path=library)
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("epass: error: --import no_such_module_xyz: ")
+
+
+def test_plugin_declared_imports_are_imported_before_loading(
+    custom_op_program: tuple[Path, Path], tmp_path: Path
+) -> None:
+    program, library = custom_op_program
+    out = tmp_path / "out.pt2"
+    proc = _epass(
+        "run", str(program), "-p", "needs-ops", "-o", str(out),
+        "--import", "needs_ops_plugin", path=library,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert out.exists()
+
+
+@pytest.mark.slow
+def test_torchao_pt2e_program_loads_with_import_torchao(tmp_path: Path) -> None:
+    pytest.importorskip("torchao")
+    script = (
+        "import sys, warnings, torch\nwarnings.simplefilter('ignore')\n"
+        "from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e, convert_pt2e\n"
+        "import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()\n"
+        "args = (torch.randn(2, 8),)\n"
+        "q = xiq.X86InductorQuantizer()\n"
+        "q.set_global(xiq.get_default_x86_inductor_quantization_config())\n"
+        "p = prepare_pt2e(torch.export.export(m, args).module(), q)\np(*args)\n"
+        "ep = torch.export.export(convert_pt2e(p), args)\n"
+        "torch.export.save(ep, sys.argv[1])\n"
+    )
+    program = tmp_path / "quantized.pt2"
+    subprocess.run([sys.executable, "-c", script, str(program)], check=True, timeout=600)
+    refused = _epass("inspect", str(program), path=tmp_path)
+    assert refused.returncode == 2
+    assert "We failed to resolve torch.ops.quantized_decomposed." in refused.stderr
+    loaded = _epass("inspect", str(program), "--import", "torchao", path=tmp_path)
+    assert loaded.returncode == 0, loaded.stderr
+    assert "quantized_decomposed.quantize_per_tensor.default" in loaded.stdout
