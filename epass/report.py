@@ -6,7 +6,7 @@ The JSON document (``schema: "epass.report/1"``) holds:
 ``pipeline`` (text, or null when the pipeline has no textual form), ``input`` /
 ``output`` (file paths or null), ``modified``, ``shared`` (every output dict is the
 store), ``seconds`` (sum over top-level passes), ``nodes_before``, ``nodes_after``,
-``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol"}``), and
+``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol", "first_drift"}``), and
 ``passes``: one object per pass run, in order, with every key of
 :meth:`epass.PassRecord.as_dict` (``children`` nest the same way) plus ``path``
 (``"lower/dce"`` for nested passes), ``spec`` (the pass as pipeline text, or null),
