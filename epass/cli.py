@@ -190,6 +190,8 @@ def _demo_pipeline() -> tuple[Any, str]:
 
 
 def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
+    if args.report:
+        io.check_output_path(args.report, REPORT_SUFFIXES)
     start = time.perf_counter()
     ep = _demo_program()
     out.line(f"exported a 2-layer TransformerEncoder in {time.perf_counter() - start:.2f}s")
@@ -253,13 +255,12 @@ def _numerics_summary(check: NumericsCheck) -> dict[str, Any]:
     }
 
 
-def _reproducer_note(exc: BaseException, reproducer: Reproducer) -> str:
+def _reproducer_note(reproducer: Reproducer) -> str:
     if reproducer.written:
         return f"epass: reproducer written to {reproducer.written[-1]}"
-    for line in str(exc).splitlines():
-        if "reproducer could not be written:" in line:
-            reason = line.split("reproducer could not be written:", 1)[1].strip()
-            return f"epass: cannot write a reproducer to {reproducer.directory}: {reason}"
+    if reproducer.write_errors:
+        reason = reproducer.write_errors[-1]
+        return f"epass: cannot write a reproducer to {reproducer.directory}: {reason}"
     return ""
 
 
@@ -286,7 +287,7 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     try:
         result = pm(ep)
     except PassError as exc:
-        note = _reproducer_note(exc, reproducer) if reproducer is not None else ""
+        note = _reproducer_note(reproducer) if reproducer is not None else ""
         if note:
             print(note, file=sys.stderr)
         raise CliError(str(exc).splitlines()[0], code=EXIT_FAILED) from exc

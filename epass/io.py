@@ -70,80 +70,19 @@ _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _SYMBOL = re.compile(r"[a-z]{1,4}\d+")
 # sympy's and torch's shape functions, as torch's deserializer names them.
 _SYMPY_CALLS = frozenset(
-    (
-        "Symbol",
-        "Integer",
-        "Float",
-        "Rational",
-        "Add",
-        "Mul",
-        "Pow",
-        "Mod",
-        "Max",
-        "Min",
-        "Abs",
-        "LessThan",
-        "StrictLessThan",
-        "GreaterThan",
-        "StrictGreaterThan",
-        "Equality",
-        "Unequality",
-        "Eq",
-        "Ne",
-        "Lt",
-        "Le",
-        "Gt",
-        "Ge",
-        "And",
-        "Or",
-        "Not",
-        "Xor",
-        "Piecewise",
-        "ExprCondPair",
-        "ITE",
-        "floor",
-        "ceiling",
-        "sqrt",
-        "BooleanTrue",
-        "BooleanFalse",
-        "FloorDiv",
-        "ModularIndexing",
-        "Where",
-        "PythonMod",
-        "CleanDiv",
-        "CeilToInt",
-        "FloorToInt",
-        "CeilDiv",
-        "LShift",
-        "RShift",
-        "PowByNatural",
-        "FloatPow",
-        "FloatTrueDiv",
-        "IntTrueDiv",
-        "IsNonOverlappingAndDenseIndicator",
-        "TruncToFloat",
-        "TruncToInt",
-        "RoundToInt",
-        "RoundDecimal",
-        "ToFloat",
-        "Identity",
-    )
+    """
+    Symbol Integer Float Rational Add Mul Pow Mod Max Min Abs LessThan StrictLessThan
+    GreaterThan StrictGreaterThan Equality Unequality Eq Ne Lt Le Gt Ge And Or Not Xor
+    Piecewise ExprCondPair ITE floor ceiling sqrt BooleanTrue BooleanFalse FloorDiv
+    ModularIndexing Where PythonMod CleanDiv CeilToInt FloorToInt CeilDiv LShift RShift
+    PowByNatural FloatPow FloatTrueDiv IntTrueDiv IsNonOverlappingAndDenseIndicator
+    TruncToFloat TruncToInt RoundToInt RoundDecimal ToFloat Identity
+    """.split()  # noqa: SIM905
 )
 _SYMPY_NAMES = frozenset(
-    (
-        "oo",
-        "zoo",
-        "nan",
-        "true",
-        "false",
-        "pi",
-        "E",
-        "S",
-        "Half",
-        "One",
-        "Zero",
-        "NegativeOne",
-    )
+    """
+    oo zoo nan true false pi E S Half One Zero NegativeOne
+    """.split()  # noqa: SIM905
 )
 _GUARD_CALLS = frozenset(["max", "min", "abs", "int", "float", "round"]) | _SYMPY_CALLS
 _GUARD_METHODS = frozenset(["size", "stride", "storage_offset", "dim", "numel"])

@@ -468,3 +468,40 @@ def test_python_dash_m_epass_runs_the_command(program_file: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["signature"]["user_inputs"] == ["x"]
+
+
+class Shapes(torch.nn.Module):
+    """Backed and unbacked symbols, float shape arithmetic and guards between inputs."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        nonzero = x.nonzero()
+        return x[: y.shape[0]] * 2, nonzero.shape[0] * 1.5, y.sum()
+
+
+def test_symbolic_expressions_and_guards_of_real_programs_pass_the_screen(
+    tmp_path: Path,
+) -> None:
+    n, m = torch.export.Dim("n", min=4, max=64), torch.export.Dim("m", max=32)
+    ep = torch.export.export(
+        Shapes(), (torch.randn(8, 4), torch.randn(3, 4)), dynamic_shapes=({0: n}, {0: m})
+    )
+    torch.export.save(ep, tmp_path / "shapes.pt2")
+    with zipfile.ZipFile(tmp_path / "shapes.pt2") as z:
+        text = z.read("shapes/models/model.json").decode()
+    assert "ToFloat(" in text and "LessThan(" in text and "guards_code" in text
+    loaded = epass.load(tmp_path / "shapes.pt2")
+    assert str(loaded.range_constraints) == str(ep.range_constraints)
+
+
+def test_allowed_shape_functions_cover_torchs_deserializer() -> None:
+    """Every sympy function torch's deserializer knows must pass the screen."""
+    import re
+
+    from torch._export.serde import serialize
+
+    from epass.io import _SYMPY_CALLS
+
+    source = Path(serialize.__file__).read_text()
+    known = set(re.findall(r'"(\w+)": torch\.utils\._sympy\.functions\.\w+', source))
+    assert len(known) > 10, "torch's deserializer no longer lists its sympy functions"
+    assert known <= _SYMPY_CALLS, sorted(known - _SYMPY_CALLS)

@@ -143,10 +143,14 @@ class Reproducer(Instrument):
     * ``error.txt``: the original error;
     * ``repro.py``: reloads the program, rebuilds the passes and runs them.
 
-    The path is appended to the ``PassError`` message. The modules that define the
-    passes must be importable where ``repro.py`` runs. Writing never raises: if it
-    fails, the error message says so instead. Failures raised by instruments
-    (``InstrumentError``) get no reproducer, since the passes alone would not fail.
+    The path is appended to the ``PassError`` message; ``written`` lists the
+    directories written, ``write_errors`` why a reproducer could not be written.
+    The modules that define the passes must be importable where ``repro.py`` runs;
+    where a pass cannot be re-imported, ``repro.py`` says why. A reproducer is
+    written into a hidden folder and renamed, so it is there whole or not at all.
+    Writing never raises: if it fails, the error message says so instead. Failures
+    raised by instruments (``InstrumentError``) get no reproducer, since the passes
+    alone would not fail.
 
     Example::
 
@@ -158,6 +162,7 @@ class Reproducer(Instrument):
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.written: list[Path] = []
+        self.write_errors: list[str] = []
         self._nesting = _Nesting()
 
     def before_pipeline(self, manager: PassManager, program: ExportedProgram) -> None:
@@ -183,6 +188,7 @@ class Reproducer(Instrument):
             where = self.write(info, path, program, manager, error)
         except Exception as exc:
             logger.info("reproducer for %s could not be written: %r", path, exc)
+            self.write_errors.append(f"{type(exc).__name__}: {exc}")
             if note is not None:
                 note(f"reproducer could not be written: {type(exc).__name__}: {exc}")
             return
@@ -241,7 +247,7 @@ class Reproducer(Instrument):
                 why = "" if line.startswith("#") else _not_importable(line)
                 if why:
                     reasons.append(f"{line} cannot be re-imported: {why}.")
-        unimportable = textwrap.indent("\n".join(reasons), "") + ("\n" if reasons else "")
+        unimportable = "\n".join(reasons) + ("\n" if reasons else "")
         # The message goes into repro.py's docstring: keep it a valid string literal.
         summary = textwrap.indent(message.replace("\\", "\\\\").replace('"""', "'''"), "    ")
         unimportable = unimportable.replace("\\", "\\\\").replace('"""', "'''")
