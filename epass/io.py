@@ -87,6 +87,11 @@ _SYMPY_NAMES = frozenset(
 _GUARD_CALLS = frozenset(["max", "min", "abs", "int", "float", "round"]) | _SYMPY_CALLS
 _GUARD_METHODS = frozenset(["size", "stride", "storage_offset", "dim", "numel"])
 _MATH = frozenset(["floor", "ceil", "trunc", "sqrt", "log", "exp", "pow", "isnan", "isinf"])
+# Node targets torch's deserializer resolves: registered ops, and the builtins its
+# verifier allows (operator, math and torch.sym_* functions); "#ns:op" for extensions.
+_TARGET = re.compile(
+    r"torch\.ops(\.\w+){2,3}|_operator\.\w+|math\.\w+|torch\._?sym_\w+|#\w+:[\w.]+"
+)
 _ARITHMETIC = (
     ast.Expression, ast.Load, ast.Constant, ast.UnaryOp, ast.BinOp, ast.Compare, ast.BoolOp,
     ast.Tuple, ast.USub, ast.UAdd, ast.Not, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
@@ -262,6 +267,9 @@ def _screen_program_json(member: str, data: bytes) -> None:
     while stack:
         value = stack.pop()
         if isinstance(value, dict):
+            target = value.get("target")
+            if "inputs" in value and isinstance(target, str) and not _TARGET.fullmatch(target):
+                raise _Refuse(member, f"a node calling {target[:60]!r}, which is not an operator")
             expr = value.get("expr_str")
             if expr is not None:
                 if not isinstance(expr, str):

@@ -240,6 +240,17 @@ def _guard_code(src: Path, dest: Path, marker: Path) -> Path:
     return _rewrite(src, dest, edit, {})
 
 
+def _graph_target(src: Path, dest: Path, marker: Path) -> Path:
+    def edit(name: str, data: bytes) -> bytes:
+        if name != "models/model.json":
+            return data
+        program = json.loads(data)
+        program["graph_module"]["graph"]["nodes"][0]["target"] = "torch.hub.load"
+        return json.dumps(program).encode()
+
+    return _rewrite(src, dest, edit, {})
+
+
 HOSTILE = {
     "native-library": _native,
     "uppercase-member": _uppercase,
@@ -250,6 +261,7 @@ HOSTILE = {
     "path-traversal": _path_traversal,
     "sympy-expression-code": _sympy_code,
     "guard-code": _guard_code,
+    "graph-target": _graph_target,
 }
 
 
