@@ -7,6 +7,7 @@ when torch renames or reshapes any of them.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -383,16 +384,26 @@ def graph_code(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
     return out
 
 
-def load_pt2(f: Any) -> ExportedProgram:
+# torch's deserializer marks the one running in a module global
+# (serde.serialize._CURRENT_DESERIALIZER) and fails when two overlap: loads run
+# one at a time. Loads outside epass (a bare torch.export.load) are not covered.
+_DESERIALIZING = threading.Lock()
+
+
+def load_pt2(f: Any, *, trust: bool = False) -> ExportedProgram:
     """The ``"model"`` program of a .pt2 archive, through torch's archive loader.
 
     ``torch.export.load`` wraps the same loader but hides its error behind a log
     record and falls back to a legacy reader that unpickles without restriction;
     calling the loader directly gives torch's own exception and no fallback.
+    ``trust=True`` calls ``torch.export.load`` itself, under the same lock.
     """
     from torch.export.pt2_archive._package import load_pt2 as _load_pt2
 
-    contents = _load_pt2(f)
+    with _DESERIALIZING:
+        if trust:
+            return torch.export.load(f)
+        contents = _load_pt2(f)
     programs = contents.exported_programs
     if "model" not in programs:
         raise ValueError(f"the archive holds no 'model' program (found {sorted(programs)})")

@@ -456,7 +456,9 @@ def load(
     Without ``trust`` every archive member is screened first (:func:`screen`); the
     file is then read through one open handle, so what torch reads is what was
     screened. Nothing process-global changes, so other threads' ``torch.load``
-    calls are unaffected. With ``trust`` this is ``torch.export.load``.
+    calls are unaffected; loads through epass in several threads are safe (torch's
+    deserializer itself runs one at a time). With ``trust`` this is
+    ``torch.export.load``.
 
     Args:
         path: the .pt2 file.
@@ -476,11 +478,9 @@ def load(
         raise LoadError(f"{p}: is a directory, not a .pt2 file", path=str(p))
     try:
         with open(p, "rb") as f:
-            if trust:
-                ep = torch.export.load(f)
-            else:
+            if not trust:
                 screen(f, name=str(p))
-                ep = _program.load_pt2(f)
+            ep = _program.load_pt2(f, trust=trust)
     except LoadError:
         raise
     except OSError as exc:
