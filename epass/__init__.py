@@ -16,14 +16,18 @@ only from the ones below it (``lint-imports`` checks this, see docs/concepts.md)
 from epass._version import __version__
 from epass.bisect import BisectResult, bisect
 from epass.errors import (
+    CliError,
     EpassError,
     InstrumentError,
+    LoadError,
     OrderingError,
     PassError,
     PipelineError,
     ProgramError,
+    SaveError,
     StateConflictError,
     StateMutationError,
+    UnsafeArchiveError,
     VerificationError,
 )
 from epass.instruments import (
@@ -37,7 +41,8 @@ from epass.instruments import (
     Reproducer,
     Timing,
 )
-from epass.linker import DictReport, LinkReport, LinkResult, StateLinker, prune
+from epass.io import inspect, load, prune, save
+from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
 from epass.manager import PassManager
 from epass.passes import Decompose
 from epass.pipeline import create_pass
@@ -48,6 +53,7 @@ from epass.verify import verify_program
 
 __all__ = [
     "BisectResult",
+    "CliError",
     "Decompose",
     "DictReport",
     "EpassError",
@@ -56,6 +62,7 @@ __all__ = [
     "InstrumentError",
     "LinkReport",
     "LinkResult",
+    "LoadError",
     "MemoryAccounting",
     "NumericsCheck",
     "OpCounts",
@@ -72,16 +79,21 @@ __all__ = [
     "ProgramError",
     "Progress",
     "Reproducer",
+    "SaveError",
     "StateConflictError",
     "StateLinker",
     "StateMutationError",
     "Timing",
+    "UnsafeArchiveError",
     "VerificationError",
     "bisect",
     "create_pass",
+    "inspect",
     "list_passes",
+    "load",
     "prune",
     "register_pass",
+    "save",
     "__version__",
     "verify_program",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import threading
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from torch.export.graph_signature import ExportGraphSignature
 __all__ = [
     "PRIVATE_FIELDS",
     "copy_graph_module",
+    "load_pt2",
     "new_program",
     "private_view",
     "set_state",
@@ -294,3 +296,29 @@ def graph_code(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
             module.recompile()
             out.append((name, module.code))
     return out
+
+
+# torch's deserializer marks the one running in a module global
+# (serde.serialize._CURRENT_DESERIALIZER) and fails when two overlap: loads run
+# one at a time. Loads outside epass (a bare torch.export.load) are not covered.
+_DESERIALIZING = threading.Lock()
+
+
+def load_pt2(f: Any, *, trust: bool = False) -> ExportedProgram:
+    """The ``"model"`` program of a .pt2 archive, through torch's archive loader.
+
+    ``torch.export.load`` wraps the same loader but hides its error behind a log
+    record and falls back to a legacy reader that unpickles without restriction;
+    calling the loader directly gives torch's own exception and no fallback.
+    ``trust=True`` calls ``torch.export.load`` itself, under the same lock.
+    """
+    from torch.export.pt2_archive._package import load_pt2 as _load_pt2
+
+    with _DESERIALIZING:
+        if trust:
+            return torch.export.load(f)
+        contents = _load_pt2(f)
+    programs = contents.exported_programs
+    if "model" not in programs:
+        raise ValueError(f"the archive holds no 'model' program (found {sorted(programs)})")
+    return programs["model"]

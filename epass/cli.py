@@ -1,169 +1,45 @@
 """The ``epass`` command: run pipelines on .pt2 files, list passes, inspect programs.
 
-Every failure exits non-zero with one line ``epass: error: <reason>`` on stderr
-(plus a caret line for pipeline syntax errors); ``--debug`` shows the traceback.
+Argument parsing and rendering only: loading, saving, numerics and reproducers are
+library pieces (:mod:`epass.io`, :mod:`epass.instruments`). Every failure exits
+non-zero with one line ``epass: error: <reason>`` on stderr (plus a caret line for
+pipeline syntax errors); ``--debug`` shows the traceback. Exit codes: 0, 1 (a pass
+or a check failed), 2 (bad arguments, files or pipeline text), 130 (interrupted).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import contextlib
-import copy
 import json
-import logging
+import math
 import os
-import shlex
+import re
 import sys
 import time
 import warnings
-import zipfile
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
 import torch
 from torch.export import ExportedProgram
 
-from epass.errors import CliError
+from epass import io
+from epass.errors import CliError, LoadError, PassError, PipelineError, RegistryError, SaveError
+from epass.instruments import NumericsCheck, Progress, Reproducer
+from epass.instruments.numerics import random_inputs
+from epass.manager import PassManager
+from epass.pipeline import create_pass
+from epass.records import flatten
+from epass.registry import list_passes
+from epass.report import build_report, write_report
 
-__all__ = ["CliError", "load_program", "main", "prune_state", "save_program"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "build_parser", "main"]
 
 EXIT_FAILED = 1  # a pass failed, or numerics differ
 EXIT_USAGE = 2  # bad arguments, files or pipeline text
+EXIT_INTERRUPTED = 130
 
-
-# --- loading and saving -----------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _weights_only_unpickling() -> Iterator[None]:
-    """Force ``weights_only=True`` on every ``torch.load`` inside the block.
-
-    torch 2.13's ``torch.export.load`` unpickles tensor-subclass weights and
-    constants with ``weights_only=False``, and retries sample inputs with
-    ``weights_only=False`` when the safe unpickler refuses them. Either runs
-    arbitrary code from the file; under this block both use the restricted
-    unpickler and fail instead.
-    """
-    real = torch.load
-
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        kwargs["weights_only"] = True
-        return real(*args, **kwargs)
-
-    torch.load = guarded  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.load = real
-
-
-@contextlib.contextmanager
-def _quiet_torch_logs() -> Iterator[None]:
-    # torch.export.load logs a full traceback (at WARNING) before falling back to
-    # its legacy reader; the CLI reports one line instead.
-    loggers = [logging.getLogger(n) for n in ("torch.export", "torch._export")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
-def _archive_names(path: Path) -> list[str]:
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return archive.namelist()
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise CliError(f"{path}: not a .pt2 archive ({exc})") from exc
-
-
-def load_program(path: str | os.PathLike[str], *, trust: bool = False) -> ExportedProgram:
-    """Load a .pt2 file with the safest path torch offers.
-
-    Unless ``trust`` is set, archives holding pickled opaque objects are refused
-    before anything is read, and every ``torch.load`` inside runs with
-    ``weights_only=True`` (see docs/cli.md, "Untrusted files").
-
-    Raises:
-        CliError: the file is missing, not a .pt2 archive, unsafe, or corrupt.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise CliError(f"{p}: no such file")
-    if p.is_dir():
-        raise CliError(f"{p}: is a directory, not a .pt2 file")
-    if not zipfile.is_zipfile(p):
-        raise CliError(f"{p}: not a .pt2 archive (torch.export.save writes a zip file)")
-    names = _archive_names(p)
-    if not any("/models/" in f"/{n}" and n.endswith(".json") for n in names):
-        raise CliError(f"{p}: a zip file, but not an exported program (no models/*.json inside)")
-    if not trust:
-        risky = [n for n in names if "/opaque_obj_" in f"/{n}"]
-        if risky:
-            raise CliError(
-                f"{p}: holds pickled objects ({risky[0]}) that loading would execute; "
-                "rerun with --trust only if you trust where the file came from"
-            )
-    guard = contextlib.nullcontext() if trust else _weights_only_unpickling()
-    try:
-        with guard, _quiet_torch_logs(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ep = torch.export.load(p)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "weights_only" in str(exc) or "Unpickl" in type(exc).__name__:
-            raise CliError(
-                f"{p}: holds a pickled object that is not plain tensor data, and "
-                "torch.load(weights_only=True) refused it; rerun with --trust only if you "
-                "trust where the file came from"
-            ) from exc
-        raise CliError(f"{p}: cannot load ({type(exc).__name__}: {first})") from exc
-    if not isinstance(ep, ExportedProgram):
-        raise CliError(f"{p}: did not hold an ExportedProgram")
-    return ep
-
-
-def prune_state(ep: ExportedProgram) -> tuple[ExportedProgram, list[str]]:
-    """:func:`epass.prune` (compacting views of dropped entries) plus the dropped keys.
-
-    Returns the program and the pruned keys (``"state_dict:<key>"`` / ``"constants:<key>"``).
-    """
-    from epass.linker import prune
-
-    targets = {s.target for s in ep.graph_signature.input_specs if s.target is not None}
-    pruned = [f"state_dict:{k}" for k in ep.state_dict if k not in targets]
-    pruned += [f"constants:{k}" for k in ep.constants if k not in targets]
-    if not pruned:
-        return ep, []
-    return prune(ep, compact=True), pruned
-
-
-def save_program(ep: ExportedProgram, path: str | os.PathLike[str]) -> list[str]:
-    """Prune unreferenced state and save with ``torch.export.save``; returns the pruned keys."""
-    p = Path(path)
-    if p.suffix != ".pt2":
-        raise CliError(f"{p}: the output file must end in .pt2")
-    if not p.parent.is_dir():
-        raise CliError(f"{p}: directory {p.parent} does not exist")
-    pruned_ep, pruned = prune_state(ep)
-    if p.is_dir():
-        raise CliError(f"{p}: is a directory")
-    try:
-        torch.export.save(pruned_ep, p)
-    except OSError as exc:
-        raise CliError(f"{p}: cannot write ({exc.strerror or exc})") from exc
-    except RuntimeError as exc:  # torch's archive writer reports open failures this way
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "RuntimeError"
-        raise CliError(f"{p}: cannot write ({first})") from exc
-    return pruned
-
-
-# --- output: rich when available, plain otherwise ------------------------------
+REPORT_SUFFIXES = (".json", ".html", ".htm")
 
 
 class _Out:
@@ -222,154 +98,6 @@ class _Out:
             print(fmt(row), file=self.stream)
 
 
-class _Progress:
-    """An instrument showing the running pass on a terminal (stderr)."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.done = 0
-        self.status: Any = None
-        self.stream = sys.stderr
-        try:
-            from rich.console import Console
-
-            self.status = Console(file=sys.stderr).status("starting")
-        except ImportError:
-            self.status = None
-
-    def __enter__(self) -> _Progress:
-        if self.status is not None:
-            self.status.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.status is not None:
-            self.status.stop()
-        else:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-
-    def before_pass(self, info: Any, program: Any) -> None:
-        indent = "  " * info.depth
-        text = f"[{self.done + 1}/{self.total}] {indent}{info.name} (step {info.step})"
-        if self.status is not None:
-            self.status.update(text)
-        else:
-            self.stream.write(f"\r\033[K{text}")
-            self.stream.flush()
-
-    def after_pass(self, info: Any, program: Any, record: Any) -> None:
-        if info.depth == 0:
-            self.done += 1
-
-
-class _Repro:
-    """An instrument remembering the pass that failed and the program it was given."""
-
-    def __init__(self) -> None:
-        self.failed: tuple[Any, ExportedProgram, BaseException] | None = None
-
-    def pass_failed(self, info: Any, program: ExportedProgram, error: BaseException) -> None:
-        if self.failed is None:
-            self.failed = (info, program, error)
-
-
-def _write_repro(
-    directory: Path, repro: _Repro, args: argparse.Namespace, error: BaseException
-) -> Path:
-    from epass.pipeline import to_text
-
-    directory.mkdir(parents=True, exist_ok=True)
-    pipeline, source = args.pipeline, Path(args.input).resolve()
-    if repro.failed is not None:
-        info, program, _ = repro.failed
-        try:
-            pipeline = to_text([info.pass_])
-            save_program(program, directory / "input.pt2")
-            source = directory / "input.pt2"
-        except Exception:  # fall back to the whole pipeline on the original file
-            pipeline, source = args.pipeline, Path(args.input).resolve()
-    (directory / "pipeline.txt").write_text(pipeline + "\n")
-    (directory / "error.txt").write_text(f"{type(error).__name__}: {error}\n")
-    script = directory / "repro.sh"
-    target = source.name if source.parent == directory else str(source)
-    script.write_text(
-        "#!/bin/sh\n# Reproduce an epass pass failure.\n"
-        f'cd "$(dirname "$0")" && epass run {shlex.quote(target)} '
-        f"-p {shlex.quote(pipeline)} --debug\n"
-    )
-    script.chmod(0o755)
-    return directory
-
-
-# --- numerics ------------------------------------------------------------------
-
-
-def _example_inputs(ep: ExportedProgram) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    example = getattr(ep, "example_inputs", None)
-    if example is not None:
-        return tuple(example[0]), dict(example[1])
-    torch.manual_seed(0)
-    user = set(ep.graph_signature.user_inputs)
-    args: list[Any] = []
-    for node in ep.graph.nodes:
-        if node.op != "placeholder" or node.name not in user:
-            continue
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            raise CliError(f"cannot make an example for input {node.name!r}; no tensor metadata")
-        shape = []
-        for d in val.shape:
-            try:
-                shape.append(int(d))
-            except Exception:
-                shape.append(2)
-        if val.dtype.is_floating_point:
-            args.append(torch.randn(shape, dtype=val.dtype))
-        elif val.dtype == torch.bool:
-            args.append(torch.zeros(shape, dtype=torch.bool))
-        else:
-            args.append(torch.randint(0, 2, shape, dtype=val.dtype))
-    return tuple(args), {}
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, Mapping):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
-def _outputs(ep: ExportedProgram, inputs: tuple[tuple[Any, ...], dict[str, Any]]) -> list[Any]:
-    # A private copy: running the module would otherwise mutate shared buffers.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
-        module = copy.deepcopy(ep.module())
-    args, kwargs = copy.deepcopy(inputs)
-    with torch.no_grad():
-        return _tensors(module(*args, **kwargs))
-
-
-def _compare(before: list[Any], after: list[Any], atol: float, rtol: float) -> dict[str, Any]:
-    if len(before) != len(after):
-        return {"max_abs_diff": float("inf"), "ok": False, "atol": atol, "rtol": rtol}
-    worst, ok = 0.0, True
-    for a, b in zip(before, after, strict=True):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return {"max_abs_diff": float("inf"), "ok": False, "atol": atol, "rtol": rtol}
-        if a.numel():
-            diff = (a.double() - b.double()).abs()
-            worst = max(worst, float(diff.max()))
-            ok &= bool(torch.allclose(a.double(), b.double(), atol=atol, rtol=rtol, equal_nan=True))
-    return {"max_abs_diff": worst, "ok": ok, "atol": atol, "rtol": rtol}
-
-
-# --- commands --------------------------------------------------------------------
-
-
 def _state_text(record: Any) -> str:
     if record.skipped:
         return f"skipped: {record.skip_reason}"
@@ -379,10 +107,8 @@ def _state_text(record: Any) -> str:
 
 
 def _summary(out: _Out, result: Any) -> None:
-    from epass.records import flatten as _flatten
-
     rows = []
-    for r in _flatten(result.records):
+    for r in flatten(result.records):
         ops = sum(abs(v) for v in r.op_delta.values())
         rows.append(
             [
@@ -397,147 +123,6 @@ def _summary(out: _Out, result: Any) -> None:
     out.table(None, ["pass", "step", "seconds", "nodes", "ops", "state"], rows)
 
 
-def _build_manager(text: str, steps: int, instruments: Sequence[Any]) -> Any:
-    from epass.errors import PipelineError
-    from epass.manager import PassManager
-
-    try:
-        return PassManager.from_text(text, steps=steps, instruments=instruments)
-    except PipelineError as exc:
-        raise CliError(f"bad pipeline: {exc.reason}", context=exc.context) from exc
-    except Exception as exc:  # ordering errors, factory errors
-        raise CliError(f"bad pipeline: {type(exc).__name__}: {exc}") from exc
-
-
-def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
-    from epass.errors import EpassError
-    from epass.report import build_report, write_report
-
-    if args.report and Path(args.report).suffix.lower() not in (".json", ".html", ".htm"):
-        raise CliError(f"{args.report}: the report file must end in .json or .html")
-    if args.report and not Path(args.report).resolve().parent.is_dir():
-        raise CliError(f"{args.report}: directory {Path(args.report).parent} does not exist")
-    if args.output and Path(args.output).suffix != ".pt2":
-        raise CliError(f"{args.output}: the output file must end in .pt2")
-    for path in (args.output, args.report):
-        if path and Path(path).is_dir():  # found out before the pipeline runs
-            raise CliError(f"{path}: is a directory")
-    if args.steps < 1:
-        raise CliError(f"--steps must be a positive integer, got {args.steps}")
-    repro = _Repro()
-    instruments: list[Any] = [repro]
-    show_progress = sys.stderr.isatty() and not args.plain
-    # Parse the pipeline before the (slow) load, so a typo fails at once.
-    pm = _build_manager(args.pipeline, args.steps, instruments)
-    ep = load_program(args.input, trust=args.trust)
-    inputs = reference = None
-    if args.check_numerics:
-        inputs = _example_inputs(ep)
-        reference = _outputs(ep, inputs)
-    progress = _Progress(len(pm.passes)) if show_progress else None
-    if progress is not None:
-        pm.instruments.append(progress)
-    start = time.perf_counter()
-    try:
-        with progress if progress is not None else contextlib.nullcontext():
-            result = pm(ep)
-    except EpassError as exc:
-        if args.repro_dir:
-            try:
-                where = _write_repro(Path(args.repro_dir), repro, args, exc)
-            except OSError as write_error:  # the pass's error is the one to report
-                print(
-                    f"epass: cannot write a reproducer to {args.repro_dir}: {write_error}",
-                    file=sys.stderr,
-                )
-            else:
-                print(f"epass: reproducer written to {where}", file=sys.stderr)
-        first = str(exc).splitlines()[0]
-        raise CliError(first, code=EXIT_FAILED) from exc
-    elapsed = time.perf_counter() - start
-    _summary(out, result)
-    numerics = None
-    if inputs is not None and reference is not None:
-        try:
-            outputs = _outputs(result.program, inputs)
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise CliError(
-                "numerics: the output program fails on the input's example inputs "
-                f"({type(exc).__name__}: {first})",
-                code=EXIT_FAILED,
-            ) from exc
-        numerics = _compare(reference, outputs, args.atol, args.rtol)
-    prog = result.program
-    out.line()
-    out.line(
-        f"{len(result.records)} pass{'' if len(result.records) == 1 else 'es'} in "
-        f"{elapsed:.2f}s; nodes "
-        f"{len(ep.graph.nodes)} -> {len(prog.graph.nodes)}; "
-        f"state_dict shared: {'yes' if prog.state_dict is ep.state_dict else 'no'}, "
-        f"constants shared: {'yes' if prog.constants is ep.constants else 'no'}"
-    )
-    if numerics is not None:
-        verdict = "ok" if numerics["ok"] else "FAILED"
-        out.line(
-            f"numerics: max abs diff {numerics['max_abs_diff']:.3g} "
-            f"(atol {args.atol:g}, rtol {args.rtol:g}) {verdict}"
-        )
-    if args.output:
-        pruned = save_program(prog, args.output)
-        note = f" (pruned {len(pruned)} unreferenced state entries)" if pruned else ""
-        out.line(f"wrote {args.output}{note}")
-    if args.report:
-        report = build_report(
-            result,
-            manager=pm,
-            pipeline=_canonical(pm, args.pipeline),
-            input_path=str(args.input),
-            output_path=str(args.output) if args.output else None,
-            numerics=numerics,
-        )
-        write_report(args.report, report)
-        out.line(f"wrote {args.report}")
-    if numerics is not None and not numerics["ok"]:
-        raise CliError(
-            f"numerics differ: max abs diff {numerics['max_abs_diff']:.3g} exceeds "
-            f"atol {args.atol:g} / rtol {args.rtol:g}",
-            code=EXIT_FAILED,
-        )
-    return 0
-
-
-def _canonical(pm: Any, text: str) -> str:
-    try:
-        return str(pm.to_text())
-    except ValueError:
-        return text
-
-
-def _cmd_passes(args: argparse.Namespace, out: _Out) -> int:
-    from epass.registry import list_passes
-
-    entries = list_passes()
-    if args.json:
-        print(json.dumps([e.as_dict() for e in entries], indent=2))
-        return 0
-    rows = []
-    for e in entries:
-        description = f"ERROR: {e.error}" if e.error else e.description
-        options = ", ".join(
-            o.name if o.required else f"{o.name}={o.as_dict()['default']}" for o in e.options
-        )
-        rows.append([e.name, e.source, description, options])
-    out.table(None, ["pass", "source", "description", "options"], rows)
-    return 0
-
-
-def _bytes(t: Any) -> int:
-    if isinstance(t, torch.Tensor):
-        return int(t.numel() * t.element_size())
-    return 0
-
-
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -546,51 +131,9 @@ def _human(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def inspect_program(ep: ExportedProgram) -> dict[str, Any]:
-    """What ``epass inspect`` shows, as JSON-ready data."""
-    from epass.records import op_histogram
-
-    sig = ep.graph_signature
-    by_dtype: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for d in (ep.state_dict, ep.constants):
-        for value in d.values():
-            if isinstance(value, torch.Tensor):
-                entry = by_dtype[str(value.dtype).removeprefix("torch.")]
-                entry[0] += 1
-                entry[1] += _bytes(value)
-    params = [ep.state_dict[k] for k in sig.parameters if k in ep.state_dict]
-    buffers = [ep.state_dict.get(k, ep.constants.get(k)) for k in sig.buffers]
-    constants = [ep.constants[k] for k in sig.lifted_tensor_constants if k in ep.constants]
-    input_kinds = collections.Counter(s.kind.name.lower() for s in sig.input_specs)
-    output_kinds = collections.Counter(s.kind.name.lower() for s in sig.output_specs)
-    return {
-        "dialect": ep.dialect,
-        "nodes": len(ep.graph.nodes),
-        "ops": dict(op_histogram(ep).most_common()),
-        "state": {
-            "state_dict_entries": len(ep.state_dict),
-            "constants_entries": len(ep.constants),
-            "by_dtype": {k: {"entries": v[0], "bytes": v[1]} for k, v in sorted(by_dtype.items())},
-            "parameters": {"count": len(params), "bytes": sum(map(_bytes, params))},
-            "buffers": {"count": len(buffers), "bytes": sum(map(_bytes, buffers))},
-            "constants": {
-                "count": len(sig.lifted_tensor_constants) + len(sig.lifted_custom_objs),
-                "bytes": sum(map(_bytes, constants)),
-            },
-        },
-        "signature": {
-            "user_inputs": list(sig.user_inputs),
-            "user_outputs": [str(o) for o in sig.user_outputs],
-            "input_kinds": dict(input_kinds),
-            "output_kinds": dict(output_kinds),
-            "buffers_mutated": dict(sig.buffers_to_mutate),
-        },
-    }
-
-
 def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
-    ep = load_program(args.input, trust=args.trust)
-    info = inspect_program(ep)
+    ep = io.load(args.input, trust=args.trust, imports=args.imports)
+    info = io.inspect(ep)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -640,10 +183,6 @@ def _demo_program() -> ExportedProgram:
 
 def _demo_pipeline() -> tuple[Any, str]:
     """The ``lower`` preset when it is installed, else ``decompose``."""
-    from epass.errors import RegistryError
-    from epass.manager import PassManager
-    from epass.pipeline import create_pass
-
     try:
         create_pass("lower")
         return PassManager.from_text("lower"), "lower"
@@ -652,8 +191,8 @@ def _demo_pipeline() -> tuple[Any, str]:
 
 
 def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
-    from epass.report import build_report, write_report
-
+    if args.report:
+        io.check_output_path(args.report, REPORT_SUFFIXES)
     start = time.perf_counter()
     ep = _demo_program()
     out.line(f"exported a 2-layer TransformerEncoder in {time.perf_counter() - start:.2f}s")
@@ -678,6 +217,163 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     return 0
 
 
+def _build_manager(text: str, steps: int) -> PassManager:
+    try:
+        return PassManager.from_text(text, steps=steps)
+    except PipelineError as exc:
+        raise CliError(f"bad pipeline: {exc.reason}", context=exc.context) from exc
+    except Exception as exc:  # ordering errors, factory errors
+        raise CliError(f"bad pipeline: {type(exc).__name__}: {exc}") from exc
+
+
+def _tolerance(text: str) -> float:
+    """argparse type for --atol / --rtol: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _numerics_check(args: argparse.Namespace, ep: ExportedProgram) -> NumericsCheck:
+    tolerances = {k: v for k, v in (("atol", args.atol), ("rtol", args.rtol)) if v is not None}
+    inputs = None if ep.example_inputs is not None else random_inputs(ep)
+    return NumericsCheck(inputs, reference="input", **tolerances)
+
+
+def _numerics_summary(check: NumericsCheck) -> dict[str, Any]:
+    """The report's ``numerics`` entry: the output against the input, and the verdict."""
+    final = check.checks[-1] if check.checks else None
+    first = check.first_drift
+    return {
+        "max_abs_diff": final.max_abs if final is not None else 0.0,
+        "ok": first is None,
+        "atol": check.atol,
+        "rtol": check.rtol,
+        "first_drift": None if first is None else str(first),
+    }
+
+
+def _reproducer_note(reproducer: Reproducer) -> str:
+    if reproducer.written:
+        return f"epass: reproducer written to {reproducer.written[-1]}"
+    if reproducer.write_errors:
+        reason = reproducer.write_errors[-1]
+        return f"epass: cannot write a reproducer to {reproducer.directory}: {reason}"
+    return ""
+
+
+def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
+    # Everything that can be checked is checked before the (slow) load and run.
+    if args.steps < 1:
+        raise CliError(f"--steps must be a positive integer, got {args.steps}")
+    output = io.check_output_path(args.output, (".pt2",)) if args.output else None
+    report_path = io.check_output_path(args.report, REPORT_SUFFIXES) if args.report else None
+    if output is not None and report_path is not None and output.resolve() == report_path.resolve():
+        raise CliError(f"{args.output}: -o and --report name the same file")
+    io.import_modules(args.imports)  # they may register passes as well as ops
+    pm = _build_manager(args.pipeline, args.steps)
+    io.import_modules(io.declared_imports(pm.passes))
+    ep = io.load(args.input, trust=args.trust)
+    check = _numerics_check(args, ep) if args.check_numerics else None
+    reproducer = Reproducer(args.repro_dir) if args.repro_dir else None
+    for instrument in (check, reproducer):
+        if instrument is not None:
+            pm.instruments.append(instrument)
+    if sys.stderr.isatty() and not args.plain:
+        pm.instruments.append(Progress())
+    start = time.perf_counter()
+    try:
+        result = pm(ep)
+    except PassError as exc:
+        note = _reproducer_note(reproducer) if reproducer is not None else ""
+        if note:
+            print(note, file=sys.stderr)
+        raise CliError(str(exc).splitlines()[0], code=EXIT_FAILED) from exc
+    elapsed = time.perf_counter() - start
+    _summary(out, result)
+    prog = result.program
+    out.line()
+    out.line(
+        f"{len(result.records)} pass{'' if len(result.records) == 1 else 'es'} in "
+        f"{elapsed:.2f}s; nodes "
+        f"{len(ep.graph.nodes)} -> {len(prog.graph.nodes)}; "
+        f"state_dict shared: {'yes' if prog.state_dict is ep.state_dict else 'no'}, "
+        f"constants shared: {'yes' if prog.constants is ep.constants else 'no'}"
+    )
+    numerics = _numerics_summary(check) if check is not None else None
+    failed = check is not None and check.first_drift is not None
+    if check is not None and numerics is not None:
+        verdict = "ok" if numerics["ok"] else "FAILED"
+        out.line(
+            f"numerics: max abs diff {numerics['max_abs_diff']:.3g} "
+            f"(atol {check.atol:g}, rtol {check.rtol:g}) {verdict}"
+        )
+        if check.first_drift is not None:
+            out.line(f"numerics: first drifting pass: {check.first_drift}")
+    if output is not None and not failed:
+        pruned = io.save(prog, output)
+        note = f" (pruned {len(pruned)} unreferenced state entries)" if pruned else ""
+        out.line(f"wrote {args.output}{note}")
+    if report_path is not None:
+        report = build_report(
+            result,
+            manager=pm,
+            pipeline=_canonical(pm, args.pipeline),
+            input_path=str(args.input),
+            output_path=str(args.output) if output is not None and not failed else None,
+            numerics=numerics,
+        )
+        write_report(report_path, report)
+        out.line(f"wrote {args.report}")
+    if failed and check is not None and check.first_drift is not None:
+        drift = check.first_drift
+        why = drift.detail or (
+            f"max abs diff {drift.max_abs:.3g} exceeds atol {check.atol:g} / rtol {check.rtol:g}"
+        )
+        unwritten = f"; {args.output} was not written" if output is not None else ""
+        raise CliError(
+            f"numerics differ after pass {drift.path!r}: {why}{unwritten}", code=EXIT_FAILED
+        )
+    return 0
+
+
+def _canonical(pm: Any, text: str) -> str:
+    try:
+        return str(pm.to_text())
+    except ValueError:
+        return text
+
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+
+
+def plain_text(text: str) -> str:
+    """A docstring line without reST markup: roles and double backquotes removed."""
+    text = _ROLE.sub(
+        lambda m: m.group(1).rsplit(".", 1)[-1] if "." in m.group(1) else m.group(1), text
+    )
+    return text.replace("``", "")
+
+
+def _cmd_passes(args: argparse.Namespace, out: _Out) -> int:
+    entries = list_passes()
+    if args.json:
+        print(json.dumps([e.as_dict() for e in entries], indent=2))
+        return 0
+    rows = []
+    for e in entries:
+        description = f"ERROR: {e.error}" if e.error else plain_text(e.description)
+        options = ", ".join(
+            o.name if o.required else f"{o.name}={o.as_dict()['default']}" for o in e.options
+        )
+        rows.append([e.name, e.source, description, options])
+    out.table(None, ["pass", "source", "description", "options"], rows)
+    return 0
+
+
 # --- argument parsing ---------------------------------------------------------------
 
 
@@ -687,10 +383,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="epass", description=__doc__.splitlines()[0])
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    """The ``epass`` argument parser."""
+    parser = _Parser(prog="epass", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and warnings")
     parser.add_argument("--plain", action="store_true", help="plain text: no rich tables")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    trust = "load without screening (the file may run code: only for files you trust)"
+    imports = "import MODULE first (a library registering custom ops); repeatable"
 
     run = sub.add_parser("run", help="run a pipeline on a .pt2 file")
     run.add_argument("input", help="an ExportedProgram saved with torch.export.save")
@@ -698,11 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output", help="write the result here (.pt2)")
     run.add_argument("--report", help="write a report (.html or .json)")
     run.add_argument("--check-numerics", action="store_true", help="compare outputs before/after")
-    run.add_argument("--atol", type=float, default=1e-4, help="numerics: absolute tolerance")
-    run.add_argument("--rtol", type=float, default=1e-4, help="numerics: relative tolerance")
+    run.add_argument("--atol", type=_tolerance, help="numerics: absolute tolerance (1e-5)")
+    run.add_argument("--rtol", type=_tolerance, help="numerics: relative tolerance (1e-4)")
     run.add_argument("--repro-dir", help="on a pass failure, write a reproducer here")
     run.add_argument("--steps", type=int, default=1, help="repeat the pipeline up to N times")
-    run.add_argument("--trust", action="store_true", help="allow unpickling arbitrary objects")
+    run.add_argument("--trust", action="store_true", help=trust)
+    run.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                     help=imports)  # fmt: skip
     run.set_defaults(func=_cmd_run)
 
     passes = sub.add_parser("passes", help="list registered passes")
@@ -713,49 +414,63 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("input")
     inspect.add_argument("--json", action="store_true", help="print JSON")
     inspect.add_argument("--all-ops", action="store_true", help="show every op")
-    inspect.add_argument("--trust", action="store_true", help="allow unpickling arbitrary objects")
+    inspect.add_argument("--trust", action="store_true", help=trust)
+    inspect.add_argument("--import", dest="imports", action="append", default=[],
+                         metavar="MODULE", help=imports)  # fmt: skip
     inspect.set_defaults(func=_cmd_inspect)
 
     demo = sub.add_parser("demo", help="export a small transformer, lower it, show what happened")
     demo.add_argument("--report", help="write a report (.html or .json)")
     demo.set_defaults(func=_cmd_demo)
-    for p in (parser, run, passes, inspect, demo):
+    for p in (run, passes, inspect, demo):
         for flag, text in (("--debug", "show tracebacks"), ("--plain", "no rich tables")):
-            if p is not parser:
-                p.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=text)
+            p.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=text)
     return parser
 
 
+def _error(reason: str, code: int, context: str = "") -> int:
+    print(f"epass: error: {reason}", file=sys.stderr)
+    if context:
+        print(context, file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit code (0, 1, 2 or 130)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    if not debug:
-        # torch's own deprecation inside run_decompositions on loaded programs: noise
-        # for a command-line user, who cannot act on it.
-        warnings.filterwarnings(
-            "ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning
-        )
     try:
-        args = build_parser().parse_args(argv)
-        out = _Out(plain=args.plain)
-        code: int = args.func(args, out)
-        return code
+        with warnings.catch_warnings():
+            if not debug:
+                # torch's own deprecations and fallbacks: noise for a command-line
+                # user, who cannot act on them (--debug shows them).
+                warnings.simplefilter("ignore")
+            args = build_parser().parse_args(argv)
+            code: int = args.func(args, _Out(plain=args.plain))
+            return code
     except CliError as exc:
         if debug:
             raise
-        print(f"epass: error: {exc.reason}", file=sys.stderr)
-        if exc.context:
-            print(exc.context, file=sys.stderr)
-        return exc.code
+        return _error(exc.reason, exc.code, exc.context)
+    except (LoadError, SaveError) as exc:  # bad files: usage errors
+        if debug:
+            raise
+        return _error(str(exc).splitlines()[0], EXIT_USAGE)
     except KeyboardInterrupt:
         print("epass: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except SystemExit as exc:  # argparse's --help; or a plugin calling sys.exit on import
+        if exc.code in (0, None):
+            return 0
+        if debug:
+            raise
+        return _error(f"SystemExit({exc.code!r}) outside a pass", EXIT_FAILED)
     except Exception as exc:
         if debug:
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"epass: error: {type(exc).__name__}: {first}", file=sys.stderr)
-        return EXIT_FAILED
+        kind = type(exc).__name__
+        return _error(f"{kind}: {first}" if first else kind, EXIT_FAILED)
 
 
 if __name__ == "__main__":

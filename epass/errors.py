@@ -16,6 +16,9 @@ error                      raised when
 ``NumericsDriftError``     ``NumericsCheck`` found outputs beyond tolerance
 ``ArgumentTypeError``      an argument has the wrong type (also a ``TypeError``)
 ``ArgumentValueError``     an argument has a bad value (also a ``ValueError``)
+``LoadError``              a file cannot be loaded as a program
+``UnsafeArchiveError``     an untrusted archive holds a member that could run code
+``SaveError``              a program or report could not be written (nothing changed)
 ``CliError``               the ``epass`` command stops with a one-line message
 =========================  ==========================================================
 
@@ -35,6 +38,7 @@ __all__ = [
     "DecompositionError",
     "EpassError",
     "InstrumentError",
+    "LoadError",
     "NumericsDriftError",
     "OrderingError",
     "PassError",
@@ -42,9 +46,11 @@ __all__ = [
     "PluginError",
     "ProgramError",
     "RegistryError",
+    "SaveError",
     "StateConflictError",
     "StateMutationError",
     "UnknownPassError",
+    "UnsafeArchiveError",
     "VerificationError",
 ]
 
@@ -266,13 +272,44 @@ class NumericsDriftError(EpassError, AssertionError):
     """Raised by ``NumericsCheck(raise_on_drift=True)``; names the pass and the error."""
 
 
+class LoadError(EpassError, ValueError):
+    """A file could not be loaded as a program: missing, not a .pt2 archive, or corrupt.
+
+    Attributes:
+        path: the file.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        self.path = path
+        super().__init__(message)
+
+
+class UnsafeArchiveError(LoadError):
+    """An archive holds a member that loading it without trust would not allow.
+
+    Raised before torch reads the file: nothing in it has been executed.
+
+    Attributes:
+        path: the file.
+        member: the offending archive member.
+    """
+
+    def __init__(self, message: str, *, path: str = "", member: str = "") -> None:
+        self.member = member
+        super().__init__(message, path=path)
+
+
+class SaveError(EpassError, OSError):
+    """A program or report could not be written; the target path is as it was before."""
+
+
 class CliError(EpassError):
     """A failure the ``epass`` command reports as one line, with its exit code.
 
     Attributes:
-        reason: the one-line message.
-        code: the exit code (2 for bad arguments, files or pipeline text).
-        context: extra lines shown under the message (a caret line, say).
+        reason: the line printed after ``epass: error:``.
+        code: the exit code (1: a pass or a check failed; 2: bad arguments or files).
+        context: further lines (the caret under a pipeline syntax error).
     """
 
     def __init__(self, reason: str, code: int = 2, context: str = "") -> None:

@@ -12,7 +12,7 @@ from torch.export import ExportedProgram
 from epass import _program
 from epass.errors import ArgumentTypeError, StateConflictError
 
-__all__ = ["DictReport", "Journal", "LinkReport", "LinkResult", "Policy", "StateLinker", "prune"]
+__all__ = ["DictReport", "Journal", "LinkReport", "LinkResult", "Policy", "StateLinker"]
 
 Policy = Literal["share", "strict", "in_place"]
 _POLICIES = ("share", "strict", "in_place")
@@ -294,56 +294,3 @@ class StateLinker:
                 constants=reports["constants"],
             ),
         )
-
-
-def prune(ep: ExportedProgram, *, compact: bool = False) -> ExportedProgram:
-    """A program holding exactly the state entries its signature references.
-
-    The result gets new dicts (same tensor objects), so it no longer shares the
-    store: sharing ends here by choice. Use it before saving a program that has no
-    user dict to share, such as one loaded from disk.
-
-    With ``compact=True`` an entry that is a partial or strided view of memory no
-    kept entry covers whole (the folded transpose of a weight that was pruned) is
-    replaced by a contiguous copy, so that the program holds no bytes it cannot
-    reach and ``torch.export.save`` writes each tensor whole.
-
-    Example::
-
-        lean = prune(out)
-        assert set(lean.state_dict) <= set(out.state_dict)
-    """
-    if not isinstance(ep, ExportedProgram):
-        raise ArgumentTypeError(f"prune takes an ExportedProgram, got {type(ep).__name__}")
-    targets = {s.target for s in ep.graph_signature.input_specs if s.target is not None}
-    state_dict = {k: v for k, v in ep.state_dict.items() if k in targets}
-    constants = {k: v for k, v in ep.constants.items() if k in targets}
-    if compact:
-        _compact(state_dict, constants)
-    out = _program.shallow_clone(ep)
-    _program.set_state(out, state_dict, constants)
-    return out
-
-
-def _whole(t: torch.Tensor) -> bool:
-    return bool(
-        t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes
-    )
-
-
-def _compact(*dicts: dict[str, Any]) -> None:
-    tensors = [v for d in dicts for v in d.values() if isinstance(v, torch.Tensor)]
-    covered = {t.untyped_storage().data_ptr() for t in tensors if _whole(t)}
-    copies: dict[int, torch.Tensor] = {}  # tied entries stay tied
-    for d in dicts:
-        for key, value in d.items():
-            if not isinstance(value, torch.Tensor) or _whole(value):
-                continue
-            if value.untyped_storage().data_ptr() in covered:
-                continue
-            if id(value) not in copies:
-                data = value.detach().clone(memory_format=torch.contiguous_format)
-                if isinstance(value, torch.nn.Parameter):
-                    data = torch.nn.Parameter(data, requires_grad=value.requires_grad)
-                copies[id(value)] = data
-            d[key] = copies[id(value)]

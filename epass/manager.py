@@ -312,7 +312,9 @@ class PassManager:
                                     )
                                 else:
                                     out = p(prepared.view)
-                            except Exception as exc:
+                            # sys.exit() in a pass is a failure of that pass, not
+                            # the process's decision to end.
+                            except (Exception, SystemExit) as exc:
                                 self._raise_failure(p, exc, current, prepared, where)
                             seconds = time.perf_counter() - start
                             current, record = self._finish(
@@ -395,7 +397,7 @@ class PassManager:
     def _raise_failure(
         self,
         p: Any,
-        exc: Exception,
+        exc: Exception | SystemExit,
         current: ExportedProgram,
         prepared: _Prepared,
         where: dict[str, Any],

@@ -6,7 +6,7 @@ The JSON document (``schema: "epass.report/1"``) holds:
 ``pipeline`` (text, or null when the pipeline has no textual form), ``input`` /
 ``output`` (file paths or null), ``modified``, ``shared`` (every output dict is the
 store), ``seconds`` (sum over top-level passes), ``nodes_before``, ``nodes_after``,
-``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol"}``), and
+``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol", "first_drift"}``), and
 ``passes``: one object per pass run, in order, with every key of
 :meth:`epass.PassRecord.as_dict` (``children`` nest the same way) plus ``path``
 (``"lower/dce"`` for nested passes), ``spec`` (the pass as pipeline text, or null),
@@ -35,6 +35,7 @@ import torch
 from epass._version import __version__
 from epass.errors import ArgumentValueError
 from epass.instruments import MemoryAccounting, MemoryEntry
+from epass.io import atomic_write
 from epass.manager import PassManager
 from epass.pipeline import PassSpec, format_item
 from epass.records import PassRecord, PipelineResult
@@ -340,9 +341,11 @@ def write_report(path: str | Path, report: Mapping[str, Any]) -> Path:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".json":
-        path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+        text = json.dumps(report, indent=2, sort_keys=False) + "\n"
     elif suffix in (".html", ".htm"):
-        path.write_text(render_html(report))
+        text = render_html(report)
     else:
         raise ArgumentValueError(f"report file must end in .json or .html, got {path.name!r}")
+    with atomic_write(path) as tmp:  # a reader never sees half a report
+        tmp.write_text(text)
     return path

@@ -45,3 +45,54 @@ def test_every_page_has_a_block() -> None:
 def test_example_runs(script: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(script), run_name="__main__")
+
+
+SHELL = re.compile(r"^```\n\$ (epass .*?)\n(.*?)^```", re.S | re.M)
+NUMBER = re.compile(r"\d+\.\d+")
+
+
+def _normalized(text: str) -> list[str]:
+    """Lines without trailing blanks, timings replaced (they differ from run to run)."""
+    return [NUMBER.sub("#", line.rstrip()) for line in text.strip("\n").splitlines()]
+
+
+def _quoted_runs() -> list[tuple[str, str, str]]:
+    return [
+        (page.name, command, output)
+        for page in PAGES
+        for command, output in SHELL.findall(page.read_text())
+    ]
+
+
+def test_docs_quote_at_least_one_command() -> None:
+    assert any(command.startswith("epass run") for _, command, _ in _quoted_runs())
+
+
+@pytest.mark.parametrize(
+    ("page", "command", "output"),
+    [pytest.param(*run, id=f"{run[0]}: {run[1]}") for run in _quoted_runs()],
+)
+def test_quoted_cli_output_matches_a_real_run(
+    page: str,
+    command: str,
+    output: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The numbers a page quotes from `epass ...` are what the command prints today."""
+    pytest.importorskip("rich")  # the quoted tables are rich's
+    import shlex
+
+    import torch
+
+    from epass.cli import _demo_program, main
+
+    if not torch.__version__.startswith("2.13."):
+        pytest.skip("the docs quote torch 2.13's node counts")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EPASS_PLAIN", raising=False)
+    torch.export.save(_demo_program(), "tf.pt2")  # the file the pages run on
+    argv = shlex.split(command)[1:]
+    assert main(argv) == 0
+    assert _normalized(capsys.readouterr().out) == _normalized(output), f"{page}: $ {command}"

@@ -264,3 +264,32 @@ def test_registered_passes_are_written_as_pipeline_text(tmp_path: Path) -> None:
         assert "refuse-test" in done.stderr
     finally:
         unregister_pass("refuse-test")
+
+
+def test_reproducer_handles_pass_instances_without_qualname(tmp_path: Path) -> None:
+    """A torch.fx PassBase defined in a function: no __qualname__, not re-importable."""
+    from torch.fx.passes.infra.pass_base import PassBase
+
+    class Boom(PassBase):
+        def call(self, gm: torch.fx.GraphModule) -> Any:
+            raise RuntimeError("boom from a local PassBase")
+
+    ep = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    reproducer = Reproducer(tmp_path / "repros")
+    with pytest.raises(PassError) as info:
+        PassManager([Boom()], instruments=[reproducer]).run(ep)
+    assert "could not be written" not in str(info.value)
+    (where,) = reproducer.written
+    assert {"program.pt2", "error.txt", "pipeline.txt", "repro.py"} <= {
+        p.name for p in where.iterdir()
+    }
+    assert [p.name for p in (tmp_path / "repros").iterdir()] == [where.name]  # no temp dirs
+    script = (where / "repro.py").read_text()
+    assert "Boom cannot be re-imported: it is defined inside a function." in script
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, str(where / "repro.py")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "cannot re-import pass" in proc.stderr and "Traceback" not in proc.stderr

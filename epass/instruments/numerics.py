@@ -19,7 +19,14 @@ from epass.records import PassInfo, PassRecord
 if TYPE_CHECKING:
     from epass.manager import PassManager
 
-__all__ = ["Drift", "NumericsCheck", "NumericsDriftError", "compare_outputs", "run_program"]
+__all__ = [
+    "Drift",
+    "NumericsCheck",
+    "NumericsDriftError",
+    "compare_outputs",
+    "random_inputs",
+    "run_program",
+]
 
 logger = logging.getLogger("epass")
 
@@ -124,6 +131,30 @@ def run_program(
         names = [k for _, k in touched]
         raise ProgramError(f"running the program wrote into its state tensors {names}")
     return _clone(out)
+
+
+def random_inputs(program: ExportedProgram, seed: int = 0) -> tuple[Any, ...]:
+    """Inputs of the shapes and dtypes the program's user inputs were traced with.
+
+    For a program without ``example_inputs``; a dynamic dimension gets size 2.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    user = set(program.graph_signature.user_inputs)
+    args: list[Any] = []
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in user:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise ValueError(f"cannot make an input for {node.name!r}: no tensor metadata")
+        shape = [d if isinstance(d, int) else 2 for d in val.shape]
+        if val.dtype.is_floating_point:
+            args.append(torch.randn(shape, dtype=val.dtype, generator=generator))
+        elif val.dtype == torch.bool:
+            args.append(torch.zeros(shape, dtype=torch.bool))
+        else:
+            args.append(torch.randint(0, 2, shape, dtype=val.dtype, generator=generator))
+    return tuple(args)
 
 
 def compare_outputs(

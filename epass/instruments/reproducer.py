@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import pickle
 import re
+import shutil
+import tempfile
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,8 +31,22 @@ def qualified_name(p: Any) -> str:
     """``module:qualname`` of a pass's function or class (``FxPass`` names its function)."""
     target = getattr(p, "fn", None) if type(p).__name__ == "FxPass" else None
     if target is None:
-        target = p if isinstance(p, type) or hasattr(p, "__qualname__") else type(p)
-    return f"{target.__module__}:{target.__qualname__}"
+        target = p
+    # Instances (a torch.fx PassBase, a callable object) are named by their class.
+    if not isinstance(target, type) and not hasattr(target, "__qualname__"):
+        target = type(target)
+    module = getattr(target, "__module__", None) or "?"
+    return f"{module}:{getattr(target, '__qualname__', type(target).__qualname__)}"
+
+
+def _not_importable(name: str) -> str:
+    """Why ``module:qualname`` cannot be imported again, or "" when it can."""
+    module, _, qualname = name.partition(":")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        return "it is defined inside a function"
+    if module in ("__main__", "?"):
+        return "it is defined in a script, not an importable module"
+    return ""
 
 
 def pipeline_text(passes: Sequence[Any]) -> tuple[str, str]:
@@ -45,11 +61,18 @@ def pipeline_text(passes: Sequence[Any]) -> tuple[str, str]:
     return "qualified", "\n".join(lines) + "\n"
 
 
+def _qualified_lines(passes: Sequence[Any]) -> str:
+    try:
+        return pipeline_text(passes)[1]
+    except Exception as exc:  # the reproducer must still be written
+        return f"{QUALIFIED_HEADER}\n# the passes could not be named: {exc!r}\n"
+
+
 _REPRO = '''\
 """Reproduce an epass pass failure.
 
 {summary}
-
+{unimportable}
 Run: python repro.py    (exits with the pass's error; 0 means it did not fail)
 """
 
@@ -78,7 +101,12 @@ def load_passes():
         return epass.PassManager.from_text(text.strip()).passes
     passes = []
     for line in text.splitlines()[1:]:
-        obj = pkgutil.resolve_name(line.strip())
+        if line.startswith("#"):
+            sys.exit(f"cannot rebuild the passes: {{line[1:].strip()}}")
+        try:
+            obj = pkgutil.resolve_name(line.strip())
+        except Exception as exc:
+            sys.exit(f"cannot re-import pass {{line.strip()}}: {{exc!r}}")
         # Classes are rebuilt with their default options; functions are used as they are.
         passes.append(obj() if isinstance(obj, type) else obj)
     return passes
@@ -109,10 +137,14 @@ class Reproducer(Instrument):
     * ``error.txt``: the original error;
     * ``repro.py``: reloads the program, rebuilds the passes and runs them.
 
-    The path is appended to the ``PassError`` message. The modules that define the
-    passes must be importable where ``repro.py`` runs. Writing never raises: if it
-    fails, the error message says so instead. Failures raised by instruments
-    (``InstrumentError``) get no reproducer, since the passes alone would not fail.
+    The path is appended to the ``PassError`` message; ``written`` lists the
+    directories written, ``write_errors`` why a reproducer could not be written.
+    The modules that define the passes must be importable where ``repro.py`` runs;
+    where a pass cannot be re-imported, ``repro.py`` says why. A reproducer is
+    written into a hidden folder and renamed, so it is there whole or not at all.
+    Writing never raises: if it fails, the error message says so instead. Failures
+    raised by instruments (``InstrumentError``) get no reproducer, since the passes
+    alone would not fail.
 
     Example::
 
@@ -124,6 +156,7 @@ class Reproducer(Instrument):
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.written: list[Path] = []
+        self.write_errors: list[str] = []
 
     def pass_failed(self, info: PassInfo, program: ExportedProgram, error: BaseException) -> None:
         manager = info.manager
@@ -135,6 +168,7 @@ class Reproducer(Instrument):
             where = self.write(info, path, program, manager, error)
         except Exception as exc:
             logger.info("reproducer for %s could not be written: %r", path, exc)
+            self.write_errors.append(f"{type(exc).__name__}: {exc}")
             if note is not None:
                 note(f"reproducer could not be written: {type(exc).__name__}: {exc}")
             return
@@ -156,22 +190,50 @@ class Reproducer(Instrument):
         while self.directory.is_dir() and any(self.directory.glob(f"{number:03d}-*")):
             number += 1  # keep reproducers from earlier runs
         where = self.directory / f"{number:03d}-{safe}"
-        where.mkdir(parents=True)
-        torch.export.save(program, where / "program.pt2")
-        _, text = pipeline_text(passes)
-        (where / "pipeline.txt").write_text(text)
+        # Written into a hidden folder and renamed: a reproducer is there whole or not at all.
+        self.directory.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=self.directory, prefix=f".{where.name}."))
         try:
-            (where / "passes.pkl").write_bytes(pickle.dumps(passes))
-        except Exception as exc:  # lambdas, local classes: pipeline.txt has to do
-            logger.debug("passes of %s do not pickle: %r", path, exc)
-        message = str(error)
-        (where / "error.txt").write_text(message + "\n")
-        # The message goes into repro.py's docstring: keep it a valid string literal.
-        summary = textwrap.indent(message.replace("\\", "\\\\").replace('"""', "'''"), "    ")
-        verify = bool(getattr(manager, "verify", True))
-        (where / "repro.py").write_text(
-            _REPRO.format(summary=summary, verify=verify, header=QUALIFIED_HEADER)
-        )
+            self._fill(work, passes, path, program, manager, error)
+            work.rename(where)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
         self.written.append(where)
         logger.info("reproducer for %s written to %s", path, where)
         return where
+
+    def _fill(
+        self,
+        where: Path,
+        passes: Sequence[Any],
+        path: str,
+        program: ExportedProgram,
+        manager: Any,
+        error: BaseException,
+    ) -> None:
+        message = str(error)
+        (where / "error.txt").write_text(message + "\n")
+        text = _qualified_lines(passes)
+        (where / "pipeline.txt").write_text(text)
+        torch.export.save(program, where / "program.pt2")
+        try:
+            (where / "passes.pkl").write_bytes(pickle.dumps(list(passes)))
+        except Exception as exc:  # lambdas, local classes: pipeline.txt has to do
+            logger.debug("passes of %s do not pickle: %r", path, exc)
+        reasons = []
+        if text.startswith(QUALIFIED_HEADER) and not (where / "passes.pkl").exists():
+            for line in text.splitlines()[1:]:
+                why = "" if line.startswith("#") else _not_importable(line)
+                if why:
+                    reasons.append(f"{line} cannot be re-imported: {why}.")
+        unimportable = "\n".join(reasons) + ("\n" if reasons else "")
+        # The message goes into repro.py's docstring: keep it a valid string literal.
+        summary = textwrap.indent(message.replace("\\", "\\\\").replace('"""', "'''"), "    ")
+        unimportable = unimportable.replace("\\", "\\\\").replace('"""', "'''")
+        verify = bool(getattr(manager, "verify", True))
+        (where / "repro.py").write_text(
+            _REPRO.format(
+                summary=summary, unimportable=unimportable, verify=verify, header=QUALIFIED_HEADER
+            )
+        )

@@ -1,0 +1,526 @@
+"""``epass.io``: hostile .pt2 archives run nothing; saves are atomic; loads are thread-safe."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import epass
+from epass.cli import main
+from epass.errors import EpassError, LoadError, SaveError, UnsafeArchiveError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Small(torch.nn.Module):
+    """Parameters, a buffer and a lifted tensor constant: every state member kind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("scale", torch.full((4,), 2.0))
+        self.offset = torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale + self.offset
+
+
+@pytest.fixture(scope="module")
+def program_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("io") / "small.pt2"
+    batch = torch.export.Dim("batch", min=1, max=16)
+    ep = torch.export.export(Small(), (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    torch.export.save(ep, path)
+    return path
+
+
+@pytest.fixture
+def quiet_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh, empty temp directory for everything tempfile creates in the test."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setenv("TMPDIR", str(temp))
+    return temp
+
+
+# --- hostile archives ------------------------------------------------------------------
+
+
+class _Marker:
+    """Unpickling this creates a file: the stand-in for arbitrary code execution."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (Path(self.path),))
+
+
+class TouchTensor(torch.Tensor):
+    """A tensor subclass whose unpickling creates a file (``__setstate__`` runs)."""
+
+    def __setstate__(self, state: Any) -> None:
+        Path(state[0]["marker"] if isinstance(state, tuple) else state["marker"]).touch()
+
+
+def _rewrite(
+    source: Path, dest: Path, edit: Callable[[str, bytes], bytes | None], extra: dict[str, bytes]
+) -> Path:
+    """Copy an archive, letting ``edit`` change (or drop, with None) each member."""
+    with zipfile.ZipFile(source) as zin, zipfile.ZipFile(dest, "w") as zout:
+        root = zin.namelist()[0].split("/")[0]
+        for item in zin.infolist():
+            data = edit(item.filename.split("/", 1)[1], zin.read(item.filename))
+            if data is not None:
+                zout.writestr(item, data)
+        for name, data in extra.items():
+            zout.writestr(name if name.startswith("/") or ".." in name else f"{root}/{name}", data)
+    return dest
+
+
+def _torch_save(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _config_entry(path_name: str, use_pickle: bool) -> dict[str, Any]:
+    return {
+        "path_name": path_name,
+        "is_param": False,
+        "use_pickle": use_pickle,
+        "tensor_meta": None,
+    }
+
+
+def _with_config_entry(
+    source: Path, dest: Path, config: str, key: str, entry: dict[str, Any], extra: dict[str, bytes]
+) -> Path:
+    def edit(name: str, data: bytes) -> bytes:
+        if name == config:
+            parsed = json.loads(data)
+            parsed["config"][key] = entry
+            return json.dumps(parsed).encode()
+        return data
+
+    return _rewrite(source, dest, edit, extra)
+
+
+def _native_library(directory: Path, marker: Path) -> bytes:
+    """A shared library whose constructor creates ``marker``, built with gcc."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the hostile library")
+    source = directory / "evil.c"
+    source.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void run(void) {\n"
+        f'    FILE *f = fopen("{marker}", "w"); if (f) fclose(f);\n'
+        "}\n"
+    )
+    library = directory / "evil.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    data = library.read_bytes()
+    library.unlink()
+    source.unlink()
+    return data
+
+
+def _native(src: Path, dest: Path, marker: Path) -> Path:
+    members = {
+        "data/aotinductor/model/x.wrapper.so": _native_library(dest.parent, marker),
+        "data/aotinductor/model/x.wrapper.cpp": b"// nothing",
+        "data/aotinductor/model/x.wrapper_metadata.json": b'{"AOTI_DEVICE_KEY": "cpu"}',
+    }
+    return _rewrite(src, dest, lambda n, d: d, members)
+
+
+def _uppercase(src: Path, dest: Path, marker: Path) -> Path:
+    payload = pickle.dumps(_Marker(str(marker)))
+    return _with_config_entry(
+        src, dest, "data/constants/model_constants_config.json", "evil",
+        _config_entry("opaque_obj_0", True), {"data/constants/OPAQUE_OBJ_0": payload},
+    )  # fmt: skip
+
+
+def _sample_inputs(src: Path, dest: Path, marker: Path) -> Path:
+    payload = pickle.dumps(((_Marker(str(marker)),), {}))
+    return _rewrite(
+        src, dest, lambda n, d: payload if n == "data/sample_inputs/model.pt" else d, {}
+    )
+
+
+def _constants(src: Path, dest: Path, marker: Path) -> Path:
+    payload = _torch_save(_Marker(str(marker)))
+    config = json.dumps({"config": {"offset": _config_entry("tensor_0", True)}}).encode()
+
+    def edit(name: str, data: bytes) -> bytes:
+        if name == "data/constants/tensor_0":
+            return payload
+        return config if name == "data/constants/model_constants_config.json" else data
+
+    return _rewrite(src, dest, edit, {})
+
+
+def _subclass_weights(src: Path, dest: Path, marker: Path) -> Path:
+    evil = torch.ones(4).as_subclass(TouchTensor)
+    evil.marker = str(marker)  # type: ignore[attr-defined]
+    payload = _torch_save(evil)
+    with zipfile.ZipFile(src) as z:
+        config = json.loads(z.read(f"{src.stem}/data/weights/model_weights_config.json"))
+    config["config"]["scale"]["use_pickle"] = True
+    weight = "data/weights/" + config["config"]["scale"]["path_name"]
+
+    def edit(name: str, data: bytes) -> bytes:
+        if name == weight:
+            return payload
+        if name == "data/weights/model_weights_config.json":
+            return json.dumps(config).encode()
+        return data
+
+    return _rewrite(src, dest, edit, {})
+
+
+def _zip_bomb(src: Path, dest: Path, marker: Path) -> Path:
+    shutil.copy(src, dest)
+    with (
+        zipfile.ZipFile(dest, "a", compression=zipfile.ZIP_DEFLATED) as z,
+        z.open(f"{src.stem}/extra/bomb.txt", "w", force_zip64=True) as member,
+    ):
+        zeros = bytes(1 << 20)
+        for _ in range(256):  # 256 MiB of zeros in a few hundred KiB
+            member.write(zeros)
+    return dest
+
+
+def _path_traversal(src: Path, dest: Path, marker: Path) -> Path:
+    escape = "../" * 12 + str(marker).lstrip("/")
+    return _rewrite(
+        src, dest, lambda n, d: d, {f"{src.stem}/data/aotinductor/model/{escape}": b"x"}
+    )
+
+
+def _sympy_code(src: Path, dest: Path, marker: Path) -> Path:
+    def edit(name: str, data: bytes) -> bytes:
+        if name != "models/model.json":
+            return data
+        text = data.decode()
+        start = text.index('"expr_str": "') + len('"expr_str": "')
+        code = f"__import__('pathlib').Path('{marker}').touch() or "
+        return (text[:start] + code + text[start:]).encode()
+
+    return _rewrite(src, dest, edit, {})
+
+
+def _guard_code(src: Path, dest: Path, marker: Path) -> Path:
+    def edit(name: str, data: bytes) -> bytes:
+        if name != "models/model.json":
+            return data
+        program = json.loads(data)
+        program["guards_code"] = [f"__import__('pathlib').Path('{marker}').touch() is None"]
+        return json.dumps(program).encode()
+
+    return _rewrite(src, dest, edit, {})
+
+
+def _graph_target(src: Path, dest: Path, marker: Path) -> Path:
+    def edit(name: str, data: bytes) -> bytes:
+        if name != "models/model.json":
+            return data
+        program = json.loads(data)
+        program["graph_module"]["graph"]["nodes"][0]["target"] = "torch.hub.load"
+        return json.dumps(program).encode()
+
+    return _rewrite(src, dest, edit, {})
+
+
+HOSTILE = {
+    "native-library": _native,
+    "uppercase-member": _uppercase,
+    "sample-inputs-pickle": _sample_inputs,
+    "constants-pickle": _constants,
+    "tensor-subclass-weights": _subclass_weights,
+    "zip-bomb": _zip_bomb,
+    "path-traversal": _path_traversal,
+    "sympy-expression-code": _sympy_code,
+    "guard-code": _guard_code,
+    "graph-target": _graph_target,
+}
+
+
+@pytest.mark.parametrize("command", ["inspect", "run"])
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_hostile_archive_is_refused_before_anything_runs(
+    kind: str,
+    command: str,
+    program_file: Path,
+    tmp_path: Path,
+    quiet_tmp: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    marker = tmp_path / "executed"
+    evil = HOSTILE[kind](program_file, tmp_path / "evil.pt2", marker)
+    argv = [command, str(evil)] + (["-p", "dce", "--check-numerics"] if command == "run" else [])
+    code = main(["--plain", *argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("epass: error: "), err
+    assert "refused member" in lines[0] or "not a .pt2" in lines[0], lines[0]
+    assert not marker.exists()
+    assert list(quiet_tmp.iterdir()) == []  # nothing extracted, nothing left behind
+    with pytest.raises(UnsafeArchiveError) as info:
+        epass.load(evil)
+    assert info.value.member and isinstance(info.value, EpassError)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["uppercase-member", "sample-inputs-pickle", "constants-pickle", "tensor-subclass-weights",
+     "sympy-expression-code"],
+)  # fmt: skip
+def test_torch_export_load_alone_runs_the_hostile_payload(
+    kind: str, program_file: Path, tmp_path: Path
+) -> None:
+    """The archives above are really hostile: plain torch.export.load runs their code."""
+    marker = tmp_path / "executed"
+    evil = HOSTILE[kind](program_file, tmp_path / "evil.pt2", marker)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with contextlib.suppress(Exception):
+            torch.export.load(evil)
+    assert marker.exists()
+
+
+def test_torch_export_load_alone_runs_the_native_library(
+    program_file: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "executed"
+    evil = _native(program_file, tmp_path / "evil.pt2", marker)
+    # In a child process: the library stays loaded in whoever loads it.
+    code = f"import torch\ntry: torch.export.load({str(evil)!r})\nexcept Exception: pass\n"
+    subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300)
+    assert marker.exists()
+
+
+def test_trusted_load_is_torch_export_load(program_file: Path) -> None:
+    ep = epass.load(program_file, trust=True)
+    assert isinstance(ep, torch.export.ExportedProgram)
+
+
+def test_legitimate_programs_still_load(program_file: Path, tmp_path: Path) -> None:
+    ep = epass.load(program_file)
+    assert sorted(ep.state_dict) == ["lin.bias", "lin.weight", "scale"]
+    assert sorted(ep.constants) == ["offset"]
+    x = torch.randn(5, 4)  # the dynamic batch survived the round trip
+    expected = torch.export.load(program_file).module()(x)
+    torch.testing.assert_close(ep.module()(x), expected)
+    lowered = epass.PassManager.from_text("lower").run(ep)
+    epass.save(lowered, tmp_path / "lowered.pt2")
+    assert len(epass.load(tmp_path / "lowered.pt2").graph.nodes) == len(lowered.graph.nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_zoo_programs_load_screened(dynamic: bool, tmp_path: Path) -> None:
+    import hf_models
+    import models
+
+    for name in models.CASES:
+        _, ep, _ = models.export(name, dynamic=dynamic)
+        torch.export.save(ep, tmp_path / f"{name}.pt2")
+        assert len(epass.load(tmp_path / f"{name}.pt2").graph.nodes) == len(ep.graph.nodes)
+    for name in hf_models.ZOO:
+        _, ep, _ = hf_models.export(name, dynamic=dynamic)
+        torch.export.save(ep, tmp_path / f"{name}.pt2")
+        assert len(epass.load(tmp_path / f"{name}.pt2").graph.nodes) == len(ep.graph.nodes)
+
+
+def test_screen_names_the_member_in_one_line(program_file: Path, tmp_path: Path) -> None:
+    evil = _rewrite(program_file, tmp_path / "e.pt2", lambda n, d: d, {"data/notes.bin": b"?"})
+    with pytest.raises(UnsafeArchiveError) as info:
+        epass.load(evil)
+    assert info.value.member == "small/data/notes.bin"
+    assert "\n" not in str(info.value)
+
+
+def test_load_errors_are_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(LoadError, match="no such file"):
+        epass.load(tmp_path / "missing.pt2")
+    (tmp_path / "text.pt2").write_text("not a zip")
+    with pytest.raises(LoadError, match=r"not a \.pt2 archive"):
+        epass.load(tmp_path / "text.pt2")
+
+
+# --- threads ---------------------------------------------------------------------------
+
+
+class _Config:
+    """A plain object: loading it needs ``torch.load(weights_only=False)``."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def test_trusted_torch_load_in_threads_is_unaffected_by_io_load(
+    program_file: Path, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "config.pt"
+    torch.save({"config": _Config(7), "t": torch.ones(2)}, checkpoint)
+    real_load = torch.load
+    failures: list[BaseException] = []
+    loaded: list[int] = []
+    stop = threading.Event()
+
+    def trusted() -> None:
+        while not stop.is_set():
+            try:
+                loaded.append(torch.load(checkpoint, weights_only=False)["config"].value)
+            except BaseException as exc:
+                failures.append(exc)
+
+    def screened() -> None:
+        for _ in range(3):
+            try:
+                epass.load(program_file)
+            except BaseException as exc:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=trusted) for _ in range(4)]
+    loaders = [threading.Thread(target=screened) for _ in range(3)]
+    for t in threads + loaders:
+        t.start()
+    for t in loaders:
+        t.join()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert len(loaded) > 0 and set(loaded) == {7}
+    assert torch.load is real_load  # nothing process-global was swapped
+
+
+# --- saving ----------------------------------------------------------------------------
+
+
+class Unpicklable(torch.Tensor):
+    """A tensor subclass that refuses to be pickled: torch.export.save fails half-way."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise RuntimeError("this tensor refuses to be saved")
+
+
+def test_failed_save_leaves_the_target_as_it_was(tmp_path: Path) -> None:
+    ep = torch.export.export(Small(), (torch.randn(3, 4),))
+    target = tmp_path / "out.pt2"
+    target.write_bytes(b"previous contents")
+    broken = epass.prune(ep)
+    broken.state_dict["scale"] = broken.state_dict["scale"].as_subclass(Unpicklable)
+    with pytest.raises(SaveError, match="refuses to be saved"):
+        epass.save(broken, target)
+    assert target.read_bytes() == b"previous contents"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.pt2"]  # no temp file left
+    epass.save(ep, target)
+    assert sorted(epass.load(target).state_dict) == sorted(ep.state_dict)
+    assert oct(target.stat().st_mode & 0o777) != oct(0o600)  # the umask, not mkstemp's 0600
+
+
+def test_save_checks_the_path_first(tmp_path: Path) -> None:
+    ep = torch.export.export(Small(), (torch.randn(3, 4),))
+    with pytest.raises(SaveError, match=r"must end in \.pt2"):
+        epass.save(ep, tmp_path / "out.zip")
+    with pytest.raises(SaveError, match="does not exist"):
+        epass.save(ep, tmp_path / "missing" / "out.pt2")
+
+
+def test_inspect_is_the_data_the_cli_prints(program_file: Path) -> None:
+    info = epass.inspect(epass.load(program_file))
+    assert info["state"]["parameters"] == {"count": 2, "bytes": 80}
+    assert info["state"]["constants"]["count"] == 1
+    assert info["signature"]["user_inputs"] == ["x"]
+
+
+def test_private_loader_is_pinned(program_file: Path) -> None:
+    """``_program.load_pt2`` leans on torch's archive loader; fail loudly if it moves."""
+    from torch.export.pt2_archive import _package
+
+    from epass import _program
+
+    assert callable(_package.load_pt2)
+    with open(program_file, "rb") as f:
+        contents = _package.load_pt2(f)
+    assert set(contents.exported_programs) == {"model"}
+    with open(program_file, "rb") as f:
+        assert isinstance(_program.load_pt2(f), torch.export.ExportedProgram)
+    # Why loads are serialized: torch's deserializer refuses to overlap with itself.
+    from torch._export.serde import serialize
+
+    assert hasattr(serialize, "_CURRENT_DESERIALIZER")
+    # The static pickle check the screen relies on.
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(
+        io.BytesIO(_torch_save(_Marker("x")))
+    )
+
+
+def test_python_dash_m_epass_runs_the_command(program_file: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "epass", "inspect", str(program_file), "--json"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["signature"]["user_inputs"] == ["x"]
+
+
+class Shapes(torch.nn.Module):
+    """Backed and unbacked symbols, float shape arithmetic and guards between inputs."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        nonzero = x.nonzero()
+        return x[: y.shape[0]] * 2, nonzero.shape[0] * 1.5, y.sum()
+
+
+def test_symbolic_expressions_and_guards_of_real_programs_pass_the_screen(
+    tmp_path: Path,
+) -> None:
+    n, m = torch.export.Dim("n", min=4, max=64), torch.export.Dim("m", max=32)
+    ep = torch.export.export(
+        Shapes(), (torch.randn(8, 4), torch.randn(3, 4)), dynamic_shapes=({0: n}, {0: m})
+    )
+    torch.export.save(ep, tmp_path / "shapes.pt2")
+    with zipfile.ZipFile(tmp_path / "shapes.pt2") as z:
+        text = z.read("shapes/models/model.json").decode()
+    assert "ToFloat(" in text and "LessThan(" in text and "guards_code" in text
+    loaded = epass.load(tmp_path / "shapes.pt2")
+    assert str(loaded.range_constraints) == str(ep.range_constraints)
+
+
+def test_allowed_shape_functions_cover_torchs_deserializer() -> None:
+    """Every sympy function torch's deserializer knows must pass the screen."""
+    import re
+
+    from torch._export.serde import serialize
+
+    from epass.io import _SYMPY_CALLS
+
+    source = Path(serialize.__file__).read_text()
+    known = set(re.findall(r'"(\w+)": torch\.utils\._sympy\.functions\.\w+', source))
+    assert len(known) > 10, "torch's deserializer no longer lists its sympy functions"
+    assert known <= _SYMPY_CALLS, sorted(known - _SYMPY_CALLS)
