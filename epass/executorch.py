@@ -14,6 +14,7 @@ from torch.export import ExportedProgram
 from epass import _program
 from epass.linker import LinkReport, StateLinker, prune
 from epass.manager import PassManager, PipelineResult
+from epass.passes import _graph
 
 __all__ = ["EdgeResult", "to_edge", "to_edge_transform_and_lower"]
 
@@ -128,11 +129,10 @@ def _hand_off(
     linker = StateLinker()
     for name in edge.methods:
         program = edge.exported_program(name)
-        for store, new in (
-            (programs[name].state_dict, program.state_dict),
-            (programs[name].constants, program.constants),
-        ):
+        for field in ("state_dict", "constants"):
+            store, new = getattr(programs[name], field), getattr(program, field)
             _reuse_equal(store, new)
+            _rename_collisions(program, new, store, set(getattr(private[name], field)))
         links[name] = linker.link(programs[name], program, pass_name=caller).report
         logger.debug("executorch.%s: %s: %s", caller, name, links[name].summary())
     return EdgeResult(edge=edge, programs=programs, pipelines=pipelines, links=links)
@@ -163,6 +163,27 @@ def _reuse_equal(store: Mapping[str, Any], new: dict[str, Any]) -> None:
             continue
         if torch.equal(old, value):
             new[key] = old
+
+
+def _rename_collisions(
+    program: ExportedProgram, new: dict[str, Any], store: Mapping[str, Any], given: set[str]
+) -> None:
+    """Give the entries ExecuTorch added a key of their own where the store already
+    holds another value under that key.
+
+    ExecuTorch names the scalars it lifts by position (``_lifted_tensor_constant2``),
+    per program: the constants another program's hand-off added to the store reuse
+    those names for other values. Renaming the edge program's entry (its dict key
+    and input spec target) keeps both, and lets the edge program share the store.
+    """
+    for key in list(new):
+        if key in given or key not in store or new[key] is store[key]:
+            continue
+        fresh = _graph.unique_key(key, store, new, program.state_dict, program.constants)
+        new[fresh] = new.pop(key)
+        for spec in program.graph_signature.input_specs:
+            if spec.target == key:
+                spec.target = fresh
 
 
 def to_edge(

@@ -122,10 +122,26 @@ def test_to_edge_exports_a_module_and_takes_method_dicts() -> None:
     assert set(both.links) == {"forward", "again"}
     # ExecuTorch lifts "count.add_(1)"'s scalar into the state_dict on each call: the
     # first method adds it to the store, the second finds it there.
-    assert both.links["forward"].state_dict.added == ("_lifted_tensor_constant1",)
-    assert both.shared and both.links["again"].state_dict.added == ()
+    added = sorted(r.state_dict.added for r in both.links.values())
+    assert added == [(), ("_lifted_tensor_constant1",)] and both.shared
     for name in both.links:
         assert both.exported_program(name).state_dict is ep.state_dict
+
+
+def test_to_edge_renames_lifted_scalars_that_collide_with_the_store() -> None:
+    # ExecuTorch names the scalars it lifts by position, per program; an earlier
+    # hand-off of another program may have put another value under that name.
+    module, ep, args = models.export("seed")
+    other = torch.tensor(7)
+    ep.state_dict["_lifted_tensor_constant1"] = other
+    result = epass.executorch.to_edge(ep)
+    assert result.shared and ep.state_dict["_lifted_tensor_constant1"] is other
+    (added,) = result.links["forward"].state_dict.added
+    assert added == "_lifted_tensor_constant1_1" and ep.state_dict[added].item() == 1
+    targets = {s.target for s in result.exported_program().graph_signature.input_specs}
+    assert added in targets and "_lifted_tensor_constant1" not in targets
+    pte = result.to_executorch().buffer
+    torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
 
 
 def test_to_edge_rejects_bad_input() -> None:
