@@ -149,3 +149,19 @@ def test_to_edge_rejects_bad_input() -> None:
         epass.executorch.to_edge(models.build("mlp"))
     with pytest.raises(TypeError, match="ExportedProgram"):
         epass.executorch.to_edge("model.pt2")  # type: ignore[arg-type]
+
+
+def test_xnnpack_lowers_pre_transposed_weights() -> None:
+    # With fold_views=True the addmm reads a constant W^T; it no longer claims to be
+    # F.linear, so XNNPACK's ConvertToLinearPass leaves it alone.
+    xnnpack = pytest.importorskip(
+        "executorch.backends.xnnpack.partition.xnnpack_partitioner",
+        reason="executorch was built without XNNPACK",
+    )
+    module, ep, args = models.export("mlp")
+    result = epass.executorch.to_edge_transform_and_lower(
+        ep, pipeline=_fold_views(), partitioner=[xnnpack.XnnpackPartitioner()]
+    )
+    assert result.exported_program().state_dict is ep.state_dict
+    pte = result.to_executorch().buffer
+    torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
