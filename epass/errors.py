@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "EpassError",
+    "HandOffError",
     "InstrumentError",
     "OrderingError",
     "PassError",
@@ -17,6 +18,10 @@ __all__ = [
 
 class EpassError(Exception):
     """Base class of every error epass raises on purpose."""
+
+
+class HandOffError(EpassError, TypeError):
+    """A backend hand-off (``epass.executorch``) got something it cannot convert."""
 
 
 class OrderingError(EpassError, ValueError):

@@ -12,6 +12,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _program
+from epass.errors import HandOffError
 from epass.linker import LinkReport, StateLinker, prune
 from epass.manager import PassManager, PipelineResult
 from epass.passes import _graph
@@ -75,24 +76,23 @@ def _manager(pipeline: Any) -> PassManager | None:
 def _programs(
     ep_or_module: Any, args: tuple[Any, ...] | None, kwargs: dict[str, Any], caller: str
 ) -> dict[str, ExportedProgram]:
+    dynamic_shapes = kwargs.pop("dynamic_shapes", None)
+    strict = kwargs.pop("strict", False)
     if isinstance(ep_or_module, ExportedProgram):
         return {"forward": ep_or_module}
     if isinstance(ep_or_module, Mapping):
         bad = [k for k, v in ep_or_module.items() if not isinstance(v, ExportedProgram)]
         if bad:
-            raise TypeError(f"epass.executorch.{caller}: methods {bad} are not ExportedPrograms")
+            raise HandOffError(f"epass.executorch.{caller}: methods {bad} are not ExportedPrograms")
         return dict(ep_or_module)
     if isinstance(ep_or_module, torch.nn.Module):
         if args is None:
-            raise TypeError(f"epass.executorch.{caller} needs example args to export a module")
+            raise HandOffError(f"epass.executorch.{caller} needs example args to export a module")
         ep = torch.export.export(
-            ep_or_module,
-            tuple(args),
-            dynamic_shapes=kwargs.pop("dynamic_shapes", None),
-            strict=kwargs.pop("strict", False),
+            ep_or_module, tuple(args), dynamic_shapes=dynamic_shapes, strict=strict
         )
         return {"forward": ep}
-    raise TypeError(
+    raise HandOffError(
         f"epass.executorch.{caller} takes an ExportedProgram, a dict of them or an "
         f"nn.Module, got {type(ep_or_module).__name__}"
     )

@@ -145,10 +145,16 @@ def test_to_edge_renames_lifted_scalars_that_collide_with_the_store() -> None:
 
 
 def test_to_edge_rejects_bad_input() -> None:
-    with pytest.raises(TypeError, match="needs example args"):
+    from epass.errors import HandOffError
+
+    with pytest.raises(HandOffError, match="needs example args"):
         epass.executorch.to_edge(models.build("mlp"))
-    with pytest.raises(TypeError, match="ExportedProgram"):
+    with pytest.raises(HandOffError, match="got str"):
         epass.executorch.to_edge("model.pt2")  # type: ignore[arg-type]
+    _, ep, _ = models.export("mlp")
+    with pytest.raises(HandOffError, match=r"methods \['head'\]"):
+        epass.executorch.to_edge({"forward": ep, "head": "model.pt2"})  # type: ignore[dict-item]
+    assert issubclass(HandOffError, TypeError)
 
 
 def test_xnnpack_lowers_pre_transposed_weights() -> None:
