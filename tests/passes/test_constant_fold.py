@@ -12,10 +12,13 @@ from epass.passes import ConstantFold, ConstantFoldResult
 aten = torch.ops.aten
 
 
+@pytest.mark.parametrize("fold_views", [False, True], ids=["", "fold-views"])
 @h.zoo_params()
-def test_constant_fold_keeps_numerics_and_input(name: str, dynamic: bool, form: str) -> None:
+def test_constant_fold_keeps_numerics_and_input(
+    name: str, dynamic: bool, form: str, fold_views: bool
+) -> None:
     ep = h.program(name, dynamic, form)
-    result = h.run_checked(ConstantFold(), ep)
+    result = h.run_checked(ConstantFold(fold_views=fold_views), ep)
     h.assert_close(result.program, name, dynamic)
     assert result.program.state_dict is ep.state_dict
     assert result.program.constants is ep.constants
