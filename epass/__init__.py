@@ -18,6 +18,7 @@ from epass.bisect import BisectResult, bisect
 from epass.errors import (
     CliError,
     EpassError,
+    HandOffError,
     InstrumentError,
     LoadError,
     OrderingError,
@@ -58,6 +59,7 @@ __all__ = [
     "DictReport",
     "EpassError",
     "FxPass",
+    "HandOffError",
     "Instrument",
     "InstrumentError",
     "LinkReport",

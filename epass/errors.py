@@ -19,6 +19,7 @@ error                      raised when
 ``LoadError``              a file cannot be loaded as a program
 ``UnsafeArchiveError``     an untrusted archive holds a member that could run code
 ``SaveError``              a program or report could not be written (nothing changed)
+``HandOffError``           a backend hand-off got something it cannot convert
 ``CliError``               the ``epass`` command stops with a one-line message
 =========================  ==========================================================
 
@@ -37,6 +38,7 @@ __all__ = [
     "CliError",
     "DecompositionError",
     "EpassError",
+    "HandOffError",
     "InstrumentError",
     "LoadError",
     "NumericsDriftError",
@@ -65,6 +67,10 @@ class ArgumentTypeError(EpassError, TypeError):
 
 class ArgumentValueError(EpassError, ValueError):
     """An argument of an epass function or class has a value it cannot take."""
+
+
+class HandOffError(EpassError, TypeError):
+    """A backend hand-off (``epass.executorch``) got something it cannot convert."""
 
 
 class OrderingError(EpassError, ValueError):

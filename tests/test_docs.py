@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import runpy
 from pathlib import Path
@@ -11,19 +12,38 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Pages whose examples need an optional extra, and the modules they import.
+NEEDS = {
+    "onnx.md": ("onnxscript", "onnxruntime"),
+    "backends.md": ("executorch", "torchao", "openvino", "coremltools", "onnxscript"),
+}
+# Pages whose examples convert models with real backends (tens of seconds).
+SLOW = {"backends.md"}
+
+
+def _missing(page: Path) -> list[str]:
+    return [m for m in NEEDS.get(page.name, ()) if importlib.util.find_spec(m) is None]
+
+
+def _page_param(page: Path) -> object:
+    marks = [pytest.mark.slow] if page.name in SLOW else []
+    return pytest.param(page, marks=marks, id=page.relative_to(ROOT).as_posix())
 
 
 def _blocks(page: Path) -> list[str]:
     return FENCE.findall(page.read_text())
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize("page", [_page_param(p) for p in PAGES])
 def test_markdown_code_blocks_run(
     page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     blocks = _blocks(page)
     if not blocks:
         pytest.skip(f"{page.name} has no python blocks")
+    missing = _missing(page)
+    if missing:
+        pytest.skip(f"{page.name} needs {', '.join(missing)} (not installed)")
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": f"doc_{page.stem}"}
     # Blocks on one page share a namespace, in order, like a reader pasting them.

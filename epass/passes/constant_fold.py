@@ -45,6 +45,38 @@ _TRIVIAL = frozenset(
         "aten::unsqueeze",
     }
 )
+# Ops that only re-view their input. A chain of them off a state input saves no
+# compute when folded; it turns a parameter into a constant that backends no longer
+# recognize as the weight of a module call (fold with ``fold_views=True``).
+_VIEWS = frozenset(
+    {
+        "aten::permute",
+        "aten::transpose",
+        "aten::t",
+        "aten::numpy_T",
+        "aten::mT",
+        "aten::expand",
+        "aten::expand_as",
+        "aten::view_as",
+        "aten::slice",
+        "aten::select",
+        "aten::narrow",
+        "aten::as_strided",
+        "aten::diagonal",
+        "aten::movedim",
+        "aten::unflatten",
+        "aten::split",
+        "aten::split_with_sizes",
+        "aten::unbind",
+        "aten::chunk",
+        "aten::unfold",
+        "aten::view_as_real",
+        "aten::view_as_complex",
+    }
+)
+# Node meta naming the source call a node was traced from; a folded node's call is
+# split after folding, so its remaining nodes no longer form that call.
+_SOURCE_KEYS = ("source_fn_stack", "torch_fn")
 
 
 @attrs.frozen
@@ -105,7 +137,16 @@ class ConstantFold:
     ``max_growth`` times the state it is computed from (an ``expand``, also
     behind a ``view``, or an outer product; the smaller values feeding it are
     folded instead), and a reshape or copy applied directly to a state input
-    (it would only duplicate the entry).
+    (it would only duplicate the entry). A chain that only re-views a state input
+    (``permute``, ``transpose``, ``t``, ``view``, ``expand``, ``slice``, ...) is not
+    folded either unless ``fold_views`` is set: it costs nothing at run time, and
+    folding it turns a parameter into a constant that backends no longer recognize
+    as a module's weight.
+
+    When part of a traced call is folded (the ``permute`` of ``F.linear``), the
+    nodes left of that call drop the call's name from their meta
+    (``source_fn_stack``, ``torch_fn``, and the innermost ``nn_module_stack``
+    scope), so that pattern matchers do not rebuild the call from them.
 
     Graph: folded nodes become ``CONSTANT_TENSOR`` placeholders. State: **adds**
     one ``constants`` entry per boundary value (keys ``folded_<node>``); the
@@ -117,13 +158,16 @@ class ConstantFold:
     Args:
         max_growth: the largest ratio of a folded value's bytes to the bytes of the
             parameters, buffers and constants it is computed from.
+        fold_views: also fold chains that only re-view a state input (pre-transposed
+            weights, for backends that want them); the folded value is a view of
+            the state tensor and costs no memory.
 
     Returns a :class:`ConstantFoldResult` with the folded nodes, new keys and
     ``bytes_added``.
 
     Example::
 
-        out = PassManager([Decompose(), ConstantFold()]).run(ep)
+        out = PassManager([Decompose(), ConstantFold(fold_views=True)]).run(ep)
         # every "permute(p_weight)" is now a pre-transposed constant
     """
 
@@ -131,6 +175,7 @@ class ConstantFold:
     changes_input: ClassVar[bool] = False
 
     max_growth: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
+    fold_views: bool = False
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
         plan, evaluated = self._plan(ep)
@@ -178,13 +223,7 @@ class ConstantFold:
                     values[node] = values[first]
                 order.append(node)
                 source[node] = sum(source[i] for i in inputs)
-                schema = _program.op_schema(node.target)
-                if (
-                    schema is not None
-                    and schema.name in _TRIVIAL
-                    and len(inputs) == 1
-                    and inputs[0] in trivial
-                ):
+                if len(inputs) == 1 and inputs[0] in trivial and self._relabels(node):
                     trivial.add(node)
         # Walk backwards so each node knows whether its users were folded.
         rejected: set[torch.fx.Node] = set()
@@ -208,6 +247,16 @@ class ConstantFold:
                     owned[first] = _owned(value.detach(), state_ptrs)
             boundary[node.name] = (first.name, owned[first])
         return boundary, {n.name for n in order}
+
+    def _relabels(self, node: torch.fx.Node) -> bool:
+        """Whether ``node`` only copies, relabels or (unless ``fold_views``) re-views
+        its single input."""
+        if node.target is operator.getitem:
+            return True
+        schema = _program.op_schema(node.target)
+        if schema is None:
+            return False
+        return schema.name in _TRIVIAL or (not self.fold_views and schema.name in _VIEWS)
 
     def _apply(
         self,
@@ -246,6 +295,7 @@ class ConstantFold:
                     nbytes += value.nbytes
             node.replace_all_uses_with(placeholder)
             folded.append(node)
+        _drop_split_sources(gm, folded)
         # Erase the folded subgraphs (their nodes are now dead), newest first; other
         # dead code is DeadCodeElimination's business.
         for node in reversed(list(gm.graph.nodes)):
@@ -259,6 +309,50 @@ class ConstantFold:
         return ConstantFoldResult(
             program, True, folded=tuple(n.name for n in folded), added=added, bytes_added=nbytes
         )
+
+
+def _source_keys(node: torch.fx.Node) -> set[Any]:
+    keys: set[Any] = set()
+    stack = node.meta.get("source_fn_stack")
+    if stack:
+        keys.add(("source_fn_stack", stack[-1][0]))
+    torch_fn = node.meta.get("torch_fn")
+    if torch_fn:
+        keys.add(("torch_fn", torch_fn[0]))
+    return keys
+
+
+def _drop_split_sources(gm: torch.fx.GraphModule, folded: list[torch.fx.Node]) -> None:
+    """Keep the remaining nodes of a partly folded source call from claiming it.
+
+    The nodes traced from one call (``F.linear``) carry its name in their meta; tools
+    such as ``get_source_partitions`` rebuild the call from them (XNNPACK turns
+    ``addmm(b, x, permute(w))`` labelled ``linear`` back into ``linear(x, w, b)``).
+    Once part of the call is a constant, the rest no longer computes that call from
+    its inputs, so the nodes left lose the call's name (``source_fn_stack``,
+    ``torch_fn``) and the innermost module scope they shared with the folded node
+    (matchers fall back to ``nn_module_stack``).
+    """
+    keys: set[Any] = set()
+    scopes: set[str] = set()
+    for node in folded:
+        node_keys = _source_keys(node)
+        if node_keys:
+            keys |= node_keys
+            stack = node.meta.get("nn_module_stack")
+            if stack:
+                scopes.add(next(reversed(stack)))
+    if not keys:
+        return
+    gone = set(folded)
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node in gone or not (_source_keys(node) & keys):
+            continue
+        for key in _SOURCE_KEYS:
+            node.meta.pop(key, None)
+        stack = node.meta.get("nn_module_stack")
+        if stack and next(reversed(stack)) in scopes:
+            node.meta["nn_module_stack"] = dict(list(stack.items())[:-1])
 
 
 def _structure(node: torch.fx.Node, canon: dict[torch.fx.Node, torch.fx.Node]) -> Any:

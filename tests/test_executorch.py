@@ -1,0 +1,173 @@
+"""The ExecuTorch hand-off: edge programs share the user's state; the .pte matches eager."""
+
+from __future__ import annotations
+
+import models
+import pytest
+import torch
+from fingerprint import fingerprint, only_added
+
+import epass
+import epass.executorch
+from epass.passes import CSE, ConstantFold, DeadCodeElimination, Decompose, presets
+
+exir = pytest.importorskip("executorch.exir", reason="executorch is not installed")
+
+
+def _run_pte(buffer: bytes, args: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(buffer)  # ``buffer`` stays referenced here
+    return list(program.load_method("forward").execute(list(args)))
+
+
+def _fold_views() -> epass.PassManager:
+    # lower() with pre-transposed weights: the store holds non-contiguous views
+    return epass.PassManager([Decompose(), ConstantFold(fold_views=True), CSE()])
+
+
+def _assert_users_objects(edge_program: torch.export.ExportedProgram, ep) -> None:
+    for key, value in edge_program.state_dict.items():
+        if key in ep.state_dict:
+            assert value is ep.state_dict[key], key
+
+
+def test_executorch_to_edge_alone_writes_copies_into_the_given_dicts() -> None:
+    # The problem the hand-off solves: to_edge replaces the views in the dicts of the
+    # program it is given (the user's store) by contiguous copies, and gives the edge
+    # program a state_dict of its own.
+    _, ep, _ = models.export("mlp")
+    lowered = _fold_views().run(ep)
+    views = dict(ep.constants)
+    assert views and not any(v.is_contiguous() for v in views.values())
+    edge = exir.to_edge(lowered)
+    assert edge.exported_program().state_dict is not ep.state_dict
+    assert any(ep.constants[k] is not v for k, v in views.items())
+
+
+def test_to_edge_shares_the_users_state_and_runs() -> None:
+    module, ep, args = models.export("mlp")
+    before = fingerprint(ep)
+    result = epass.executorch.to_edge(ep, pipeline=presets.lower())
+    edge_program = result.exported_program()
+    assert edge_program.state_dict is ep.state_dict
+    assert edge_program.constants is ep.constants
+    _assert_users_objects(edge_program, ep)
+    assert result.shared and result.links["forward"].changed == ()
+    assert result.pipelines["forward"].records[0].name == "decompose"
+    pte = result.to_executorch().buffer
+    assert only_added(before, fingerprint(ep))  # to_executorch wrote nothing either
+    torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
+
+
+def test_to_edge_keeps_copies_out_of_the_users_dict() -> None:
+    module, ep, args = models.export("mlp")
+    lowered = _fold_views().run(ep)
+    store = dict(ep.constants)
+    before = fingerprint(ep)
+    result = epass.executorch.to_edge(lowered)
+    assert ep.constants == store  # the same objects under the same keys, no new ones
+    assert all(ep.constants[k] is v for k, v in store.items())
+    assert fingerprint(ep) == before
+    link = result.links["forward"]
+    # ExecuTorch made the transposed weights contiguous: the edge program keeps those
+    # in a dict of its own and shares the rest.
+    assert set(link.constants.changed) == set(store) and not link.constants.shared
+    edge_program = result.exported_program()
+    assert edge_program.state_dict is ep.state_dict
+    _assert_users_objects(edge_program, ep)
+    pte = result.to_executorch().buffer
+    torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
+
+
+def test_edge_manager_hands_out_the_live_program() -> None:
+    # Relinking goes through EdgeProgramManager.exported_program(name): it must return
+    # the program to_executorch serializes, not a copy.
+    _, ep, _ = models.export("mlp")
+    result = epass.executorch.to_edge(ep)
+    edge = result.edge
+    assert edge.exported_program() is edge.exported_program("forward")
+    assert list(edge.methods) == ["forward"]
+    assert edge.exported_program().state_dict is ep.state_dict
+
+
+def test_to_edge_transform_and_lower_through_xnnpack() -> None:
+    xnnpack = pytest.importorskip(
+        "executorch.backends.xnnpack.partition.xnnpack_partitioner",
+        reason="executorch was built without XNNPACK",
+    )
+    module, ep, args = models.export("mlp")
+    before = fingerprint(ep)
+    result = epass.executorch.to_edge_transform_and_lower(
+        ep, pipeline=presets.lower(), partitioner=[xnnpack.XnnpackPartitioner()]
+    )
+    assert result.exported_program().state_dict is ep.state_dict
+    # the delegate took the weights: they left the edge program, not the user's dict
+    removed = result.links["forward"].state_dict.removed
+    assert "net.0.weight" in removed and "net.0.weight" in ep.state_dict
+    pte = result.to_executorch().buffer
+    assert only_added(before, fingerprint(ep))
+    torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
+
+
+def test_to_edge_exports_a_module_and_takes_method_dicts() -> None:
+    module = models.build("mlp")
+    args = models.CASES["mlp"].inputs()
+    result = epass.executorch.to_edge(module, args, pipeline=[Decompose(), DeadCodeElimination()])
+    sd = result.exported_program().state_dict
+    for key, value in module.state_dict(keep_vars=True).items():
+        assert sd[key] is value, key
+    _, ep, _ = models.export("seed")
+    both = epass.executorch.to_edge({"forward": ep, "again": ep})
+    assert set(both.links) == {"forward", "again"}
+    # ExecuTorch lifts "count.add_(1)"'s scalar into the state_dict on each call: the
+    # first method adds it to the store, the second finds it there.
+    added = sorted(r.state_dict.added for r in both.links.values())
+    assert added == [(), ("_lifted_tensor_constant1",)] and both.shared
+    for name in both.links:
+        assert both.exported_program(name).state_dict is ep.state_dict
+
+
+def test_to_edge_renames_lifted_scalars_that_collide_with_the_store() -> None:
+    # ExecuTorch names the scalars it lifts by position, per program; an earlier
+    # hand-off of another program may have put another value under that name.
+    module, ep, args = models.export("seed")
+    other = torch.tensor(7)
+    ep.state_dict["_lifted_tensor_constant1"] = other
+    result = epass.executorch.to_edge(ep)
+    assert result.shared and ep.state_dict["_lifted_tensor_constant1"] is other
+    (added,) = result.links["forward"].state_dict.added
+    assert added == "_lifted_tensor_constant1_1" and ep.state_dict[added].item() == 1
+    targets = {s.target for s in result.exported_program().graph_signature.input_specs}
+    assert added in targets and "_lifted_tensor_constant1" not in targets
+    pte = result.to_executorch().buffer
+    torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
+
+
+def test_to_edge_rejects_bad_input() -> None:
+    from epass.errors import HandOffError
+
+    with pytest.raises(HandOffError, match="needs example args"):
+        epass.executorch.to_edge(models.build("mlp"))
+    with pytest.raises(HandOffError, match="got str"):
+        epass.executorch.to_edge("model.pt2")  # type: ignore[arg-type]
+    _, ep, _ = models.export("mlp")
+    with pytest.raises(HandOffError, match=r"methods \['head'\]"):
+        epass.executorch.to_edge({"forward": ep, "head": "model.pt2"})  # type: ignore[dict-item]
+    assert issubclass(HandOffError, TypeError)
+
+
+def test_xnnpack_lowers_pre_transposed_weights() -> None:
+    # With fold_views=True the addmm reads a constant W^T; it no longer claims to be
+    # F.linear, so XNNPACK's ConvertToLinearPass leaves it alone.
+    xnnpack = pytest.importorskip(
+        "executorch.backends.xnnpack.partition.xnnpack_partitioner",
+        reason="executorch was built without XNNPACK",
+    )
+    module, ep, args = models.export("mlp")
+    result = epass.executorch.to_edge_transform_and_lower(
+        ep, pipeline=_fold_views(), partitioner=[xnnpack.XnnpackPartitioner()]
+    )
+    assert result.exported_program().state_dict is ep.state_dict
+    pte = result.to_executorch().buffer
+    torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
