@@ -43,6 +43,9 @@ __all__ = [
     "new_state_placeholder",
     "parameter_spec",
     "placeholders",
+    "ProgramSnapshot",
+    "meta_changed",
+    "meta_snapshot",
     "remove_unused_state_placeholders",
     "specs_by_name",
     "state_values",
@@ -343,11 +346,13 @@ def run_graph_pass(
     copy of ``ep``'s graph and return ``(program, modified)``.
 
     ``modified`` is the fx ``PassResult``'s flag when the pass returns one, else
-    whether the graph code changed. Tensors the pass registered and reads through
+    whether the graph code or any node's ``meta`` changed (an annotation-only pass
+    keeps its edits). Tensors the pass registered and reads through
     ``get_attr`` are lifted to constants. The input program is never touched.
     """
     gm = copy_graph(ep)
     before = _program.graph_code(gm)
+    metas = meta_snapshot(gm)
     out = fn(gm)
     flag: bool | None
     if out is None:
@@ -367,12 +372,97 @@ def run_graph_pass(
             f"{type(new_gm).__name__}, not a GraphModule"
         )
     code = _program.graph_code(new_gm)  # recompiles every graph
-    modified = code != before if flag is None else flag
+    if flag is None:
+        modified = code != before or meta_changed(new_gm, metas)
+    else:
+        modified = flag
     if not modified:
         return ep, False
     if tensor_attributes(new_gm):
         return lift_tensor_attributes(ep, new_gm), True
     return build_program(ep, new_gm), True
+
+
+def _graph_modules(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
+    return [(n, m) for n, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule)]
+
+
+def meta_snapshot(gm: torch.fx.GraphModule) -> list[Any]:
+    """A copy of every node's ``meta`` (containers copied, leaves shared), in graph
+    order, nested graphs included: what :func:`meta_changed` compares against."""
+    return [
+        _program.copy_meta(node.meta) for _, m in _graph_modules(gm) for node in m.graph.nodes
+    ]
+
+
+def meta_changed(gm: torch.fx.GraphModule, snapshot: list[Any]) -> bool:
+    """Whether any node's ``meta`` of ``gm`` differs from ``snapshot``."""
+    metas = [node.meta for _, m in _graph_modules(gm) for node in m.graph.nodes]
+    if len(metas) != len(snapshot):
+        return True
+    for now, before in zip(metas, snapshot, strict=True):
+        try:
+            # dict equality compares identical leaves by identity, so shared fake
+            # tensors are never compared element-wise.
+            if now != before:
+                return True
+        except Exception:  # a leaf replaced by a tensor or another odd value
+            return True
+    return False
+
+
+def _structure(gm: torch.fx.GraphModule) -> list[Any]:
+    return [
+        (name, m, m.graph, [(n, n.op, n.name, n.target, n.args, n.kwargs) for n in m.graph.nodes])
+        for name, m in _graph_modules(gm)
+    ]
+
+
+def _signature_rows(sig: ExportGraphSignature) -> list[Any]:
+    rows: list[Any] = [
+        (s.kind, repr(s.arg), s.target, s.persistent) for s in sig.input_specs
+    ]
+    rows += [(s.kind, repr(s.arg), s.target) for s in sig.output_specs]
+    return rows
+
+
+class ProgramSnapshot:
+    """What a program looked like when a pass got it: graph structure (nodes, their
+    arguments and targets, nested graphs), node meta, signature, and which object
+    each state key held. Taken in O(nodes + entries); no tensor is read.
+
+    :meth:`changed` tells whether the program was edited in place since.
+    """
+
+    def __init__(self, ep: ExportedProgram) -> None:
+        self.graph_module = ep.graph_module
+        self.structure = _structure(ep.graph_module)
+        self.meta = meta_snapshot(ep.graph_module)
+        self.signature = _signature_rows(ep.graph_signature)
+        self.state = [(k, id(v)) for k, v in ep.state_dict.items()]
+        self.constants = [(k, id(v)) for k, v in ep.constants.items()]
+
+    def graph_changed(self, ep: ExportedProgram) -> bool:
+        """Whether the graph (structure or node meta) differs from the snapshot."""
+        gm = ep.graph_module
+        if gm is not self.graph_module:
+            return True
+        try:
+            if _structure(gm) != self.structure:
+                return True
+        except Exception:  # an argument with an odd __eq__
+            return True
+        return meta_changed(gm, self.meta)
+
+    def changed(self, ep: ExportedProgram) -> bool:
+        """Whether ``ep`` differs from the snapshot: graph, meta, signature, or the
+        keys and objects of its dicts."""
+        return (
+            [(k, id(v)) for k, v in ep.state_dict.items()] != self.state
+            or [(k, id(v)) for k, v in ep.constants.items()] != self.constants
+            or _signature_rows(ep.graph_signature) != self.signature
+            or self.graph_changed(ep)
+        )
 
 
 def constant_spec(name: str, key: str) -> InputSpec:

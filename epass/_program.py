@@ -6,6 +6,7 @@ when torch renames or reshapes any of them.
 
 from __future__ import annotations
 
+import collections
 import copy
 import operator
 from typing import Any
@@ -19,6 +20,8 @@ __all__ = [
     "copy_graph_module",
     "new_program",
     "private_view",
+    "copy_meta",
+    "set_signature",
     "set_state",
     "shallow_clone",
 ]
@@ -40,6 +43,11 @@ def set_state(
         ep._constants = constants
 
 
+def set_signature(ep: ExportedProgram, signature: ExportGraphSignature) -> None:
+    """Point ``ep`` at ``signature`` without re-validating."""
+    ep._graph_signature = signature
+
+
 def shallow_clone(ep: ExportedProgram) -> ExportedProgram:
     """A new ExportedProgram object sharing every field (graph and dicts) with ``ep``."""
     return copy.copy(ep)
@@ -48,10 +56,13 @@ def shallow_clone(ep: ExportedProgram) -> ExportedProgram:
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Copy a GraphModule's graph (and those of nested GraphModules), sharing tensors.
 
-    Node ``meta`` is copied shallowly, so fake values are shared, not duplicated.
+    Node ``meta`` containers are copied at every level (:func:`copy_meta`), so no
+    edit through the copy reaches ``gm``; fake values and other leaves are shared.
     """
     new_graph = copy.deepcopy(gm.graph)
     _keep_node_names(gm.graph, new_graph)
+    for node in new_graph.nodes:
+        node.meta = copy_meta(node.meta)
     root: dict[str, Any] = {}
     for node in new_graph.nodes:
         if node.op not in ("get_attr", "call_module"):
@@ -64,6 +75,33 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new_gm = torch.fx.GraphModule(root, new_graph, gm.__class__.__name__)
     new_gm.meta.update(gm.meta)
     return new_gm
+
+
+_CONTAINERS = (dict, list, tuple, set, collections.OrderedDict, collections.defaultdict)
+
+
+def copy_meta(value: Any) -> Any:
+    """``value`` with every nested dict, list, tuple and set copied; leaves (fake
+    tensors, strings, types, other objects) are shared.
+
+    ``node.meta`` holds containers that passes edit in place (``nn_module_stack``,
+    ``source_fn_stack``, custom annotations); a graph copy with this meta shares
+    none of them with the original.
+    """
+    kind = type(value)
+    if kind not in _CONTAINERS:
+        return value
+    if kind is tuple:
+        items = tuple(copy_meta(v) for v in value)
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if kind is list:
+        return [copy_meta(v) for v in value]
+    if kind is set:
+        return set(value)
+    out = copy.copy(value)  # keeps a defaultdict's factory
+    for key, item in value.items():
+        out[key] = copy_meta(item)
+    return out
 
 
 def _keep_node_names(old: torch.fx.Graph, new: torch.fx.Graph) -> None:
@@ -254,7 +292,8 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     """
     import ctypes
 
-    flat = t.detach().contiguous().view(-1).view(torch.uint8).cpu()
+    # A lazy conjugate or negative view reads other values than its memory holds.
+    flat = t.detach().resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8).cpu()
     return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
 
 

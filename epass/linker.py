@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
 import torch
 from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputSpec
 
 from epass import _program
 from epass.errors import StateConflictError
@@ -106,11 +108,22 @@ class LinkResult:
     report: LinkReport
 
 
+# Guards every write into a store and every rollback, so that pipelines on the same
+# program in several threads see each other's writes whole. Reads need no lock:
+# copying a dict is one step under the GIL.
+_STORE_LOCK = threading.RLock()
+
+
 class Journal:
-    """Records writes into store dicts so that a failed pipeline can undo them."""
+    """Records writes into store dicts so that a failed pipeline can undo them.
+
+    Rollback undoes this journal's own writes only: an entry someone else wrote
+    since (another pipeline on the same program, in another thread or started from
+    inside a pass) is kept.
+    """
 
     def __init__(self) -> None:
-        self._entries: list[tuple[dict[str, Any], str, Any]] = []
+        self._entries: list[tuple[dict[str, Any], str, Any, Any]] = []
         self._orders: dict[int, tuple[dict[str, Any], list[str]]] = {}
 
     def _touch(self, store: dict[str, Any]) -> None:
@@ -118,30 +131,39 @@ class Journal:
             self._orders[id(store)] = (store, list(store))
 
     def set(self, store: dict[str, Any], key: str, value: Any) -> None:
-        self._touch(store)
-        self._entries.append((store, key, store.get(key, _MISSING)))
-        store[key] = value
+        with _STORE_LOCK:
+            self._touch(store)
+            self._entries.append((store, key, store.get(key, _MISSING), value))
+            store[key] = value
 
     def delete(self, store: dict[str, Any], key: str) -> None:
-        self._touch(store)
-        self._entries.append((store, key, store[key]))
-        del store[key]
+        with _STORE_LOCK:
+            self._touch(store)
+            self._entries.append((store, key, store[key], _MISSING))
+            del store[key]
 
     def rollback(self) -> None:
-        """Undo every recorded write, newest first; the dicts end as they began,
-        key order included."""
-        while self._entries:
-            store, key, old = self._entries.pop()
-            if old is _MISSING:
-                store.pop(key, None)
-            else:
-                store[key] = old
-        for store, order in self._orders.values():
-            if list(store) != order:
-                items = [(k, store[k]) for k in order]
-                store.clear()
-                store.update(items)
-        self._orders.clear()
+        """Undo every recorded write that is still in place, newest first. Keys this
+        journal did not write keep their values; the keys it knew end in their
+        original order, and keys added by others follow them."""
+        with _STORE_LOCK:
+            while self._entries:
+                store, key, old, new = self._entries.pop()
+                if store.get(key, _MISSING) is not new:
+                    continue  # written again since by someone else: theirs now
+                if old is _MISSING:
+                    del store[key]
+                else:
+                    store[key] = old
+            for store, order in self._orders.values():
+                known = [k for k in order if k in store]
+                if list(store)[: len(known)] != known:
+                    kept = set(known)
+                    items = [(k, store[k]) for k in known]
+                    items += [(k, v) for k, v in store.items() if k not in kept]
+                    store.clear()
+                    store.update(items)
+            self._orders.clear()
 
 
 @attrs.define
@@ -184,6 +206,69 @@ def _plan(store: dict[str, Any], new: dict[str, Any], compare_values: bool) -> _
         changed=tuple(changed),
     )
     return _Plan(report, output)
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...] | None:
+    try:
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype, t.device)
+    except (RuntimeError, NotImplementedError):  # meta, fake and storage-less tensors
+        return None
+
+
+def _reuse_keys(original: ExportedProgram, new: ExportedProgram, plans: dict[str, _Plan]) -> None:
+    """Let each added entry that is the same tensor as an existing store entry
+    (same storage, offset, strides, dtype, shape) take that entry's key, when
+    ``new``'s signature does not use the key already: a second identical run then
+    adds nothing to the store. Edits ``plans`` and ``new``'s signature."""
+    renames: dict[str, str] = {}
+    for name, plan in plans.items():
+        if not plan.report.added:
+            continue
+        store: dict[str, Any] = getattr(original, name)
+        index: dict[tuple[Any, ...], list[str]] = {}
+        for key, value in store.items():
+            layout = _layout(value) if isinstance(value, torch.Tensor) else None
+            if layout is not None and layout[0]:
+                index.setdefault(layout, []).append(key)
+        if not index:
+            continue
+        used = {s.target for s in new.graph_signature.input_specs if s.target is not None}
+        taken = set(renames.values())
+        added = list(plan.report.added)
+        for key in plan.report.added:
+            value = plan.output[key]
+            layout = _layout(value) if isinstance(value, torch.Tensor) else None
+            for candidate in index.get(layout, ()) if layout is not None else ():
+                old = store[candidate]
+                mine = plan.output.get(candidate, old)
+                if (
+                    candidate in used
+                    or candidate in taken
+                    or not _program.same_view(old, value)
+                    or not _program.same_view(old, mine)
+                ):
+                    continue
+                renames[key] = candidate
+                taken.add(candidate)
+                del plan.output[key]
+                plan.output[candidate] = old
+                added.remove(key)
+                break
+        if len(added) != len(plan.report.added):
+            removed = [k for k in plan.report.removed if k not in plan.output]
+            plan.report = attrs.evolve(plan.report, added=tuple(added), removed=tuple(removed))
+    if not renames:
+        return
+    sig = new.graph_signature
+    inputs = [
+        InputSpec(s.kind, s.arg, renames[s.target], s.persistent)
+        if s.target in renames
+        else s
+        for s in sig.input_specs
+    ]
+    _program.set_signature(
+        new, ExportGraphSignature(input_specs=inputs, output_specs=list(sig.output_specs))
+    )
 
 
 def _equal_values(a: Any, b: Any) -> bool:
@@ -232,13 +317,27 @@ class StateLinker:
     ) -> LinkResult:
         """Rewire ``new``'s dicts against ``original``'s and return it with a report.
 
-        ``new`` is updated in place (only its dict references) and returned.
-        Writes into the store go through ``journal`` when one is given.
+        ``new`` is updated in place (its dict references, and the signature's
+        targets of added entries that reuse a store key) and returned. Writes into
+        the store go through ``journal`` when one is given; planning and writing
+        hold a lock, so links of several threads into one store do not interleave.
         """
+        with _STORE_LOCK:
+            return self._link(original, new, pass_name, journal)
+
+    def _link(
+        self,
+        original: ExportedProgram,
+        new: ExportedProgram,
+        pass_name: str | None,
+        journal: Journal | None,
+    ) -> LinkResult:
         plans = {
             "state_dict": _plan(original.state_dict, new.state_dict, self.compare_values),
             "constants": _plan(original.constants, new.constants, self.compare_values),
         }
+        if new is not original:
+            _reuse_keys(original, new, plans)
         if self.policy == "strict":
             conflicts = [f"{name}:{k}" for name, p in plans.items() for k in p.report.changed]
             if conflicts:
