@@ -114,17 +114,35 @@ class LinkResult:
 _STORE_LOCK = threading.RLock()
 
 
+@attrs.define(eq=False)
+class _Pending:
+    """A store entry that a run still in progress added, and the runs relying on it."""
+
+    store: dict[str, Any]
+    key: str
+    value: Any
+    owners: list[Journal]
+
+
+# (id(store), key) -> entries added by runs that have neither committed nor rolled
+# back. A rollback deletes such an entry only when no other run relies on it; once
+# any run relying on it commits, it is permanent (and leaves this table).
+_PENDING: dict[tuple[int, str], _Pending] = {}
+
+
 class Journal:
     """Records writes into store dicts so that a failed pipeline can undo them.
 
     Rollback undoes this journal's own writes only: an entry someone else wrote
     since (another pipeline on the same program, in another thread or started from
-    inside a pass) is kept.
+    inside a pass) is kept, and so is an entry this run added that another run's
+    output now uses. :meth:`commit` ends the journal of a successful run.
     """
 
     def __init__(self) -> None:
         self._entries: list[tuple[dict[str, Any], str, Any, Any]] = []
         self._orders: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        self._pending: list[tuple[int, str]] = []
 
     def _touch(self, store: dict[str, Any]) -> None:
         if id(store) not in self._orders:
@@ -133,8 +151,12 @@ class Journal:
     def set(self, store: dict[str, Any], key: str, value: Any) -> None:
         with _STORE_LOCK:
             self._touch(store)
-            self._entries.append((store, key, store.get(key, _MISSING), value))
+            old = store.get(key, _MISSING)
+            self._entries.append((store, key, old, value))
             store[key] = value
+            if old is _MISSING:
+                _PENDING[(id(store), key)] = _Pending(store, key, value, [self])
+                self._pending.append((id(store), key))
 
     def delete(self, store: dict[str, Any], key: str) -> None:
         with _STORE_LOCK:
@@ -142,19 +164,55 @@ class Journal:
             self._entries.append((store, key, store[key], _MISSING))
             del store[key]
 
+    def rely(self, store: dict[str, Any], keys: Any) -> None:
+        """Note that this run's output uses the store entries ``keys``: one another
+        run added and may still roll back stays while this run needs it."""
+        for key in keys:
+            pending = _PENDING.get((id(store), key))
+            if pending is not None and self not in pending.owners:
+                pending.owners.append(self)
+                self._pending.append((id(store), key))
+
+    def commit(self) -> None:
+        """The run succeeded: the entries it added or uses stay for good."""
+        with _STORE_LOCK:
+            for ref in self._pending:
+                _PENDING.pop(ref, None)
+            self._pending.clear()
+            self._entries.clear()
+            self._orders.clear()
+
+    def _release(self, ref: tuple[int, str]) -> None:
+        """Drop this run's claim on a pending entry; delete the entry when it was the
+        last run relying on it."""
+        pending = _PENDING.get(ref)
+        if pending is None or self not in pending.owners:
+            return  # made permanent by a run that committed
+        pending.owners.remove(self)
+        if not pending.owners:
+            del _PENDING[ref]
+            if pending.store.get(pending.key, _MISSING) is pending.value:
+                del pending.store[pending.key]
+
     def rollback(self) -> None:
         """Undo every recorded write that is still in place, newest first. Keys this
         journal did not write keep their values; the keys it knew end in their
         original order, and keys added by others follow them."""
         with _STORE_LOCK:
+            added = set(self._pending)
             while self._entries:
                 store, key, old, new = self._entries.pop()
+                if old is _MISSING and (id(store), key) in added:
+                    continue  # released below, unless another run relies on it
                 if store.get(key, _MISSING) is not new:
                     continue  # written again since by someone else: theirs now
                 if old is _MISSING:
                     del store[key]
                 else:
                     store[key] = old
+            for ref in reversed(self._pending):
+                self._release(ref)
+            self._pending.clear()
             for store, order in self._orders.values():
                 known = [k for k in order if k in store]
                 if list(store)[: len(known)] != known:
@@ -271,6 +329,26 @@ def _reuse_keys(original: ExportedProgram, new: ExportedProgram, plans: dict[str
     )
 
 
+def _note_reliance(
+    original: ExportedProgram,
+    new: ExportedProgram,
+    dicts: dict[str, dict[str, Any]],
+    journal: Journal | None,
+) -> None:
+    """Record that ``new`` uses store entries other runs added and may roll back."""
+    targets = {s.target for s in new.graph_signature.input_specs if s.target is not None}
+    for name in ("state_dict", "constants"):
+        store = getattr(original, name)
+        if dicts[name] is not store:
+            continue  # the output holds its own dict, values included
+        keys = [k for k in targets if (id(store), k) in _PENDING]
+        if journal is not None:
+            journal.rely(store, keys)
+        else:  # a link outside any run: the entries are needed for good
+            for key in keys:
+                _PENDING.pop((id(store), key), None)
+
+
 def _equal_values(a: Any, b: Any) -> bool:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
@@ -375,6 +453,8 @@ class StateLinker:
                 dicts[name] = plan.output
                 report = attrs.evolve(report, shared=False)
             reports[name] = report
+        if _PENDING and new is not original:
+            _note_reliance(original, new, dicts, journal)
         _program.set_state(new, dicts["state_dict"], dicts["constants"])
         return LinkResult(
             program=new,

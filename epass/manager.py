@@ -333,6 +333,7 @@ class PassManager:
             except BaseException:
                 journal.rollback()
                 raise
+        journal.commit()
         return result
 
     def _prepare(
