@@ -372,10 +372,7 @@ def run_graph_pass(
             f"{type(new_gm).__name__}, not a GraphModule"
         )
     code = _program.graph_code(new_gm)  # recompiles every graph
-    if flag is None:
-        modified = code != before or meta_changed(new_gm, metas)
-    else:
-        modified = flag
+    modified = flag if flag is not None else code != before or meta_changed(new_gm, metas)
     if not modified:
         return ep, False
     if tensor_attributes(new_gm):
@@ -390,9 +387,7 @@ def _graph_modules(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphMo
 def meta_snapshot(gm: torch.fx.GraphModule) -> list[Any]:
     """A copy of every node's ``meta`` (containers copied, leaves shared), in graph
     order, nested graphs included: what :func:`meta_changed` compares against."""
-    return [
-        _program.copy_meta(node.meta) for _, m in _graph_modules(gm) for node in m.graph.nodes
-    ]
+    return [_program.copy_meta(node.meta) for _, m in _graph_modules(gm) for node in m.graph.nodes]
 
 
 def meta_changed(gm: torch.fx.GraphModule, snapshot: list[Any]) -> bool:
@@ -419,9 +414,7 @@ def _structure(gm: torch.fx.GraphModule) -> list[Any]:
 
 
 def _signature_rows(sig: ExportGraphSignature) -> list[Any]:
-    rows: list[Any] = [
-        (s.kind, repr(s.arg), s.target, s.persistent) for s in sig.input_specs
-    ]
+    rows: list[Any] = [(s.kind, repr(s.arg), s.target, s.persistent) for s in sig.input_specs]
     rows += [(s.kind, repr(s.arg), s.target) for s in sig.output_specs]
     return rows
 

@@ -319,9 +319,7 @@ def _reuse_keys(original: ExportedProgram, new: ExportedProgram, plans: dict[str
         return
     sig = new.graph_signature
     inputs = [
-        InputSpec(s.kind, s.arg, renames[s.target], s.persistent)
-        if s.target in renames
-        else s
+        InputSpec(s.kind, s.arg, renames[s.target], s.persistent) if s.target in renames else s
         for s in sig.input_specs
     ]
     _program.set_signature(
@@ -373,7 +371,10 @@ class StateLinker:
     :class:`~epass.StateConflictError` instead, and ``in_place`` writes the
     changes into the store (the original program is consumed).
 
-    No tensor bytes are read unless ``compare_values`` is set.
+    An added entry that is the same tensor as a store entry the output does not
+    reference yet takes that entry's key (the output's signature is renamed), so
+    repeating a run adds nothing. No tensor bytes are read unless
+    ``compare_values`` is set.
 
     Example::
 

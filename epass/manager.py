@@ -183,8 +183,9 @@ class PassManager:
         linker: the :class:`StateLinker` that reconciles each result's state.
         verify: run torch's verifier and the state checks after every pass.
         instruments: objects with ``before_pass`` / ``after_pass`` / ... hooks.
-        fingerprint: also hash the store's tensor bytes around each pass, to catch
-            writes that bypass ``_version`` (such as ``.data`` assignments).
+        fingerprint: also hash the store's tensor bytes, dtype, shape, strides and
+            storage offset around each pass, to catch writes that bypass
+            ``_version`` (such as ``.data`` assignments).
         name: the manager's name when nested in another pipeline.
 
     Calling the manager returns a :class:`PipelineResult`; :meth:`run` returns the

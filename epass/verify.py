@@ -78,9 +78,7 @@ def _value_problems(ep: ExportedProgram) -> list[str]:
                 f"{what} has shape {tuple(value.shape)}, the graph expects {tuple(val.shape)}"
             )
         elif (
-            value.device != val.device
-            and value.device.type != "meta"
-            and val.device.type != "meta"
+            value.device != val.device and value.device.type != "meta" and val.device.type != "meta"
         ):
             problems.append(f"{what} is on {value.device}, the graph expects {val.device}")
     return problems
@@ -120,7 +118,8 @@ def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
             value: Any = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
             for leaf in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(leaf, torch.fx.Node):
-                    target = state.get(root.get(leaf, leaf).name)
+                    owner: torch.fx.Node = root.get(leaf) or leaf
+                    target = state.get(owner.name)
                     if target is not None:
                         written.add(target)
     return written, declared

@@ -317,7 +317,7 @@ def test_state_disagreeing_with_its_placeholder_fails_verification(change):
         view.state_dict["linear.weight"] = nn.Parameter(change(view.state_dict["linear.weight"]))
         return PassResult(view, True)
 
-    with pytest.raises(VerificationError, match="linear.weight"):
+    with pytest.raises(VerificationError, match=r"linear\.weight"):
         PassManager([swap]).run(ep)
 
 
