@@ -263,7 +263,7 @@ def bench_guards(repeats: int) -> list[Row]:
     snapshot = _graph.ProgramSnapshot(view)
     out = manager.run(ep)
     linker = StateLinker()
-    lock = epass.linker._STORE_LOCK
+    lock = epass.linker.STORE_LOCK
 
     def guard() -> None:
         _graph.ProgramSnapshot(view).changed(view)

@@ -4,6 +4,7 @@ lift tensor attributes to constants, and the helpers the built-in passes share."
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from epass import _program
 from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = [
+    "FAKE_LOCK",
     "STATE_KINDS",
     "InputKind",
     "InputKinds",
@@ -53,6 +55,10 @@ __all__ = [
 ]
 
 STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+# A program's fake mode is one object shared by every copy of its graph, and torch's
+# FakeTensorMode is not thread-safe: passes running in several threads on one
+# program take this lock whenever they make fake values.
+FAKE_LOCK = threading.RLock()
 # meta key under which copy_graph records each placeholder's input spec
 _SPEC = "epass_input_spec"
 
@@ -102,7 +108,8 @@ def fake_value(gm: torch.fx.GraphModule, tensor: torch.Tensor) -> Any:
     for node in placeholders(gm):
         mode = getattr(node.meta.get("val"), "fake_mode", None)
         if mode is not None:
-            return mode.from_tensor(tensor, static_shapes=True)
+            with FAKE_LOCK:
+                return mode.from_tensor(tensor, static_shapes=True)
     return None
 
 
@@ -545,7 +552,7 @@ def fill_meta(gm: torch.fx.GraphModule, *, force: bool = False) -> None:
     def val(arg: Any) -> Any:
         return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
 
-    with mode:
+    with FAKE_LOCK, mode:
         for node in gm.graph.nodes:
             if node.op != "call_function" or (not force and "val" in node.meta):
                 continue

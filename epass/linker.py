@@ -14,7 +14,16 @@ from torch.export.graph_signature import ExportGraphSignature, InputSpec
 from epass import _program
 from epass.errors import StateConflictError
 
-__all__ = ["DictReport", "Journal", "LinkReport", "LinkResult", "Policy", "StateLinker", "prune"]
+__all__ = [
+    "STORE_LOCK",
+    "DictReport",
+    "Journal",
+    "LinkReport",
+    "LinkResult",
+    "Policy",
+    "StateLinker",
+    "prune",
+]
 
 Policy = Literal["share", "strict", "in_place"]
 _POLICIES = ("share", "strict", "in_place")
@@ -109,9 +118,10 @@ class LinkResult:
 
 
 # Guards every write into a store and every rollback, so that pipelines on the same
-# program in several threads see each other's writes whole. Reads need no lock:
-# copying a dict is one step under the GIL.
-_STORE_LOCK = threading.RLock()
+# program in several threads see each other's writes whole; the manager also holds
+# it while it copies a store for a pass's view (a rollback rewrites a store in two
+# steps, clear and update).
+STORE_LOCK = threading.RLock()
 
 
 @attrs.define(eq=False)
@@ -149,7 +159,7 @@ class Journal:
             self._orders[id(store)] = (store, list(store))
 
     def set(self, store: dict[str, Any], key: str, value: Any) -> None:
-        with _STORE_LOCK:
+        with STORE_LOCK:
             self._touch(store)
             old = store.get(key, _MISSING)
             self._entries.append((store, key, old, value))
@@ -159,7 +169,7 @@ class Journal:
                 self._pending.append((id(store), key))
 
     def delete(self, store: dict[str, Any], key: str) -> None:
-        with _STORE_LOCK:
+        with STORE_LOCK:
             self._touch(store)
             self._entries.append((store, key, store[key], _MISSING))
             del store[key]
@@ -175,7 +185,7 @@ class Journal:
 
     def commit(self) -> None:
         """The run succeeded: the entries it added or uses stay for good."""
-        with _STORE_LOCK:
+        with STORE_LOCK:
             for ref in self._pending:
                 _PENDING.pop(ref, None)
             self._pending.clear()
@@ -198,7 +208,7 @@ class Journal:
         """Undo every recorded write that is still in place, newest first. Keys this
         journal did not write keep their values; the keys it knew end in their
         original order, and keys added by others follow them."""
-        with _STORE_LOCK:
+        with STORE_LOCK:
             added = set(self._pending)
             while self._entries:
                 store, key, old, new = self._entries.pop()
@@ -401,7 +411,7 @@ class StateLinker:
         the store go through ``journal`` when one is given; planning and writing
         hold a lock, so links of several threads into one store do not interleave.
         """
-        with _STORE_LOCK:
+        with STORE_LOCK:
             return self._link(original, new, pass_name, journal)
 
     def _link(

@@ -26,7 +26,7 @@ from epass.errors import (
     VerificationError,
 )
 from epass.instrumentation import Dispatch
-from epass.linker import Journal, StateLinker
+from epass.linker import STORE_LOCK, Journal, StateLinker
 from epass.protocol import PassResult, adapt, ordering_names, pass_name
 from epass.records import PassInfo, PassRecord, PipelineResult, op_delta, op_histogram
 from epass.verify import check_state_writes, verify_program
@@ -367,8 +367,9 @@ class PassManager:
         copy_graph = getattr(p, "changes_input", True) and _program.shares_graph(
             current.graph_module, user.graph_module
         )
-        view = _program.private_view(current, copy_graph=copy_graph)
-        entries = _store_entries(current)
+        with STORE_LOCK:  # a consistent copy while other runs write the store
+            view = _program.private_view(current, copy_graph=copy_graph)
+            entries = _store_entries(current)
         prepared = _Prepared(
             view=view,
             entries=entries,
@@ -453,7 +454,11 @@ class PassManager:
         link = None
         if modified:
             try:
-                linked = self.linker.link(current, program, pass_name=info.name, journal=journal)
+                with STORE_LOCK:
+                    _drop_stale(program, current, prepared)
+                    linked = self.linker.link(
+                        current, program, pass_name=info.name, journal=journal
+                    )
             except StateConflictError as exc:  # the linker knows the pass by name only
                 raise StateConflictError(exc.reason, keys=exc.keys, **where) from None
             link = linked.report
@@ -522,6 +527,23 @@ def _normalize(
         "ExportedProgram or a PassResult(program, modified)",
         **where,
     )
+
+
+def _drop_stale(program: ExportedProgram, current: ExportedProgram, prepared: _Prepared) -> None:
+    """Drop from ``program``'s dicts the entries its pass saw in its input that another
+    run removed since (rolled back) and that ``program`` does not reference: they
+    are not this pass's additions, so the linker must not put them back."""
+    seen = {(label, key) for label, key, _, _ in prepared.entries}
+    targets = {s.target for s in program.graph_signature.input_specs}
+    fresh: dict[str, dict[str, Any]] = {}
+    for label in ("state_dict", "constants"):
+        mine: dict[str, Any] = getattr(program, label)
+        live: dict[str, Any] = getattr(current, label)
+        stale = {k for k in mine if (label, k) in seen and k not in live and k not in targets}
+        if stale:  # a new dict: the program's own may be shared with its caller
+            fresh[label] = {k: v for k, v in mine.items() if k not in stale}
+    if fresh:
+        _program.set_state(program, fresh.get("state_dict"), fresh.get("constants"))
 
 
 def _edited(prepared: _Prepared, p: Any, where: dict[str, Any]) -> bool:
