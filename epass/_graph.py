@@ -359,7 +359,8 @@ def run_graph_pass(
     """
     gm = copy_graph(ep)
     before = _program.graph_code(gm)
-    metas = meta_snapshot(gm)
+    # gm is a fresh copy: ep's own node meta is the snapshot to compare with.
+    metas = [node.meta for _, m in _graph_modules(ep.graph_module) for node in m.graph.nodes]
     out = fn(gm)
     flag: bool | None
     if out is None:
@@ -379,7 +380,9 @@ def run_graph_pass(
             f"{type(new_gm).__name__}, not a GraphModule"
         )
     code = _program.graph_code(new_gm)  # recompiles every graph
-    modified = flag if flag is not None else code != before or meta_changed(new_gm, metas)
+    modified = (
+        flag if flag is not None else code != before or meta_changed(new_gm, metas, ignore=_SPEC)
+    )
     if not modified:
         return ep, False
     if tensor_attributes(new_gm):
@@ -397,9 +400,15 @@ def meta_snapshot(gm: torch.fx.GraphModule) -> list[Any]:
     return [_program.copy_meta(node.meta) for _, m in _graph_modules(gm) for node in m.graph.nodes]
 
 
-def meta_changed(gm: torch.fx.GraphModule, snapshot: list[Any]) -> bool:
-    """Whether any node's ``meta`` of ``gm`` differs from ``snapshot``."""
+def meta_changed(gm: torch.fx.GraphModule, snapshot: list[Any], *, ignore: str = "") -> bool:
+    """Whether any node's ``meta`` of ``gm`` differs from ``snapshot`` (the key
+    ``ignore`` aside)."""
     metas = [node.meta for _, m in _graph_modules(gm) for node in m.graph.nodes]
+    if ignore:
+        metas = [
+            {k: v for k, v in meta.items() if k != ignore} if ignore in meta else meta
+            for meta in metas
+        ]
     if len(metas) != len(snapshot):
         return True
     for now, before in zip(metas, snapshot, strict=True):
@@ -431,13 +440,24 @@ class ProgramSnapshot:
     arguments and targets, nested graphs), node meta, signature, and which object
     each state key held. Taken in O(nodes + entries); no tensor is read.
 
-    :meth:`changed` tells whether the program was edited in place since.
+    :meth:`changed` tells whether the program was edited in place since. When
+    ``ep``'s graph was just copied from ``copied_from``'s, that program's node meta
+    serves as the snapshot of the meta.
     """
 
-    def __init__(self, ep: ExportedProgram) -> None:
+    def __init__(self, ep: ExportedProgram, *, copied_from: ExportedProgram | None = None) -> None:
         self.graph_module = ep.graph_module
         self.structure = _structure(ep.graph_module)
-        self.meta = meta_snapshot(ep.graph_module)
+        if copied_from is not None:
+            # ``ep``'s graph is a fresh copy of ``copied_from``'s, which the pass does
+            # not hold: its node meta is the snapshot, with nothing copied again.
+            self.meta = [
+                node.meta
+                for _, m in _graph_modules(copied_from.graph_module)
+                for node in m.graph.nodes
+            ]
+        else:
+            self.meta = meta_snapshot(ep.graph_module)
         self.signature = _signature_rows(ep.graph_signature)
         self.state = [(k, id(v)) for k, v in ep.state_dict.items()]
         self.constants = [(k, id(v)) for k, v in ep.constants.items()]

@@ -92,8 +92,10 @@ def copy_meta(value: Any) -> Any:
     if kind not in _CONTAINERS:
         return value
     if kind is tuple:
-        items = tuple(copy_meta(v) for v in value)
-        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+        # Most tuples in meta hold strings and types only (nn_module_stack entries).
+        if not any(type(v) in _CONTAINERS for v in value):
+            return value
+        return tuple(copy_meta(v) for v in value)
     if kind is list:
         return [copy_meta(v) for v in value]
     if kind is set:

@@ -27,7 +27,7 @@ from epass.errors import (
 )
 from epass.instrumentation import Dispatch
 from epass.linker import STORE_LOCK, Journal, StateLinker
-from epass.protocol import PassResult, adapt, ordering_names, pass_name
+from epass.protocol import FxPass, PassResult, adapt, ordering_names, pass_name
 from epass.records import PassInfo, PassRecord, PipelineResult, op_delta, op_histogram
 from epass.verify import check_state_writes, verify_program
 
@@ -376,9 +376,11 @@ class PassManager:
             prints=_fingerprint(entries) if self.fingerprint else None,
             nodes_before=nodes_before,
             ops_before=op_histogram(current),
-            # Nested pipelines report their own flag; every other pass may return
-            # its view edited in place, which only a snapshot can tell.
-            snapshot=None if isinstance(p, PassManager) else _graph.ProgramSnapshot(view),
+            # Nested pipelines and fx passes report their own flag; every other
+            # pass may return its view edited in place, which only a snapshot tells.
+            snapshot=None
+            if isinstance(p, (PassManager, FxPass))
+            else _graph.ProgramSnapshot(view, copied_from=current if copy_graph else None),
         )
         logger.debug("start %s (position %d, step %d)", info.name, info.index, info.step)
         return prepared
