@@ -125,10 +125,10 @@ def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
     return written, declared
 
 
-def check_state_writes(output: ExportedProgram, input: ExportedProgram) -> None:
+def check_state_writes(output: ExportedProgram, source: ExportedProgram) -> None:
     """Raise when ``output`` writes in place into a parameter, buffer or constant
-    that its signature does not declare mutated and that ``input`` did not write
-    (in place or declared) either.
+    that its signature does not declare mutated and that ``source`` (the pass's
+    input) did not write (in place or declared) either.
 
     Outputs share the caller's tensors, so running such a program would write into
     the caller's model; a pass may keep the writes its input had (torch's training
@@ -141,7 +141,7 @@ def check_state_writes(output: ExportedProgram, input: ExportedProgram) -> None:
     new = written - declared
     if not new:
         return
-    before, before_declared = state_writes(input)
+    before, before_declared = state_writes(source)
     bad = sorted(new - before - before_declared)
     if bad:
         raise ProgramError(
