@@ -247,6 +247,72 @@ def bench_memory(layers: int, width: int) -> list[Row]:
     ]
 
 
+def bench_guards(repeats: int) -> list[Row]:
+    """What the edge guarantees cost: the before-pass snapshot that tells whether a
+    pass edited its view in place, the nested node-meta copy in every graph copy,
+    and the store lock taken by each link."""
+    import hf_models
+
+    import epass.linker
+    from epass import StateLinker, _graph, _program
+
+    _, ep, _ = hf_models.export("llama")
+    label, make = lower_pipeline()
+    manager = make()
+    view = _program.private_view(ep, copy_graph=True)
+    snapshot = _graph.ProgramSnapshot(view)
+    out = manager.run(ep)
+    linker = StateLinker()
+    lock = epass.linker.STORE_LOCK
+
+    def guard() -> None:
+        _graph.ProgramSnapshot(view).changed(view)
+
+    def meta() -> None:
+        for node in ep.graph.nodes:
+            _program.copy_meta(node.meta)
+
+    def locks() -> None:
+        for _ in range(100):
+            with lock:
+                pass
+
+    times = interleaved(
+        {
+            "pipeline": lambda: manager.run(ep),
+            "guard": guard,
+            "copy": lambda: _program.copy_graph_module(ep.graph_module),
+            "meta": meta,
+            "link": lambda: linker.link(ep, _program.shallow_clone(out)),
+            "locks": locks,
+        },
+        repeats,
+    )
+    best = {k: min(v) for k, v in times.items()}
+    passes = len(manager.passes)
+    assert not snapshot.changed(view)
+    return [
+        (
+            f"view snapshot + compare x {passes} passes / {label} on llama",
+            passes * best["guard"] / best["pipeline"],
+            0.02,
+            f"{best['guard'] * 1e3:.2f} ms per pass, {len(ep.graph.nodes)} nodes",
+        ),
+        (
+            "  nested node-meta copy / whole graph copy (llama)",
+            best["meta"] / best["copy"],
+            0.2,
+            f"{best['meta'] * 1e3:.2f} ms of {best['copy'] * 1e3:.2f} ms",
+        ),
+        (
+            "  store lock / one link (llama, single thread)",
+            best["locks"] / 100 / best["link"],
+            0.05,
+            f"{best['locks'] / 100 * 1e9:.0f} ns of {best['link'] * 1e6:.1f} us",
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller models")
@@ -261,6 +327,7 @@ def main() -> None:
     rows += bench_skip(repeats=3 if quick else 7)
     rows += bench_coalesce(repeats=2 if quick else 5, layers=2 if quick else 6)
     rows += bench_overhead(repeats=2 if quick else 5)
+    rows += bench_guards(repeats=5 if quick else 20)
     rows += bench_memory(layers=4 if quick else 16, width=4096)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU-time medians")
     print_table(rows)

@@ -4,6 +4,7 @@ lift tensor attributes to constants, and the helpers the built-in passes share."
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from epass import _program
 from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = [
+    "FAKE_LOCK",
     "STATE_KINDS",
     "InputKind",
     "InputKinds",
@@ -43,6 +45,9 @@ __all__ = [
     "new_state_placeholder",
     "parameter_spec",
     "placeholders",
+    "ProgramSnapshot",
+    "meta_changed",
+    "meta_snapshot",
     "remove_unused_state_placeholders",
     "specs_by_name",
     "state_values",
@@ -50,6 +55,10 @@ __all__ = [
 ]
 
 STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+# A program's fake mode is one object shared by every copy of its graph, and torch's
+# FakeTensorMode is not thread-safe: passes running in several threads on one
+# program take this lock whenever they make fake values.
+FAKE_LOCK = threading.RLock()
 # meta key under which copy_graph records each placeholder's input spec
 _SPEC = "epass_input_spec"
 
@@ -99,7 +108,8 @@ def fake_value(gm: torch.fx.GraphModule, tensor: torch.Tensor) -> Any:
     for node in placeholders(gm):
         mode = getattr(node.meta.get("val"), "fake_mode", None)
         if mode is not None:
-            return mode.from_tensor(tensor, static_shapes=True)
+            with FAKE_LOCK:
+                return mode.from_tensor(tensor, static_shapes=True)
     return None
 
 
@@ -343,11 +353,14 @@ def run_graph_pass(
     copy of ``ep``'s graph and return ``(program, modified)``.
 
     ``modified`` is the fx ``PassResult``'s flag when the pass returns one, else
-    whether the graph code changed. Tensors the pass registered and reads through
+    whether the graph code or any node's ``meta`` changed (an annotation-only pass
+    keeps its edits). Tensors the pass registered and reads through
     ``get_attr`` are lifted to constants. The input program is never touched.
     """
     gm = copy_graph(ep)
     before = _program.graph_code(gm)
+    # gm is a fresh copy: ep's own node meta is the snapshot to compare with.
+    metas = [node.meta for _, m in _graph_modules(ep.graph_module) for node in m.graph.nodes]
     out = fn(gm)
     flag: bool | None
     if out is None:
@@ -367,12 +380,109 @@ def run_graph_pass(
             f"{type(new_gm).__name__}, not a GraphModule"
         )
     code = _program.graph_code(new_gm)  # recompiles every graph
-    modified = code != before if flag is None else flag
+    modified = (
+        flag if flag is not None else code != before or meta_changed(new_gm, metas, ignore=_SPEC)
+    )
     if not modified:
         return ep, False
     if tensor_attributes(new_gm):
         return lift_tensor_attributes(ep, new_gm), True
     return build_program(ep, new_gm), True
+
+
+def _graph_modules(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
+    return [(n, m) for n, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule)]
+
+
+def meta_snapshot(gm: torch.fx.GraphModule) -> list[Any]:
+    """A copy of every node's ``meta`` (containers copied, leaves shared), in graph
+    order, nested graphs included: what :func:`meta_changed` compares against."""
+    return [_program.copy_meta(node.meta) for _, m in _graph_modules(gm) for node in m.graph.nodes]
+
+
+def meta_changed(gm: torch.fx.GraphModule, snapshot: list[Any], *, ignore: str = "") -> bool:
+    """Whether any node's ``meta`` of ``gm`` differs from ``snapshot`` (the key
+    ``ignore`` aside)."""
+    metas = [node.meta for _, m in _graph_modules(gm) for node in m.graph.nodes]
+    if ignore:
+        metas = [
+            {k: v for k, v in meta.items() if k != ignore} if ignore in meta else meta
+            for meta in metas
+        ]
+    if len(metas) != len(snapshot):
+        return True
+    for now, before in zip(metas, snapshot, strict=True):
+        try:
+            # dict equality compares identical leaves by identity, so shared fake
+            # tensors are never compared element-wise.
+            if now != before:
+                return True
+        except Exception:  # a leaf replaced by a tensor or another odd value
+            return True
+    return False
+
+
+def _structure(gm: torch.fx.GraphModule) -> list[Any]:
+    return [
+        (name, m, m.graph, [(n, n.op, n.name, n.target, n.args, n.kwargs) for n in m.graph.nodes])
+        for name, m in _graph_modules(gm)
+    ]
+
+
+def _signature_rows(sig: ExportGraphSignature) -> list[Any]:
+    rows: list[Any] = [(s.kind, repr(s.arg), s.target, s.persistent) for s in sig.input_specs]
+    rows += [(s.kind, repr(s.arg), s.target) for s in sig.output_specs]
+    return rows
+
+
+class ProgramSnapshot:
+    """What a program looked like when a pass got it: graph structure (nodes, their
+    arguments and targets, nested graphs), node meta, signature, and which object
+    each state key held. Taken in O(nodes + entries); no tensor is read.
+
+    :meth:`changed` tells whether the program was edited in place since. When
+    ``ep``'s graph was just copied from ``copied_from``'s, that program's node meta
+    serves as the snapshot of the meta.
+    """
+
+    def __init__(self, ep: ExportedProgram, *, copied_from: ExportedProgram | None = None) -> None:
+        self.graph_module = ep.graph_module
+        self.structure = _structure(ep.graph_module)
+        if copied_from is not None:
+            # ``ep``'s graph is a fresh copy of ``copied_from``'s, which the pass does
+            # not hold: its node meta is the snapshot, with nothing copied again.
+            self.meta = [
+                node.meta
+                for _, m in _graph_modules(copied_from.graph_module)
+                for node in m.graph.nodes
+            ]
+        else:
+            self.meta = meta_snapshot(ep.graph_module)
+        self.signature = _signature_rows(ep.graph_signature)
+        self.state = [(k, id(v)) for k, v in ep.state_dict.items()]
+        self.constants = [(k, id(v)) for k, v in ep.constants.items()]
+
+    def graph_changed(self, ep: ExportedProgram) -> bool:
+        """Whether the graph (structure or node meta) differs from the snapshot."""
+        gm = ep.graph_module
+        if gm is not self.graph_module:
+            return True
+        try:
+            if _structure(gm) != self.structure:
+                return True
+        except Exception:  # an argument with an odd __eq__
+            return True
+        return meta_changed(gm, self.meta)
+
+    def changed(self, ep: ExportedProgram) -> bool:
+        """Whether ``ep`` differs from the snapshot: graph, meta, signature, or the
+        keys and objects of its dicts."""
+        return (
+            [(k, id(v)) for k, v in ep.state_dict.items()] != self.state
+            or [(k, id(v)) for k, v in ep.constants.items()] != self.constants
+            or _signature_rows(ep.graph_signature) != self.signature
+            or self.graph_changed(ep)
+        )
 
 
 def constant_spec(name: str, key: str) -> InputSpec:
@@ -462,7 +572,7 @@ def fill_meta(gm: torch.fx.GraphModule, *, force: bool = False) -> None:
     def val(arg: Any) -> Any:
         return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
 
-    with mode:
+    with FAKE_LOCK, mode:
         for node in gm.graph.nodes:
             if node.op != "call_function" or (not force and "val" in node.meta):
                 continue

@@ -6,6 +6,7 @@ when torch renames or reshapes any of them.
 
 from __future__ import annotations
 
+import collections
 import copy
 import operator
 import threading
@@ -21,6 +22,8 @@ __all__ = [
     "load_pt2",
     "new_program",
     "private_view",
+    "copy_meta",
+    "set_signature",
     "set_state",
     "shallow_clone",
 ]
@@ -42,6 +45,11 @@ def set_state(
         ep._constants = constants
 
 
+def set_signature(ep: ExportedProgram, signature: ExportGraphSignature) -> None:
+    """Point ``ep`` at ``signature`` without re-validating."""
+    ep._graph_signature = signature
+
+
 def shallow_clone(ep: ExportedProgram) -> ExportedProgram:
     """A new ExportedProgram object sharing every field (graph and dicts) with ``ep``."""
     return copy.copy(ep)
@@ -50,10 +58,13 @@ def shallow_clone(ep: ExportedProgram) -> ExportedProgram:
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Copy a GraphModule's graph (and those of nested GraphModules), sharing tensors.
 
-    Node ``meta`` is copied shallowly, so fake values are shared, not duplicated.
+    Node ``meta`` containers are copied at every level (:func:`copy_meta`), so no
+    edit through the copy reaches ``gm``; fake values and other leaves are shared.
     """
     new_graph = copy.deepcopy(gm.graph)
     _keep_node_names(gm.graph, new_graph)
+    for node in new_graph.nodes:
+        node.meta = copy_meta(node.meta)
     root: dict[str, Any] = {}
     for node in new_graph.nodes:
         if node.op not in ("get_attr", "call_module"):
@@ -66,6 +77,35 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new_gm = torch.fx.GraphModule(root, new_graph, gm.__class__.__name__)
     new_gm.meta.update(gm.meta)
     return new_gm
+
+
+_CONTAINERS = (dict, list, tuple, set, collections.OrderedDict, collections.defaultdict)
+
+
+def copy_meta(value: Any) -> Any:
+    """``value`` with every nested dict, list, tuple and set copied; leaves (fake
+    tensors, strings, types, other objects) are shared.
+
+    ``node.meta`` holds containers that passes edit in place (``nn_module_stack``,
+    ``source_fn_stack``, custom annotations); a graph copy with this meta shares
+    none of them with the original.
+    """
+    kind = type(value)
+    if kind not in _CONTAINERS:
+        return value
+    if kind is tuple:
+        # Most tuples in meta hold strings and types only (nn_module_stack entries).
+        if not any(type(v) in _CONTAINERS for v in value):
+            return value
+        return tuple(copy_meta(v) for v in value)
+    if kind is list:
+        return [copy_meta(v) for v in value]
+    if kind is set:
+        return set(value)
+    out = copy.copy(value)  # keeps a defaultdict's factory
+    for key, item in value.items():
+        out[key] = copy_meta(item)
+    return out
 
 
 def _keep_node_names(old: torch.fx.Graph, new: torch.fx.Graph) -> None:
@@ -262,7 +302,8 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     """
     import ctypes
 
-    flat = t.detach().contiguous().view(-1).view(torch.uint8).cpu()
+    # A lazy conjugate or negative view reads other values than its memory holds.
+    flat = t.detach().resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8).cpu()
     return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
 
 

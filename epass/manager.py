@@ -13,7 +13,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program, registry
+from epass import _graph, _program, registry
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -26,10 +26,10 @@ from epass.errors import (
     VerificationError,
 )
 from epass.instrumentation import HOOKS, Dispatch
-from epass.linker import Journal, StateLinker
-from epass.protocol import PassResult, adapt, ordering_names, pass_name
+from epass.linker import STORE_LOCK, Journal, StateLinker
+from epass.protocol import FxPass, PassResult, adapt, ordering_names, pass_name
 from epass.records import PassInfo, PassRecord, PipelineResult, op_delta, op_histogram
-from epass.verify import verify_program
+from epass.verify import check_state_writes, verify_program
 
 __all__ = [
     "PassManager",
@@ -131,22 +131,32 @@ def coalesce(passes: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _store_versions(ep: ExportedProgram) -> dict[tuple[str, str], int | None]:
-    return {
-        (label, key): _program.tensor_version(value)
+# One store entry as it was before a pass: (label, key, tensor, version).
+_Entry = tuple[str, str, Any, "int | None"]
+
+
+def _store_entries(ep: ExportedProgram) -> list[_Entry]:
+    # list(d.items()) copies in one step, so keys another thread adds meanwhile
+    # neither break the loop nor join the snapshot.
+    return [
+        (label, key, value, _program.tensor_version(value))
         for label, d in (("state_dict", ep.state_dict), ("constants", ep.constants))
-        for key, value in d.items()
-    }
+        for key, value in list(d.items())
+        if isinstance(value, torch.Tensor)
+    ]
 
 
-def _fingerprint(ep: ExportedProgram) -> dict[tuple[str, str], int]:
-    out: dict[tuple[str, str], int] = {}
-    for label, d in (("state_dict", ep.state_dict), ("constants", ep.constants)):
-        for key, value in d.items():
-            if isinstance(value, torch.Tensor) and value.device.type != "meta":
-                data = _program.tensor_bytes(value)
-                digest = hashlib.blake2b(data, digest_size=8).digest()
-                out[(label, key)] = int.from_bytes(digest, "little")
+def _fingerprint(entries: list[_Entry]) -> list[int | None]:
+    """A hash of each entry's bytes, dtype, shape, strides and storage offset."""
+    out: list[int | None] = []
+    for _, _, value, _ in entries:
+        if value.device.type == "meta":
+            out.append(None)
+            continue
+        digest = hashlib.blake2b(_program.tensor_bytes(value), digest_size=8)
+        layout = (str(value.dtype), tuple(value.shape), value.stride(), value.storage_offset())
+        digest.update(repr(layout).encode())
+        out.append(int.from_bytes(digest.digest(), "little"))
     return out
 
 
@@ -155,10 +165,11 @@ class _Prepared:
     """What the manager holds while a pass runs: its view and the before-snapshots."""
 
     view: ExportedProgram
-    versions: dict[tuple[str, str], int | None]
-    prints: dict[tuple[str, str], int] | None
+    entries: list[_Entry]
+    prints: list[int | None] | None
     nodes_before: int
     ops_before: dict[str, int]
+    snapshot: _graph.ProgramSnapshot | None
 
 
 def _instrument_list(instruments: Any) -> list[Any]:
@@ -191,8 +202,9 @@ class PassManager:
         linker: the :class:`StateLinker` that reconciles each result's state.
         verify: run torch's verifier and the state checks after every pass.
         instruments: objects with ``before_pass`` / ``after_pass`` / ... hooks.
-        fingerprint: also hash the store's tensor bytes around each pass, to catch
-            writes that bypass ``_version`` (such as ``.data`` assignments).
+        fingerprint: also hash the store's tensor bytes, dtype, shape, strides and
+            storage offset around each pass, to catch writes that bypass
+            ``_version`` (such as ``.data`` assignments).
         name: the manager's name when nested in another pipeline.
 
     Calling the manager returns a :class:`PipelineResult`; :meth:`run` returns the
@@ -343,6 +355,7 @@ class PassManager:
             except BaseException:
                 journal.rollback()
                 raise
+        journal.commit()
         return result
 
     def _prepare(
@@ -375,12 +388,20 @@ class PassManager:
         copy_graph = getattr(p, "changes_input", True) and _program.shares_graph(
             current.graph_module, user.graph_module
         )
+        with STORE_LOCK:  # a consistent copy while other runs write the store
+            view = _program.private_view(current, copy_graph=copy_graph)
+            entries = _store_entries(current)
         prepared = _Prepared(
-            view=_program.private_view(current, copy_graph=copy_graph),
-            versions=_store_versions(current),
-            prints=_fingerprint(current) if self.fingerprint else None,
+            view=view,
+            entries=entries,
+            prints=_fingerprint(entries) if self.fingerprint else None,
             nodes_before=nodes_before,
             ops_before=op_histogram(current),
+            # Nested pipelines and fx passes report their own flag; every other
+            # pass may return its view edited in place, which only a snapshot tells.
+            snapshot=None
+            if isinstance(p, (PassManager, FxPass))
+            else _graph.ProgramSnapshot(view, copied_from=current if copy_graph else None),
         )
         logger.debug("start %s (position %d, step %d)", info.name, info.index, info.step)
         return prepared
@@ -406,7 +427,7 @@ class PassManager:
         # A write into the store cannot be undone; say so rather than hide it.
         if not isinstance(exc, StateMutationError):  # a nested one already named it
             try:
-                self._check_store(current, prepared.versions, prepared.prints, where)
+                self._check_store(prepared, where)
             except StateMutationError as mutation:
                 raise mutation from exc
         if not isinstance(exc, PassError):
@@ -431,14 +452,20 @@ class PassManager:
     ) -> tuple[ExportedProgram, PassRecord]:
         """Check the store, verify and link the pass's output, and record the run."""
         logger.debug("end %s in %.4fs", info.name, seconds)
-        self._check_store(current, prepared.versions, prepared.prints, where)
-        program, modified = _normalize(out, prepared.view, where)
+        self._check_store(prepared, where)
+        program, modified = _normalize(out, prepared, p, where)
         if not modified:
             # modified=False means the output is the input program, by contract.
             program = current
-        elif self.verify:
+        elif program is not prepared.view:
+            # The linker re-points the output at the store's dicts; a program the
+            # pass did not get from the manager (the caller's own input, a memoized
+            # earlier result) may be held by someone, so it is never re-pointed.
+            program = _program.shallow_clone(program)
+        if modified and self.verify:
             try:
                 verify_program(program)
+                check_state_writes(program, current)
             except Exception as exc:
                 detail = (
                     str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
@@ -450,7 +477,11 @@ class PassManager:
         link = None
         if modified:
             try:
-                linked = self.linker.link(current, program, pass_name=info.name, journal=journal)
+                with STORE_LOCK:
+                    _drop_stale(program, current, prepared)
+                    linked = self.linker.link(
+                        current, program, pass_name=info.name, journal=journal
+                    )
             except StateConflictError as exc:  # the linker knows the pass by name only
                 raise StateConflictError(exc.reason, keys=exc.keys, **where) from None
             link = linked.report
@@ -473,23 +504,24 @@ class PassManager:
         return program, record
 
     @staticmethod
-    def _check_store(
-        ep: ExportedProgram,
-        versions: dict[tuple[str, str], int | None],
-        prints: dict[tuple[str, str], int] | None,
-        where: dict[str, Any],
-    ) -> None:
+    def _check_store(prepared: _Prepared, where: dict[str, Any]) -> None:
+        """Raise StateMutationError when an entry the store held before the pass was
+        written in place: the same tensor objects, compared by version (and by
+        fingerprint). Entries added or replaced meanwhile by other runs (other
+        threads, pipelines started from inside the pass) are not this pass's writes.
+        """
+        entries = prepared.entries
         touched = [
             f"{label}:{key}"
-            for (label, key), v in _store_versions(ep).items()
-            if versions.get((label, key)) != v
+            for label, key, value, version in entries
+            if _program.tensor_version(value) != version
         ]
-        if prints is not None:
-            after = _fingerprint(ep)
+        if prepared.prints is not None:
+            after = _fingerprint(entries)
             touched += [
                 f"{label}:{key}"
-                for (label, key), h in prints.items()
-                if after.get((label, key)) != h and f"{label}:{key}" not in touched
+                for (label, key, _, _), h, now in zip(entries, prepared.prints, after, strict=True)
+                if h != now and f"{label}:{key}" not in touched
             ]
         if touched:
             raise StateMutationError(
@@ -501,10 +533,12 @@ class PassManager:
 
 
 def _normalize(
-    out: Any, view: ExportedProgram, where: dict[str, Any]
+    out: Any, prepared: _Prepared, p: Any, where: dict[str, Any]
 ) -> tuple[ExportedProgram, bool]:
     if isinstance(out, ExportedProgram):
-        return out, out is not view
+        if out is not prepared.view:
+            return out, True
+        return out, _edited(prepared, p, where)
     if isinstance(out, PassResult):
         return out.program, out.modified
     program = getattr(out, "program", None)
@@ -516,6 +550,41 @@ def _normalize(
         "ExportedProgram or a PassResult(program, modified)",
         **where,
     )
+
+
+def _drop_stale(program: ExportedProgram, current: ExportedProgram, prepared: _Prepared) -> None:
+    """Drop from ``program``'s dicts the entries its pass saw in its input that another
+    run removed since (rolled back) and that ``program`` does not reference: they
+    are not this pass's additions, so the linker must not put them back."""
+    seen = {(label, key) for label, key, _, _ in prepared.entries}
+    targets = {s.target for s in program.graph_signature.input_specs}
+    fresh: dict[str, dict[str, Any]] = {}
+    for label in ("state_dict", "constants"):
+        mine: dict[str, Any] = getattr(program, label)
+        live: dict[str, Any] = getattr(current, label)
+        stale = {k for k in mine if (label, k) in seen and k not in live and k not in targets}
+        if stale:  # a new dict: the program's own may be shared with its caller
+            fresh[label] = {k: v for k, v in mine.items() if k not in stale}
+    if fresh:
+        _program.set_state(program, fresh.get("state_dict"), fresh.get("constants"))
+
+
+def _edited(prepared: _Prepared, p: Any, where: dict[str, Any]) -> bool:
+    """Whether a pass that returned its own view edited it in place."""
+    snapshot = prepared.snapshot
+    if snapshot is None:
+        return False
+    view = prepared.view
+    if not getattr(p, "changes_input", True) and snapshot.graph_changed(view):
+        # The view's graph is its input's graph (possibly the caller's), handed over
+        # uncopied on the pass's promise not to edit it.
+        raise PassError(
+            "it declares changes_input = False but edited the graph it was given in "
+            "place; set changes_input = True (the manager then hands it a private "
+            "copy) or build a new graph",
+            **where,
+        )
+    return snapshot.changed(view)
 
 
 def _notes(out: Any) -> dict[str, Any]:

@@ -5,15 +5,26 @@ The contract, checked by :class:`~epass.PassManager` around every call:
 =====================  =========================================================
 what a pass may do     what the manager guarantees
 =====================  =========================================================
-return a new program   it is verified and its state linked to the store
-return its input       it counts as unmodified; the input program is kept
-mutate its input       only passes with ``changes_input = True`` (the default
-                       for unknown passes) do; they are handed a private graph
-                       copy whenever the program is one the caller holds
+return a new program   it is verified and its state linked to the store; a
+                       program the pass did not get from the manager (the
+                       caller's own input) is linked as a shallow clone, so
+                       the caller's object is never re-pointed
+return its input       unmodified when returned unchanged; when the pass
+                       edited it in place (graph, node meta, signature, state
+                       keys or entries) it is the output, verified and linked
+mutate its input       the input is a private view: dict copies always, and a
+                       graph copy (nested ``meta`` containers copied too)
+                       unless the pass declares ``changes_input = False``;
+                       such a pass that returns its input edited is an error
 write to a dict        the dicts a pass sees are private copies; only the
                        linker writes to the store
-write to a tensor      detected (``_version`` counters) and raised as
+write to a tensor      detected (``_version`` counters, optionally a
+                       fingerprint of bytes and layout) and raised as
                        :class:`~epass.StateMutationError` naming the keys
+add an in-place write  its output fails verification when it writes into
+into state             state in place that its input did not write and its
+                       signature does not declare
+return PassResult      the ``modified`` flag is trusted
 =====================  =========================================================
 """
 
@@ -59,7 +70,8 @@ class Pass(Protocol):
       return False or raise to fail;
     * ``run_before`` / ``run_after``: names or types of passes it must precede or follow;
     * ``changes_input``: set False when the pass never mutates the program it gets,
-      so the manager need not copy the graph for it;
+      so the manager need not copy the graph for it (returning it edited anyway
+      is then a :class:`~epass.PassError`);
     * ``skip_reason(ep)``: return a reason string when the pass would be a no-op on
       ``ep``; the manager then skips it and records why;
     * ``merge(next_pass)``: return one pass doing the work of this one and the next,

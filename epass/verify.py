@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 
+from epass import _program
 from epass.errors import ArgumentTypeError, ProgramError
 
-__all__ = ["state_problems", "verify_program"]
+__all__ = ["check_state_writes", "state_problems", "state_writes", "verify_program"]
+
+_STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+_MUTATION_KINDS = tuple(
+    k for k in OutputKind if k.name in ("BUFFER_MUTATION", "PARAMETER_MUTATION")
+)
 
 
 def state_problems(ep: ExportedProgram) -> list[str]:
@@ -35,7 +43,113 @@ def state_problems(ep: ExportedProgram) -> list[str]:
                 problems.append(f"constant {target!r} is not a tensor")
         elif spec.kind == InputKind.CUSTOM_OBJ and target not in consts:
             problems.append(f"custom object {target!r} is missing from constants")
+    problems += _value_problems(ep)
     return problems
+
+
+def _value_problems(ep: ExportedProgram) -> list[str]:
+    """Each state tensor whose dtype, rank, static sizes or device disagree with its
+    placeholder's ``meta["val"]``."""
+    nodes: dict[str, torch.fx.Node] = {}
+    for node in ep.graph.nodes:
+        if node.op != "placeholder":
+            break
+        nodes[node.name] = node
+    problems: list[str] = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind not in _STATE_KINDS or spec.target is None:
+            continue
+        name = getattr(spec.arg, "name", None)
+        node = nodes.get(name) if isinstance(name, str) else None
+        value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
+        val = node.meta.get("val") if node is not None else None
+        if not (isinstance(value, torch.Tensor) and isinstance(val, torch.Tensor)):
+            continue
+        what = f"state {spec.target!r} (placeholder {name!r})"
+        if value.dtype != val.dtype:
+            problems.append(f"{what} is {value.dtype}, the graph expects {val.dtype}")
+        elif value.dim() != val.dim():
+            problems.append(f"{what} has rank {value.dim()}, the graph expects {val.dim()}")
+        elif any(
+            isinstance(want, int) and have != want
+            for have, want in zip(value.shape, val.shape, strict=True)
+        ):
+            problems.append(
+                f"{what} has shape {tuple(value.shape)}, the graph expects {tuple(val.shape)}"
+            )
+        elif (
+            value.device != val.device and value.device.type != "meta" and val.device.type != "meta"
+        ):
+            problems.append(f"{what} is on {value.device}, the graph expects {val.device}")
+    return problems
+
+
+def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
+    """The state keys ``ep``'s graph writes in place (through any view of them),
+    and the keys its signature declares as mutated.
+
+    Only the top-level graph is read; higher-order-op bodies are not.
+    """
+    state = {
+        s.arg.name: s.target
+        for s in ep.graph_signature.input_specs
+        if s.kind in _STATE_KINDS and s.target is not None and hasattr(s.arg, "name")
+    }
+    declared = {
+        str(s.target)
+        for s in ep.graph_signature.output_specs
+        if s.kind in _MUTATION_KINDS and s.target is not None
+    }
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    written: set[str] = set()
+    for node in ep.graph.nodes:
+        root[node] = node
+        schema = _program.op_schema(node.target) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        first = node.args[0] if node.args else None
+        if isinstance(first, torch.fx.Node) and any(r.alias_info for r in schema.returns):
+            root[node] = root.get(first, first)  # a view or an in-place result
+        if not schema.is_mutable:
+            continue
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value: Any = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            for leaf in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(leaf, torch.fx.Node):
+                    owner: torch.fx.Node = root.get(leaf) or leaf
+                    target = state.get(owner.name)
+                    if target is not None:
+                        written.add(target)
+    return written, declared
+
+
+def check_state_writes(output: ExportedProgram, source: ExportedProgram) -> None:
+    """Raise when ``output`` writes in place into a parameter, buffer or constant
+    that its signature does not declare mutated and that ``source`` (the pass's
+    input) did not write (in place or declared) either.
+
+    Outputs share the caller's tensors, so running such a program would write into
+    the caller's model; a pass may keep the writes its input had (torch's training
+    IR holds undeclared ``add_`` on buffers) but must not introduce one.
+
+    Raises:
+        ProgramError: naming each key written.
+    """
+    written, declared = state_writes(output)
+    new = written - declared
+    if not new:
+        return
+    before, before_declared = state_writes(source)
+    bad = sorted(new - before - before_declared)
+    if bad:
+        raise ProgramError(
+            f"it writes in place into state {bad}, which its input did not write and "
+            "its signature does not declare; outputs share the caller's tensors, so "
+            "running it would change them",
+            [f"undeclared in-place write into state {k!r}" for k in bad],
+        )
 
 
 def verify_program(ep: ExportedProgram) -> None:

@@ -31,6 +31,18 @@ def test_set_state_swaps_dicts_without_copying():
     clone.validate()
 
 
+def test_set_signature_swaps_the_signature_without_validating():
+    _, ep, _ = models.export("mixed")
+    clone = _program.shallow_clone(ep)
+    sig = type(ep.graph_signature)(
+        input_specs=list(ep.graph_signature.input_specs),
+        output_specs=list(ep.graph_signature.output_specs),
+    )
+    _program.set_signature(clone, sig)
+    assert clone.graph_signature is sig and ep.graph_signature is not sig
+    clone.validate()
+
+
 def test_private_view_copies_dicts_and_optionally_the_graph():
     _, ep, _ = models.export("mixed")
     shallow = _program.private_view(ep, copy_graph=False)
@@ -248,6 +260,12 @@ def test_tensor_bytes_reads_elements_in_row_major_order():
     assert _program.tensor_bytes(t[1]) == bytes([3, 0, 4, 0, 5, 0])
     assert _program.tensor_bytes(torch.tensor(True)) == b"\x01"
     assert _program.tensor_bytes(torch.zeros(0)) == b""
+
+
+def test_tensor_bytes_reads_resolved_values_of_lazy_views():
+    z = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    assert _program.tensor_bytes(z.conj()) == _program.tensor_bytes(z.conj().resolve_conj())
+    assert _program.tensor_bytes(-z) == _program.tensor_bytes(z._neg_view())
 
 
 def test_is_set_to_never_matches_lazy_views():

@@ -111,7 +111,9 @@ def test_json_keys_are_stable(run: tuple[PassManager, Any, Any]) -> None:
 def test_json_options_render_dtypes_and_ops_as_text() -> None:
     p = Rescale(dtype=torch.bfloat16)
     ep = torch.export.export(Affine(), (torch.randn(3, 4),))
-    pm = PassManager([p])
+    # A bfloat16 state entry under a float32 placeholder does not verify; only the
+    # rendering of the options matters here.
+    pm = PassManager([p], verify=False)
     report = build_report(pm(ep), manager=pm)
     assert report["passes"][0]["options"] == {"dtype": "bfloat16"}
     assert report["pipeline"] == "rescale-test(dtype=bfloat16)"

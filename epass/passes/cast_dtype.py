@@ -120,7 +120,7 @@ class CastDtype:
                 if self.keep_io:
                     entry_casts.append((node, self._cast_after(gm, node, self.dtype)))
                 elif mode is not None:
-                    with mode:
+                    with _graph.FAKE_LOCK, mode:
                         node.meta["val"] = node.meta["val"].to(self.dtype)
         if self.keep_io:
             self._write_back(gm, entry_casts)

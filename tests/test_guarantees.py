@@ -1,0 +1,487 @@
+"""The guarantees at their edges: in-place passes, node meta, rollback, the caller's
+program object, the mutation rule, value checks, fingerprints, threads, store growth."""
+
+from __future__ import annotations
+
+import threading
+
+import models
+import pytest
+import torch
+from fingerprint import fingerprint, only_added
+from torch import nn
+from torch.fx.passes.infra.pass_base import PassResult as FxPassResult
+
+from epass import (
+    Decompose,
+    FxPass,
+    PassError,
+    PassManager,
+    PassResult,
+    StateMutationError,
+    VerificationError,
+    verify_program,
+)
+from epass.errors import ProgramError
+from epass.passes import CSE, ConstantFold, DeadCodeElimination, ReplaceOps
+
+aten = torch.ops.aten
+
+
+# --- 1. in-place passes on the view ---
+
+
+def add_to_sub_in_place(ep):
+    """Edits its view's graph in place and returns the view, as torch's passes do."""
+    for node in ep.graph.nodes:
+        if node.target is aten.add.Tensor:
+            node.target = aten.sub.Tensor
+    ep.graph_module.recompile()
+    return ep
+
+
+def test_pass_editing_its_view_in_place_is_taken():
+    _, ep, args = models.export("mixed")
+    before = fingerprint(ep)
+    result = PassManager([add_to_sub_in_place])(ep)
+    assert result.modified and result.records[0].modified
+    assert aten.sub.Tensor in {n.target for n in result.program.graph.nodes}
+    assert fingerprint(ep) == before
+    assert not torch.allclose(result.program.module()(*args), ep.module()(*args))
+
+
+def test_pass_adding_a_constant_to_its_view_in_place_is_taken():
+    _, ep, _ = models.export("mlp")
+
+    def add_constant(view):
+        view.constants["extra"] = torch.ones(2)
+        return view
+
+    result = PassManager([add_constant])(ep)
+    assert result.modified
+    assert "extra" in ep.constants and result.program.constants is ep.constants
+
+
+def test_pass_returning_its_view_unchanged_is_unmodified():
+    _, ep, _ = models.export("mixed")
+    result = PassManager([lambda view: view])(ep)
+    assert not result.modified and result.program is ep
+
+
+def test_pass_declaring_changes_input_false_that_edits_its_view_is_named():
+    _, ep, _ = models.export("mixed")
+
+    class Liar:
+        changes_input = False
+
+        def __call__(self, view):
+            return add_to_sub_in_place(view)
+
+    with pytest.raises(PassError, match="changes_input = False"):
+        PassManager([Liar()]).run(ep)
+
+
+def test_executorch_in_place_program_passes_take_effect():
+    exir_passes = pytest.importorskip(
+        "executorch.exir.passes.constant_prop_pass", reason="executorch is not installed"
+    )
+    from executorch.exir.passes.remove_unused_parameters_pass import (
+        remove_unused_parameters_pass,
+    )
+
+    class Unused(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used = nn.Linear(4, 4)
+            self.unused = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return self.used(x) + self.used.weight.t().sum()
+
+    torch.manual_seed(0)
+    module = Unused().eval()
+    args = (torch.randn(2, 4),)
+    ep = PassManager([Decompose()]).run(torch.export.export(module, args))
+    before = fingerprint(ep)
+    pruned = PassManager([remove_unused_parameters_pass])(ep)
+    assert pruned.modified
+    assert "unused" not in {s.target for s in pruned.program.graph_signature.input_specs}
+    folded = PassManager([exir_passes.constant_prop_pass])(ep)
+    assert folded.modified
+    added = {s.target for s in folded.program.graph_signature.input_specs} - {None, *ep.state_dict}
+    assert added and added <= set(ep.constants)  # the folded transpose and sum
+    assert only_added(before, fingerprint(ep))
+    assert "unused" in ep.state_dict
+    for out in (pruned.program, folded.program):
+        torch.testing.assert_close(out.module()(*args), module(*args))
+
+
+# --- 2. meta-only edits ---
+
+
+def tag_relus(gm):
+    for node in gm.graph.nodes:
+        if node.target is aten.relu.default:
+            node.meta["quantization_annotation"] = {"int8": True}
+    return gm
+
+
+def test_fx_function_editing_only_meta_counts_as_modified():
+    _, ep, _ = models.export("no_constants")
+    result = PassManager([FxPass(tag_relus)])(ep)
+    assert result.modified
+    tagged = [n for n in result.program.graph.nodes if "quantization_annotation" in n.meta]
+    assert tagged
+    assert not any("quantization_annotation" in n.meta for n in ep.graph.nodes)
+
+
+def test_fx_pass_result_flag_is_trusted():
+    _, ep, _ = models.export("no_constants")
+
+    def claims_unmodified(gm):
+        tag_relus(gm)
+        return FxPassResult(gm, False)
+
+    def claims_modified(gm):
+        return FxPassResult(gm, True)
+
+    assert not PassManager([FxPass(claims_unmodified)])(ep).modified
+    assert PassManager([FxPass(claims_modified)])(ep).modified
+
+
+def test_plain_pass_editing_only_meta_in_place_is_taken():
+    _, ep, _ = models.export("no_constants")
+
+    def tag(view):
+        tag_relus(view.graph_module)
+        return view
+
+    out = PassManager([tag])(ep).program
+    assert any("quantization_annotation" in n.meta for n in out.graph.nodes)
+
+
+# --- 3. node meta isolation ---
+
+
+def clear_module_stacks(gm):
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            stack.clear()
+        if node.meta.get("source_fn_stack"):
+            node.meta["source_fn_stack"].clear()
+    return gm
+
+
+@pytest.mark.parametrize("kind", ["program pass", "FxPass"])
+def test_nested_meta_edits_do_not_reach_the_input(kind):
+    _, ep, args = models.export("mlp")
+    stacks = {n.name: dict(n.meta.get("nn_module_stack", {})) for n in ep.graph.nodes}
+    if kind == "FxPass":
+        p = FxPass(clear_module_stacks)
+    else:
+
+        def p(view):
+            clear_module_stacks(view.graph_module)
+            return view
+
+    result = PassManager([p])(ep)
+    assert result.modified
+    assert {n.name: dict(n.meta.get("nn_module_stack", {})) for n in ep.graph.nodes} == stacks
+    assert any(stacks.values())
+    unflat = torch.export.unflatten(ep)
+    torch.testing.assert_close(unflat(*args), ep.module()(*args))
+
+
+def test_copy_graph_module_copies_nested_meta_and_shares_fake_values():
+    from epass import _program
+
+    _, ep, _ = models.export("mlp")
+    copy = _program.copy_graph_module(ep.graph_module)
+    for a, b in zip(ep.graph.nodes, copy.graph.nodes, strict=True):
+        if "nn_module_stack" in a.meta:
+            assert a.meta["nn_module_stack"] == b.meta["nn_module_stack"]
+            assert a.meta["nn_module_stack"] is not b.meta["nn_module_stack"]
+        if "val" in a.meta:
+            assert a.meta["val"] is b.meta["val"]
+
+
+# --- 4. rollback undoes this run's writes only ---
+
+
+def test_rollback_keeps_entries_added_by_another_run():
+    _, ep, args = models.export("mlp")
+    others = []
+
+    def add_folded(view):
+        view.constants["mine"] = torch.zeros(1)
+        return PassResult(view, True)
+
+    def run_another_then_fail(view):
+        def add_theirs(v):
+            v.constants["theirs"] = torch.ones(1)
+            return PassResult(v, True)
+
+        others.append(PassManager([add_theirs]).run(ep))
+        raise RuntimeError("boom")
+
+    with pytest.raises(PassError):
+        PassManager([add_folded, run_another_then_fail]).run(ep)
+    assert "mine" not in ep.constants
+    assert ep.constants["theirs"] is others[0].constants["theirs"]
+    others[0].module()(*args)
+
+
+def test_rollback_keeps_an_added_entry_another_runs_output_uses():
+    _, ep, args = models.export("mlp")
+    ep = PassManager([Decompose()]).run(ep)
+    others = []
+
+    def run_another_then_fail(view):
+        # The same fold on the user's program finds this run's folded entries in
+        # the store and reuses them.
+        others.append(PassManager([ConstantFold(fold_views=True)]).run(ep))
+        raise RuntimeError("boom")
+
+    with pytest.raises(PassError):
+        PassManager([ConstantFold(fold_views=True), run_another_then_fail]).run(ep)
+    used = {s.target for s in others[0].graph_signature.input_specs} & set(ep.constants)
+    assert any(key.startswith("folded_") for key in used)
+    others[0].module()(*args)
+
+
+# --- 5. the caller's program object is never re-pointed ---
+
+
+def test_returning_the_callers_program_never_repoints_it():
+    _, ep, args = models.export("mlp")
+    before = fingerprint(ep)
+
+    def double_weights(view):
+        for key in view.state_dict:
+            view.state_dict[key] = nn.Parameter(view.state_dict[key].detach() * 2)
+        return PassResult(view, True)
+
+    def revert(view):
+        return ep  # the pipeline's original input, as a memoizing pass might
+
+    result = PassManager([double_weights, revert])(ep)
+    assert fingerprint(ep) == before
+    assert result.program is not ep
+    torch.testing.assert_close(result.program.module()(*args), ep.module()(*args))
+
+
+# --- 6. the mutation rule for a shared store ---
+
+
+class BufferRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.randn(4))
+
+    def forward(self, x):
+        return x + torch.relu(self.buf)
+
+
+def test_pass_introducing_an_in_place_write_into_a_buffer_fails_verification():
+    ep = torch.export.export(BufferRelu(), (torch.randn(4),))
+    before = fingerprint(ep)
+    with pytest.raises(VerificationError, match="writes in place into state"):
+        PassManager([ReplaceOps({aten.relu.default: aten.relu_.default})]).run(ep)
+    assert fingerprint(ep) == before
+
+
+def test_training_ir_buffer_writes_present_in_the_input_pass():
+    _, ep, _ = models.export("seed")  # holds an undeclared add_ on a buffer
+    assert not ep.graph_signature.buffers_to_mutate
+    out = PassManager([FxPass(lambda gm: tag_relus(gm) or gm), CSE(), Decompose()]).run(ep)
+    verify_program(out)
+
+
+# --- 7. state values agree with the graph ---
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda w: w.double(),
+        lambda w: w.reshape(-1),
+        lambda w: w[:1],
+    ],
+    ids=["dtype", "rank", "size"],
+)
+def test_state_disagreeing_with_its_placeholder_fails_verification(change):
+    _, ep, _ = models.export("no_constants")
+
+    def swap(view):
+        view.state_dict["linear.weight"] = nn.Parameter(change(view.state_dict["linear.weight"]))
+        return PassResult(view, True)
+
+    with pytest.raises(VerificationError, match=r"linear\.weight"):
+        PassManager([swap]).run(ep)
+
+
+def test_state_on_another_device_than_its_placeholder_fails_verification():
+    _, ep, _ = models.export("no_constants")
+    node = next(n for n in ep.graph.nodes if n.name == "p_linear_weight")
+    mode = node.meta["val"].fake_mode
+    with mode:
+        node.meta["val"] = torch.empty(node.meta["val"].shape, device="cuda")
+    with pytest.raises(ProgramError, match="the graph expects cuda"):
+        verify_program(ep)
+
+
+# --- 8, 9. fingerprints ---
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: t.reshape(2, 8),
+        lambda t: t.view(torch.int32),
+        lambda t: t.t(),
+        lambda t: t.flatten()[1:].as_strided((3, 4), (4, 1)),
+    ],
+    ids=["shape", "dtype", "strides", "offset"],
+)
+def test_fingerprint_catches_layout_changes_through_data(edit):
+    class Square(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("w", torch.arange(16.0).reshape(4, 4))
+
+        def forward(self, x):
+            return x @ self.w
+
+    ep = torch.export.export(Square(), (torch.randn(2, 4),))
+
+    def sneaky(view):
+        w = view.state_dict["w"]
+        w.data = edit(w.data)
+        return view
+
+    with pytest.raises(StateMutationError) as info:
+        PassManager([sneaky], fingerprint=True).run(ep)
+    assert info.value.keys == ("state_dict:w",)
+
+
+def test_fingerprint_reads_a_lazily_conjugated_complex_buffer():
+    class Complex(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("z", torch.randn(4, dtype=torch.complex64).conj())
+
+        def forward(self, x):
+            return x + self.z.real
+
+    ep = torch.export.export(Complex(), (torch.randn(4),))
+    assert ep.state_dict["z"].is_conj()
+    result = PassManager([CSE(), lambda view: view], fingerprint=True)(ep)
+    assert not result.modified
+
+
+# --- 10, 11. concurrency ---
+
+
+def test_key_added_by_another_run_while_a_pass_runs_is_not_its_write():
+    _, ep, _ = models.export("mlp")
+
+    def another_run_meanwhile(view):
+        def add(v):
+            v.constants["theirs"] = torch.ones(1)
+            return PassResult(v, True)
+
+        PassManager([add]).run(ep)  # writes into the store this pass reads
+        return view
+
+    PassManager([another_run_meanwhile], fingerprint=True).run(ep)
+    assert "theirs" in ep.constants
+
+
+def _own_fold_like(tag: str):
+    def add_tagged(view):
+        view.constants[f"const_{tag}"] = torch.full((1,), 1.0)
+        return view
+
+    add_tagged.__name__ = f"add_{tag}"
+    return add_tagged
+
+
+def _fail(view):
+    raise RuntimeError("this thread fails")
+
+
+def test_pipelines_in_threads_on_one_program():
+    eager, ep, args = models.export("convbn")
+    ep = PassManager([Decompose()]).run(ep)
+    expected = eager(*args)
+    before = fingerprint(ep)
+    outputs: dict[int, torch.export.ExportedProgram] = {}
+    failures: dict[int, BaseException] = {}
+    barrier = threading.Barrier(4)
+
+    def worker(i: int) -> None:
+        passes = [ConstantFold(), CSE(), _own_fold_like(str(i)), DeadCodeElimination()]
+        if i == 3:
+            passes.insert(3, _fail)
+        barrier.wait()
+        try:
+            for _ in range(3):
+                outputs[i] = PassManager(passes, fingerprint=True).run(ep)
+        except BaseException as exc:
+            failures[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(failures) == {3}, {i: repr(e) for i, e in failures.items()}
+    assert isinstance(failures[3], PassError)
+    assert set(outputs) == {0, 1, 2}
+    after = fingerprint(ep)
+    assert only_added(before, after)
+    assert "const_3" not in ep.constants
+    for out in outputs.values():
+        torch.testing.assert_close(out.module()(*args), expected, rtol=1e-4, atol=1e-5)
+
+
+# --- 12. store growth ---
+
+
+def _lower_folding_views() -> PassManager:
+    # lower() with the weight transposes folded too, so that every run adds entries.
+    return PassManager(
+        [Decompose(), ConstantFold(fold_views=True), CSE(), DeadCodeElimination()], name="lower"
+    )
+
+
+def test_second_identical_lowering_adds_nothing_to_the_store():
+    _, ep, args = models.export("transformer")
+    before = len(ep.constants)
+    first = _lower_folding_views().run(ep)
+    assert len(ep.constants) > before  # the first run added folded entries
+    size = (len(ep.state_dict), len(ep.constants))
+    keys = list(ep.constants)
+    second = _lower_folding_views().run(ep)
+    assert (len(ep.state_dict), len(ep.constants)) == size
+    assert list(ep.constants) == keys
+    torch.testing.assert_close(second.module()(*args), first.module()(*args))
+    assert {s.target for s in second.graph_signature.input_specs} == {
+        s.target for s in first.graph_signature.input_specs
+    }
+
+
+@pytest.mark.slow
+def test_repeated_lowering_of_a_tiny_llama_keeps_the_store_size():
+    import hf_models
+
+    _, ep, args = hf_models.export("llama")
+    before = len(ep.state_dict) + len(ep.constants)
+    first = _lower_folding_views().run(ep)
+    size = len(ep.state_dict) + len(ep.constants)
+    assert size > before
+    for _ in range(2):
+        again = _lower_folding_views().run(ep)
+        assert len(ep.state_dict) + len(ep.constants) == size
+    torch.testing.assert_close(again.module()(*args), first.module()(*args))
