@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -189,10 +190,22 @@ def _screen_pickle(member: str, data: bytes) -> None:
         raise _Refuse(member, f"a pickle naming {listed}, which the weights-only unpickler refuses")
 
 
+def _is_plain(text: str) -> bool:
+    """Text torch may paste between quotes in generated code without escaping it."""
+    return text.isprintable() and not any(c in text for c in "'\"\\")
+
+
 def _check_ast(member: str, text: str, *, guard: bool) -> None:
     """Allow only arithmetic and comparisons on shape symbols (sympy text or guard code)."""
     if len(text) > _EXPR_LIMIT:
         raise _Refuse(member, "an expression longer than 64 KiB")
+    # sympy strips newlines before it parses, and torch pastes guard code into the
+    # source of a function: a backslash, comment or line break would let the text
+    # they run differ from the text parsed here.
+    if not text.isprintable() or "\\" in text or "#" in text:
+        raise _Refuse(
+            member, f"an expression with a backslash, comment or control character: {text[:60]!r}"
+        )
     try:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
@@ -210,7 +223,7 @@ def _check_ast(member: str, text: str, *, guard: bool) -> None:
         ok = isinstance(node, _ARITHMETIC)
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             func, position = call_args.get(id(node), (None, -1))
-            ok = (guard and id(node) in slices) or (
+            ok = (guard and id(node) in slices and _is_plain(node.value)) or (
                 not guard
                 and isinstance(func, ast.Name)
                 and func.id in ("Symbol", "Float")
@@ -271,6 +284,20 @@ def _screen_program_json(member: str, data: bytes) -> None:
             target = value.get("target")
             if "inputs" in value and isinstance(target, str) and not _TARGET.fullmatch(target):
                 raise _Refuse(member, f"a node calling {target[:60]!r}, which is not an operator")
+            if isinstance(value.get("nodes"), list) and isinstance(value.get("inputs"), list):
+                # A program's string inputs become guard code (``x == '<value>'``)
+                # that ExportedProgram.module() compiles.
+                for arg in value["inputs"]:
+                    text = arg.get("as_string") if isinstance(arg, dict) else None
+                    if text is not None and not (isinstance(text, str) and _is_plain(text)):
+                        raise _Refuse(member, f"a string input {str(text)[:60]!r} with quotes, "
+                                      "backslashes or control characters")  # fmt: skip
+            names = value.get("forward_arg_names")
+            if names is not None and not (
+                isinstance(names, list)
+                and all(isinstance(n, str) and n.isidentifier() for n in names)
+            ):  # ExportedProgram.module() writes them into the source of forward()
+                raise _Refuse(member, "forward argument names that are not identifiers")
             expr = value.get("expr_str")
             if expr is not None:
                 if not isinstance(expr, str):
@@ -328,12 +355,7 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
         with zipfile.ZipFile(file) as archive:
             _screen_members(archive, size, name)
     except _Refuse as refused:
-        raise UnsafeArchiveError(
-            f"{name}: refused member {refused.member!r}: {refused.why}; nothing was loaded "
-            "(rerun with --trust only if you trust where the file came from)",
-            path=name,
-            member=refused.member,
-        ) from None
+        raise _unsafe(name, refused) from None
     except zipfile.BadZipFile as exc:
         raise LoadError(f"{name}: not a .pt2 archive ({exc})", path=name) from exc
     file.seek(0)
@@ -356,13 +378,64 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
         )
 
 
-def _screen_members(archive: zipfile.ZipFile, size: int, name: str) -> None:
-    infos = archive.infolist()
+def _check_program_archive(infos: Sequence[zipfile.ZipInfo], name: str) -> None:
     if not any(i.filename.lower().endswith("models/model.json") for i in infos):
         raise LoadError(
             f"{name}: a zip file, but not an exported program (no models/model.json inside)",
             path=name,
         )
+
+
+@contextlib.contextmanager
+def _private_copy(file: IO[bytes], name: str) -> Iterator[IO[bytes]]:
+    """The archive rewritten by Python's zipfile, each member read once, into a
+    temporary file that has no name (nothing to leave behind, nothing to swap).
+
+    torch's zip reader and Python's can find different members in one file (a
+    central directory stored elsewhere than its end record says: Python reads the
+    one before the end record, torch the one at the stated offset), and a file can
+    change on disk, or a network file system answer differently, between two
+    reads. Screening and loading this copy makes what torch loads what was screened.
+    """
+    file.seek(0, os.SEEK_END)
+    size = file.tell()
+    file.seek(0)
+    if not zipfile.is_zipfile(file):
+        raise LoadError(
+            f"{name}: not a .pt2 archive (torch.export.save writes a zip file)", path=name
+        )
+    with tempfile.TemporaryFile() as copy:
+        try:
+            with zipfile.ZipFile(file) as archive:
+                infos = archive.infolist()
+                _check_program_archive(infos, name)
+                _check_zip_entries(infos, size, name)
+                with zipfile.ZipFile(copy, "w") as out:
+                    for info in infos:
+                        entry = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+                        entry.file_size = info.file_size  # zip64 when needed
+                        with archive.open(info) as src, out.open(entry, "w") as dst:
+                            shutil.copyfileobj(src, dst, 1 << 20)
+        except _Refuse as refused:
+            raise _unsafe(name, refused) from None
+        except (zipfile.BadZipFile, EOFError) as exc:
+            raise LoadError(f"{name}: not a .pt2 archive ({exc})", path=name) from exc
+        copy.seek(0)
+        yield copy
+
+
+def _unsafe(name: str, refused: _Refuse) -> UnsafeArchiveError:
+    return UnsafeArchiveError(
+        f"{name}: refused member {refused.member!r}: {refused.why}; nothing was loaded "
+        "(rerun with --trust only if you trust where the file came from)",
+        path=name,
+        member=refused.member,
+    )
+
+
+def _screen_members(archive: zipfile.ZipFile, size: int, name: str) -> None:
+    infos = archive.infolist()
+    _check_program_archive(infos, name)
     root = _check_zip_entries(infos, size, name)
     names = {i.filename[len(root) + 1 :]: i.filename for i in infos}
     pickles: set[str] = set()
@@ -479,9 +552,12 @@ def load(
         raise LoadError(f"{p}: is a directory, not a .pt2 file", path=str(p))
     try:
         with open(p, "rb") as f:
-            if not trust:
-                screen(f, name=str(p))
-            ep = _program.load_pt2(f, trust=trust)
+            if trust:
+                ep = _program.load_pt2(f, trust=True)
+            else:
+                with _private_copy(f, str(p)) as copy:
+                    screen(copy, name=str(p))
+                    ep = _program.load_pt2(copy)
     except LoadError:
         raise
     except OSError as exc:
