@@ -466,6 +466,39 @@ def _screen_members(archive: zipfile.ZipFile, size: int, name: str) -> None:
             pickles.add(full)
     for full in sorted(pickles):
         _screen_pickle(full, archive.read(full))
+        if _kind(full[len(root) + 1 :]) == "pickle":
+            _screen_sample_inputs(full, archive.read(full))
+
+
+def _screen_sample_inputs(member: str, data: bytes) -> None:
+    """Unpickle the sample inputs with the weights-only unpickler and check their text.
+
+    torch retries sample inputs with ``weights_only=False`` when the weights-only
+    unpickler fails on them, and ExportedProgram.module() pastes their dict keys
+    into the source of its input checks, between quotes.
+    """
+    try:
+        value = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:
+        raise _Refuse(
+            member, f"sample inputs the weights-only unpickler refuses ({_first_line(exc)})"
+        ) from exc
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif isinstance(item, (str, bytes)):
+            text = item if isinstance(item, str) else item.decode("latin-1")
+            if not _is_plain(text):
+                raise _Refuse(
+                    member,
+                    f"sample inputs holding the text {text[:60]!r}, with quotes, "
+                    "backslashes or control characters",
+                )
 
 
 # --- loading -----------------------------------------------------------------------

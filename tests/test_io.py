@@ -303,7 +303,26 @@ def _string_input(src: Path, dest: Path, marker: Path) -> Path:
     return _rewrite(plain, dest, edit, {})
 
 
+class DictInput(torch.nn.Module):
+    def forward(self, d: dict[str, torch.Tensor]) -> torch.Tensor:
+        return d["a"] * 2
+
+
+def _sample_input_key(src: Path, dest: Path, marker: Path) -> Path:
+    """Sample inputs the weights-only unpickler accepts, whose dict key closes the
+    string literal torch pastes input paths into when module() builds its checks."""
+    plain = dest.parent / "dict_input.pt2"
+    torch.export.save(torch.export.export(DictInput(), ({"a": torch.randn(2)},)), plain)
+    key = f"+str(__import__('pathlib').Path('{marker}').touch())+"
+    inputs = _torch_save((({key: torch.randn(2)},), {}))
+    assert not torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(inputs))
+    return _rewrite(
+        plain, dest, lambda n, d: inputs if n == "data/sample_inputs/model.pt" else d, {}
+    )
+
+
 HOSTILE = {
+    "sample-input-key": _sample_input_key,
     "sympy-line-continuation": _sympy_line_continuation,
     "guard-message": _guard_message,
     "string-input": _string_input,
@@ -375,7 +394,7 @@ def test_torch_export_load_alone_runs_the_native_library(
     assert marker.exists()
 
 
-@pytest.mark.parametrize("kind", ["guard-message", "string-input"])
+@pytest.mark.parametrize("kind", ["guard-message", "string-input", "sample-input-key"])
 def test_module_of_a_hostile_program_runs_the_payload(
     kind: str, program_file: Path, tmp_path: Path
 ) -> None:
@@ -384,7 +403,11 @@ def test_module_of_a_hostile_program_runs_the_payload(
     evil = HOSTILE[kind](program_file, tmp_path / "evil.pt2", marker)
     ep = torch.export.load(evil)
     assert not marker.exists()
-    args = (torch.randn(3, 4),) if kind == "guard-message" else (torch.randn(2), "a")
+    args = {
+        "guard-message": (torch.randn(3, 4),),
+        "string-input": (torch.randn(2), "a"),
+        "sample-input-key": ({"a": torch.randn(2)},),
+    }[kind]
     with contextlib.suppress(AssertionError):  # the guard itself may fail afterwards
         ep.module()(*args)
     assert marker.exists()
