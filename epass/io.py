@@ -1,7 +1,6 @@
 """Load, save, prune and inspect ``.pt2`` files; untrusted archives are screened first.
 
-``load`` checks every archive member against :data:`ALLOWLIST` before torch reads
-the file, and changes no process-global state; ``save`` writes atomically.
+``load`` screens a private copy against :data:`ALLOWLIST` and loads that copy.
 """
 
 from __future__ import annotations
@@ -50,7 +49,8 @@ ALLOWLIST: tuple[tuple[str, str, str], ...] = (
      "text", "a short UTF-8 tag torch compares with a constant"),
     (r"models/model\.json", "program",
      "JSON parsed into torch's schema; its sympy expressions and guard code are "
-     "parsed here and only arithmetic on shape symbols is allowed"),
+     "parsed here and only arithmetic on shape symbols is allowed; text that "
+     "module() pastes into source holds no quotes or backslashes"),
     (r"data/weights/model_weights_config\.json|data/constants/model_constants_config\.json",
      "config", "JSON; each entry must name a weight_N / tensor_N member of this archive"),
     (r"data/weights/weight_\d+|data/constants/tensor_\d+", "tensor",
@@ -58,7 +58,8 @@ ALLOWLIST: tuple[tuple[str, str, str], ...] = (
      "be a torch.save archive the weights-only unpickler accepts"),
     (r"data/sample_inputs/model\.pt", "pickle",
      "a torch.save archive whose pickle holds only what the weights-only unpickler "
-     "accepts (checked statically, nothing is unpickled)"),
+     "accepts (checked statically, then unpickled by that unpickler), and whose "
+     "text holds no quotes or backslashes"),
     (r"extra/[^/]+", "text", "extra files, read as strings and never interpreted"),
 )  # fmt: skip
 
@@ -560,12 +561,12 @@ def load(
 ) -> ExportedProgram:
     """Load a program saved with ``torch.export.save``, refusing what could run code.
 
-    Without ``trust`` every archive member is screened first (:func:`screen`); the
-    file is then read through one open handle, so what torch reads is what was
-    screened. Nothing process-global changes, so other threads' ``torch.load``
-    calls are unaffected; loads through epass in several threads are safe (torch's
-    deserializer itself runs one at a time). With ``trust`` this is
-    ``torch.export.load``.
+    Without ``trust`` the file is read once, its members copied into a temporary
+    file that has no name, and that copy is screened (:func:`screen`) and loaded,
+    so what torch reads is what was screened. Nothing process-global changes, so
+    other threads' ``torch.load`` calls are unaffected; loads through epass in
+    several threads are safe (torch's deserializer itself runs one at a time).
+    With ``trust`` this is ``torch.export.load``.
 
     Args:
         path: the .pt2 file.
