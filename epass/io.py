@@ -618,6 +618,15 @@ def _umask() -> int:
     return 0o022
 
 
+def _directory(p: Path) -> Path:
+    """The directory holding ``p``'s own entry, where the rename happens.
+
+    Not the directory a symlink at ``p`` points into: the rename replaces the link
+    (it never writes through it), and must not cross file systems.
+    """
+    return Path(os.path.abspath(p)).parent
+
+
 def check_output_path(path: str | os.PathLike[str], suffixes: Sequence[str]) -> Path:
     """Check, before any work is done, that ``path`` can be written.
 
@@ -627,7 +636,7 @@ def check_output_path(path: str | os.PathLike[str], suffixes: Sequence[str]) -> 
     p = Path(path)
     if p.suffix.lower() not in suffixes:
         raise SaveError(f"{p}: the file must end in {' or '.join(suffixes)}")
-    parent = p.resolve().parent
+    parent = _directory(p)
     if not parent.is_dir():
         raise SaveError(f"{p}: directory {p.parent} does not exist")
     if p.is_dir():
@@ -655,7 +664,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     p = Path(path)
     try:
         fd, name = tempfile.mkstemp(
-            dir=p.resolve().parent, prefix=f".{p.stem}.", suffix=f".tmp{p.suffix}"
+            dir=_directory(p), prefix=f".{p.stem}.", suffix=f".tmp{p.suffix}"
         )
     except OSError as exc:
         raise SaveError(f"{p}: cannot write ({exc.strerror or exc})") from exc

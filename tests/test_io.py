@@ -615,6 +615,30 @@ def test_failed_save_leaves_the_target_as_it_was(tmp_path: Path) -> None:
     assert oct(target.stat().st_mode & 0o777) != oct(0o600)  # the umask, not mkstemp's 0600
 
 
+@pytest.mark.parametrize("where", ["same-file-system", "/dev/shm"])
+def test_output_symlink_is_replaced_not_followed(where: str, tmp_path: Path) -> None:
+    """The temporary file goes beside the link, so the rename replaces the link, never
+    writes through it, and never crosses file systems after the work is done."""
+    if where == "same-file-system":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+    else:
+        if not os.path.isdir(where) or os.stat(where).st_dev == tmp_path.stat().st_dev:
+            pytest.skip(f"{where} is not a separate file system here")
+        elsewhere = Path(tempfile.mkdtemp(dir=where))
+    try:
+        link = tmp_path / "out.pt2"
+        link.symlink_to(elsewhere / "target.pt2")
+        ep = torch.export.export(Small(), (torch.randn(3, 4),))
+        epass.save(ep, link)
+        assert not link.is_symlink() and sorted(epass.load(link).state_dict) == sorted(
+            ep.state_dict
+        )
+        assert list(elsewhere.iterdir()) == []  # no target written, no temp file left
+    finally:
+        shutil.rmtree(elsewhere)
+
+
 def test_save_checks_the_path_first(tmp_path: Path) -> None:
     ep = torch.export.export(Small(), (torch.randn(3, 4),))
     with pytest.raises(SaveError, match=r"must end in \.pt2"):
