@@ -337,6 +337,10 @@ def _screen_config(
 def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
     """Check every member of a .pt2 archive against :data:`ALLOWLIST` without loading it.
 
+    This checks the members as Python's zip reader finds them; torch's reader can
+    find others in the same file. :func:`load` therefore screens and loads one
+    private copy: screen a file only to report on it, and load it with ``load``.
+
     Args:
         file: the archive, open for reading in binary mode (seekable).
         name: the file's name, for messages.
