@@ -1,7 +1,6 @@
 """Load, save, prune and inspect ``.pt2`` files; untrusted archives are screened first.
 
-``load`` checks every archive member against :data:`ALLOWLIST` before torch reads
-the file, and changes no process-global state; ``save`` writes atomically.
+``load`` screens a private copy against :data:`ALLOWLIST` and loads that copy.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import io
 import json
 import os
 import re
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -49,7 +49,8 @@ ALLOWLIST: tuple[tuple[str, str, str], ...] = (
      "text", "a short UTF-8 tag torch compares with a constant"),
     (r"models/model\.json", "program",
      "JSON parsed into torch's schema; its sympy expressions and guard code are "
-     "parsed here and only arithmetic on shape symbols is allowed"),
+     "parsed here and only arithmetic on shape symbols is allowed; text that "
+     "module() pastes into source holds no quotes or backslashes"),
     (r"data/weights/model_weights_config\.json|data/constants/model_constants_config\.json",
      "config", "JSON; each entry must name a weight_N / tensor_N member of this archive"),
     (r"data/weights/weight_\d+|data/constants/tensor_\d+", "tensor",
@@ -57,7 +58,8 @@ ALLOWLIST: tuple[tuple[str, str, str], ...] = (
      "be a torch.save archive the weights-only unpickler accepts"),
     (r"data/sample_inputs/model\.pt", "pickle",
      "a torch.save archive whose pickle holds only what the weights-only unpickler "
-     "accepts (checked statically, nothing is unpickled)"),
+     "accepts (checked statically, then unpickled by that unpickler), and whose "
+     "text holds no quotes or backslashes"),
     (r"extra/[^/]+", "text", "extra files, read as strings and never interpreted"),
 )  # fmt: skip
 
@@ -189,10 +191,22 @@ def _screen_pickle(member: str, data: bytes) -> None:
         raise _Refuse(member, f"a pickle naming {listed}, which the weights-only unpickler refuses")
 
 
+def _is_plain(text: str) -> bool:
+    """Text torch may paste between quotes in generated code without escaping it."""
+    return text.isprintable() and not any(c in text for c in "'\"\\")
+
+
 def _check_ast(member: str, text: str, *, guard: bool) -> None:
     """Allow only arithmetic and comparisons on shape symbols (sympy text or guard code)."""
     if len(text) > _EXPR_LIMIT:
         raise _Refuse(member, "an expression longer than 64 KiB")
+    # sympy strips newlines before it parses, and torch pastes guard code into the
+    # source of a function: a backslash, comment or line break would let the text
+    # they run differ from the text parsed here.
+    if not text.isprintable() or "\\" in text or "#" in text:
+        raise _Refuse(
+            member, f"an expression with a backslash, comment or control character: {text[:60]!r}"
+        )
     try:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
@@ -210,7 +224,7 @@ def _check_ast(member: str, text: str, *, guard: bool) -> None:
         ok = isinstance(node, _ARITHMETIC)
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             func, position = call_args.get(id(node), (None, -1))
-            ok = (guard and id(node) in slices) or (
+            ok = (guard and id(node) in slices and _is_plain(node.value)) or (
                 not guard
                 and isinstance(func, ast.Name)
                 and func.id in ("Symbol", "Float")
@@ -271,6 +285,20 @@ def _screen_program_json(member: str, data: bytes) -> None:
             target = value.get("target")
             if "inputs" in value and isinstance(target, str) and not _TARGET.fullmatch(target):
                 raise _Refuse(member, f"a node calling {target[:60]!r}, which is not an operator")
+            if isinstance(value.get("nodes"), list) and isinstance(value.get("inputs"), list):
+                # A program's string inputs become guard code (``x == '<value>'``)
+                # that ExportedProgram.module() compiles.
+                for arg in value["inputs"]:
+                    text = arg.get("as_string") if isinstance(arg, dict) else None
+                    if text is not None and not (isinstance(text, str) and _is_plain(text)):
+                        raise _Refuse(member, f"a string input {str(text)[:60]!r} with quotes, "
+                                      "backslashes or control characters")  # fmt: skip
+            names = value.get("forward_arg_names")
+            if names is not None and not (
+                isinstance(names, list)
+                and all(isinstance(n, str) and n.isidentifier() for n in names)
+            ):  # ExportedProgram.module() writes them into the source of forward()
+                raise _Refuse(member, "forward argument names that are not identifiers")
             expr = value.get("expr_str")
             if expr is not None:
                 if not isinstance(expr, str):
@@ -309,6 +337,10 @@ def _screen_config(
 def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
     """Check every member of a .pt2 archive against :data:`ALLOWLIST` without loading it.
 
+    This checks the members as Python's zip reader finds them; torch's reader can
+    find others in the same file. :func:`load` therefore screens and loads one
+    private copy: screen a file only to report on it, and load it with ``load``.
+
     Args:
         file: the archive, open for reading in binary mode (seekable).
         name: the file's name, for messages.
@@ -328,12 +360,7 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
         with zipfile.ZipFile(file) as archive:
             _screen_members(archive, size, name)
     except _Refuse as refused:
-        raise UnsafeArchiveError(
-            f"{name}: refused member {refused.member!r}: {refused.why}; nothing was loaded "
-            "(rerun with --trust only if you trust where the file came from)",
-            path=name,
-            member=refused.member,
-        ) from None
+        raise _unsafe(name, refused) from None
     except zipfile.BadZipFile as exc:
         raise LoadError(f"{name}: not a .pt2 archive ({exc})", path=name) from exc
     file.seek(0)
@@ -356,13 +383,64 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
         )
 
 
-def _screen_members(archive: zipfile.ZipFile, size: int, name: str) -> None:
-    infos = archive.infolist()
+def _check_program_archive(infos: Sequence[zipfile.ZipInfo], name: str) -> None:
     if not any(i.filename.lower().endswith("models/model.json") for i in infos):
         raise LoadError(
             f"{name}: a zip file, but not an exported program (no models/model.json inside)",
             path=name,
         )
+
+
+@contextlib.contextmanager
+def _private_copy(file: IO[bytes], name: str) -> Iterator[IO[bytes]]:
+    """The archive rewritten by Python's zipfile, each member read once, into a
+    temporary file that has no name (nothing to leave behind, nothing to swap).
+
+    torch's zip reader and Python's can find different members in one file (a
+    central directory stored elsewhere than its end record says: Python reads the
+    one before the end record, torch the one at the stated offset), and a file can
+    change on disk, or a network file system answer differently, between two
+    reads. Screening and loading this copy makes what torch loads what was screened.
+    """
+    file.seek(0, os.SEEK_END)
+    size = file.tell()
+    file.seek(0)
+    if not zipfile.is_zipfile(file):
+        raise LoadError(
+            f"{name}: not a .pt2 archive (torch.export.save writes a zip file)", path=name
+        )
+    with tempfile.TemporaryFile() as copy:
+        try:
+            with zipfile.ZipFile(file) as archive:
+                infos = archive.infolist()
+                _check_program_archive(infos, name)
+                _check_zip_entries(infos, size, name)
+                with zipfile.ZipFile(copy, "w") as out:
+                    for info in infos:
+                        entry = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+                        entry.file_size = info.file_size  # zip64 when needed
+                        with archive.open(info) as src, out.open(entry, "w") as dst:
+                            shutil.copyfileobj(src, dst, 1 << 20)
+        except _Refuse as refused:
+            raise _unsafe(name, refused) from None
+        except (zipfile.BadZipFile, EOFError) as exc:
+            raise LoadError(f"{name}: not a .pt2 archive ({exc})", path=name) from exc
+        copy.seek(0)
+        yield copy
+
+
+def _unsafe(name: str, refused: _Refuse) -> UnsafeArchiveError:
+    return UnsafeArchiveError(
+        f"{name}: refused member {refused.member!r}: {refused.why}; nothing was loaded "
+        "(rerun with --trust only if you trust where the file came from)",
+        path=name,
+        member=refused.member,
+    )
+
+
+def _screen_members(archive: zipfile.ZipFile, size: int, name: str) -> None:
+    infos = archive.infolist()
+    _check_program_archive(infos, name)
     root = _check_zip_entries(infos, size, name)
     names = {i.filename[len(root) + 1 :]: i.filename for i in infos}
     pickles: set[str] = set()
@@ -393,6 +471,39 @@ def _screen_members(archive: zipfile.ZipFile, size: int, name: str) -> None:
             pickles.add(full)
     for full in sorted(pickles):
         _screen_pickle(full, archive.read(full))
+        if _kind(full[len(root) + 1 :]) == "pickle":
+            _screen_sample_inputs(full, archive.read(full))
+
+
+def _screen_sample_inputs(member: str, data: bytes) -> None:
+    """Unpickle the sample inputs with the weights-only unpickler and check their text.
+
+    torch retries sample inputs with ``weights_only=False`` when the weights-only
+    unpickler fails on them, and ExportedProgram.module() pastes their dict keys
+    into the source of its input checks, between quotes.
+    """
+    try:
+        value = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:
+        raise _Refuse(
+            member, f"sample inputs the weights-only unpickler refuses ({_first_line(exc)})"
+        ) from exc
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif isinstance(item, (str, bytes)):
+            text = item if isinstance(item, str) else item.decode("latin-1")
+            if not _is_plain(text):
+                raise _Refuse(
+                    member,
+                    f"sample inputs holding the text {text[:60]!r}, with quotes, "
+                    "backslashes or control characters",
+                )
 
 
 # --- loading -----------------------------------------------------------------------
@@ -454,12 +565,12 @@ def load(
 ) -> ExportedProgram:
     """Load a program saved with ``torch.export.save``, refusing what could run code.
 
-    Without ``trust`` every archive member is screened first (:func:`screen`); the
-    file is then read through one open handle, so what torch reads is what was
-    screened. Nothing process-global changes, so other threads' ``torch.load``
-    calls are unaffected; loads through epass in several threads are safe (torch's
-    deserializer itself runs one at a time). With ``trust`` this is
-    ``torch.export.load``.
+    Without ``trust`` the file is read once, its members copied into a temporary
+    file that has no name, and that copy is screened (:func:`screen`) and loaded,
+    so what torch reads is what was screened. Nothing process-global changes, so
+    other threads' ``torch.load`` calls are unaffected; loads through epass in
+    several threads are safe (torch's deserializer itself runs one at a time).
+    With ``trust`` this is ``torch.export.load``.
 
     Args:
         path: the .pt2 file.
@@ -479,9 +590,12 @@ def load(
         raise LoadError(f"{p}: is a directory, not a .pt2 file", path=str(p))
     try:
         with open(p, "rb") as f:
-            if not trust:
-                screen(f, name=str(p))
-            ep = _program.load_pt2(f, trust=trust)
+            if trust:
+                ep = _program.load_pt2(f, trust=True)
+            else:
+                with _private_copy(f, str(p)) as copy:
+                    screen(copy, name=str(p))
+                    ep = _program.load_pt2(copy)
     except LoadError:
         raise
     except OSError as exc:
@@ -508,6 +622,15 @@ def _umask() -> int:
     return 0o022
 
 
+def _directory(p: Path) -> Path:
+    """The directory holding ``p``'s own entry, where the rename happens.
+
+    Not the directory a symlink at ``p`` points into: the rename replaces the link
+    (it never writes through it), and must not cross file systems.
+    """
+    return Path(os.path.abspath(p)).parent
+
+
 def check_output_path(path: str | os.PathLike[str], suffixes: Sequence[str]) -> Path:
     """Check, before any work is done, that ``path`` can be written.
 
@@ -517,7 +640,7 @@ def check_output_path(path: str | os.PathLike[str], suffixes: Sequence[str]) -> 
     p = Path(path)
     if p.suffix.lower() not in suffixes:
         raise SaveError(f"{p}: the file must end in {' or '.join(suffixes)}")
-    parent = p.resolve().parent
+    parent = _directory(p)
     if not parent.is_dir():
         raise SaveError(f"{p}: directory {p.parent} does not exist")
     if p.is_dir():
@@ -545,7 +668,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     p = Path(path)
     try:
         fd, name = tempfile.mkstemp(
-            dir=p.resolve().parent, prefix=f".{p.stem}.", suffix=f".tmp{p.suffix}"
+            dir=_directory(p), prefix=f".{p.stem}.", suffix=f".tmp{p.suffix}"
         )
     except OSError as exc:
         raise SaveError(f"{p}: cannot write ({exc.strerror or exc})") from exc

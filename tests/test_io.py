@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -251,7 +252,80 @@ def _graph_target(src: Path, dest: Path, marker: Path) -> Path:
     return _rewrite(src, dest, edit, {})
 
 
+def _sympy_line_continuation(src: Path, dest: Path, marker: Path) -> Path:
+    """Python sees ``Symbol('s0')`` and a comment; sympy, which drops newlines before it
+    parses, sees an escaped quote and then a call."""
+
+    def edit(name: str, data: bytes) -> bytes:
+        if name != "models/model.json":
+            return data
+        program = json.loads(data)
+        code = f"Symbol('s0\\\n') # ', __import__('pathlib').Path('{marker}').touch())\n"
+        program["graph_module"]["graph"]["nodes"][0]["outputs"] = [
+            {"as_sym_int": {"as_expr": {"expr_str": code, "hint": None}}}
+        ]
+        return json.dumps(program).encode()
+
+    return _rewrite(src, dest, edit, {})
+
+
+def _guard_message(src: Path, dest: Path, marker: Path) -> Path:
+    """Guard code that is harmless on its own, but whose quoted key closes the string
+    literal torch pastes the guard into when ExportedProgram.module() builds its checks."""
+
+    def edit(name: str, data: bytes) -> bytes:
+        if name != "models/model.json":
+            return data
+        program = json.loads(data)
+        key = f" + str(__import__('pathlib').Path('{marker}').touch()) + "
+        program["guards_code"] = [f'1 == 1 or L["{key}"]']
+        return json.dumps(program).encode()
+
+    return _rewrite(src, dest, edit, {})
+
+
+class WithMode(torch.nn.Module):
+    def forward(self, x: torch.Tensor, mode: str) -> torch.Tensor:
+        return x * 2 if mode == "a" else x
+
+
+def _string_input(src: Path, dest: Path, marker: Path) -> Path:
+    """A string input's value becomes guard code (``mode == '<value>'``)."""
+    plain = dest.parent / "with_mode.pt2"
+    torch.export.save(torch.export.export(WithMode(), (torch.randn(2), "a")), plain)
+    value = f"' + str(__import__('pathlib').Path('{marker}').touch()) + '"
+
+    def edit(name: str, data: bytes) -> bytes:
+        if name != "models/model.json":
+            return data
+        return data.replace(b'"as_string": "a"', b'"as_string": ' + json.dumps(value).encode())
+
+    return _rewrite(plain, dest, edit, {})
+
+
+class DictInput(torch.nn.Module):
+    def forward(self, d: dict[str, torch.Tensor]) -> torch.Tensor:
+        return d["a"] * 2
+
+
+def _sample_input_key(src: Path, dest: Path, marker: Path) -> Path:
+    """Sample inputs the weights-only unpickler accepts, whose dict key closes the
+    string literal torch pastes input paths into when module() builds its checks."""
+    plain = dest.parent / "dict_input.pt2"
+    torch.export.save(torch.export.export(DictInput(), ({"a": torch.randn(2)},)), plain)
+    key = f"+str(__import__('pathlib').Path('{marker}').touch())+"
+    inputs = _torch_save((({key: torch.randn(2)},), {}))
+    assert not torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(inputs))
+    return _rewrite(
+        plain, dest, lambda n, d: inputs if n == "data/sample_inputs/model.pt" else d, {}
+    )
+
+
 HOSTILE = {
+    "sample-input-key": _sample_input_key,
+    "sympy-line-continuation": _sympy_line_continuation,
+    "guard-message": _guard_message,
+    "string-input": _string_input,
     "native-library": _native,
     "uppercase-member": _uppercase,
     "sample-inputs-pickle": _sample_inputs,
@@ -318,6 +392,105 @@ def test_torch_export_load_alone_runs_the_native_library(
     code = f"import torch\ntry: torch.export.load({str(evil)!r})\nexcept Exception: pass\n"
     subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300)
     assert marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["guard-message", "string-input", "sample-input-key"])
+def test_module_of_a_hostile_program_runs_the_payload(
+    kind: str, program_file: Path, tmp_path: Path
+) -> None:
+    """Those two run nothing while loading: the code runs when the program is called."""
+    marker = tmp_path / "executed"
+    evil = HOSTILE[kind](program_file, tmp_path / "evil.pt2", marker)
+    ep = torch.export.load(evil)
+    assert not marker.exists()
+    args = {
+        "guard-message": (torch.randn(3, 4),),
+        "string-input": (torch.randn(2), "a"),
+        "sample-input-key": ({"a": torch.randn(2)},),
+    }[kind]
+    with contextlib.suppress(AssertionError):  # the guard itself may fail afterwards
+        ep.module()(*args)
+    assert marker.exists()
+
+
+def _central_directory_elsewhere(src: Path, dest: Path, marker: Path) -> Path:
+    """One file, two archives: Python reads the central directory just before the end
+    record (a benign program); torch's reader reads the one at the offset that the end
+    record states, placed earlier in the file, whose members hold a pickled payload."""
+    payload = _torch_save(_Marker(str(marker)))
+
+    def zipped(edit: Callable[[str, bytes], bytes]) -> bytes:
+        out = io.BytesIO()
+        with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w") as zout:
+            for item in zin.infolist():
+                entry = zipfile.ZipInfo(item.filename, date_time=item.date_time)
+                zout.writestr(entry, edit(item.filename.split("/", 1)[1], zin.read(item)))
+        return out.getvalue()
+
+    def evil_edit(name: str, data: bytes) -> bytes:
+        if name == "data/constants/tensor_0":
+            return payload
+        if name == "data/constants/model_constants_config.json":
+            config = json.loads(data)
+            config["config"]["offset"]["use_pickle"] = True
+            return json.dumps(config).encode()
+        return data
+
+    def padded(name: str, data: bytes) -> bytes:  # JSON allows trailing blanks
+        return data + b" " * len(payload) if name == "models/model.json" else data
+
+    evil, benign = zipped(evil_edit), zipped(padded)
+
+    def directory(z: bytes) -> tuple[int, int]:  # (size, offset) from the end record
+        end = z.rindex(b"PK\x05\x06")
+        return struct.unpack("<LL", z[end + 12 : end + 20])
+
+    (evil_size, evil_offset), (size, offset) = directory(evil), directory(benign)
+    assert evil_size == size and evil_offset <= offset
+    prefix = (
+        evil[:evil_offset] + bytes(offset - evil_offset) + evil[evil_offset : evil_offset + size]
+    )
+    dest.write_bytes(prefix + benign)
+    return dest
+
+
+def test_central_directory_torch_alone_would_read_is_never_loaded(
+    program_file: Path, tmp_path: Path, quiet_tmp: Path
+) -> None:
+    marker = tmp_path / "executed"
+    evil = _central_directory_elsewhere(program_file, tmp_path / "evil.pt2", marker)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.export.load(evil)  # torch's reader sees the hostile members
+    assert marker.exists()
+    marker.unlink()
+    ep = epass.load(evil)  # loads a copy of exactly the members that were screened
+    assert not marker.exists()
+    torch.testing.assert_close(ep.constants["offset"], torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert list(quiet_tmp.iterdir()) == []
+
+
+def test_file_changed_after_screening_is_not_what_loads(
+    program_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer (or a network file system) changing the file between the screen and
+    torch's read of it must not get the change loaded."""
+    marker = tmp_path / "executed"
+    target = tmp_path / "model.pt2"
+    shutil.copy(program_file, target)
+    hostile = _constants(program_file, tmp_path / "hostile.pt2", marker).read_bytes()
+    screen = epass.io.screen
+
+    def screen_then_swap(file: Any, *, name: str = "<archive>") -> None:
+        screen(file, name=name)
+        with open(target, "r+b") as f:  # in place: same inode, same open handles
+            f.write(hostile)
+            f.truncate()
+
+    monkeypatch.setattr(epass.io, "screen", screen_then_swap)
+    with contextlib.suppress(EpassError):
+        epass.load(target)
+    assert not marker.exists()
 
 
 def test_trusted_load_is_torch_export_load(program_file: Path) -> None:
@@ -440,6 +613,30 @@ def test_failed_save_leaves_the_target_as_it_was(tmp_path: Path) -> None:
     epass.save(ep, target)
     assert sorted(epass.load(target).state_dict) == sorted(ep.state_dict)
     assert oct(target.stat().st_mode & 0o777) != oct(0o600)  # the umask, not mkstemp's 0600
+
+
+@pytest.mark.parametrize("where", ["same-file-system", "/dev/shm"])
+def test_output_symlink_is_replaced_not_followed(where: str, tmp_path: Path) -> None:
+    """The temporary file goes beside the link, so the rename replaces the link, never
+    writes through it, and never crosses file systems after the work is done."""
+    if where == "same-file-system":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+    else:
+        if not os.path.isdir(where) or os.stat(where).st_dev == tmp_path.stat().st_dev:
+            pytest.skip(f"{where} is not a separate file system here")
+        elsewhere = Path(tempfile.mkdtemp(dir=where))
+    try:
+        link = tmp_path / "out.pt2"
+        link.symlink_to(elsewhere / "target.pt2")
+        ep = torch.export.export(Small(), (torch.randn(3, 4),))
+        epass.save(ep, link)
+        assert not link.is_symlink() and sorted(epass.load(link).state_dict) == sorted(
+            ep.state_dict
+        )
+        assert list(elsewhere.iterdir()) == []  # no target written, no temp file left
+    finally:
+        shutil.rmtree(elsewhere)
 
 
 def test_save_checks_the_path_first(tmp_path: Path) -> None:
