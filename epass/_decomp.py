@@ -557,7 +557,17 @@ class _Builder:
                 # the retrace reuses the graph's node for an expression it already has.
                 if isinstance(val, torch.SymInt):
                     existing = self.sizes.get(val.node.expr)
-                    if existing is not None:
+                    if existing is None and t.target not in _SIZE_OPS:
+                        pass  # new arithmetic on sizes: the retrace emits it here too
+                    elif existing is None:
+                        # The retrace binds a size query it has not seen where make_fx
+                        # forces it (after the placeholders, or as arithmetic on
+                        # existing sizes); that placement is not mirrored here.
+                        raise Fallback(
+                            f"the decomposition of {op} computes a new symbolic size "
+                            f"({val.node.expr})"
+                        )
+                    else:
                         local[t] = existing
                         continue
                 new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
