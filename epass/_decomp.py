@@ -7,7 +7,6 @@ Every torch internal it leans on is listed in ``INTERNALS`` and pinned by
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import operator
 import re
@@ -83,7 +82,7 @@ _SYM_FUNCTIONS = frozenset(
 _CARRIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "custom")
 
 
-class Fallback(Exception):  # noqa: N818 - a signal, caught by the caller, not an error
+class Fallback(Exception):
     """The incremental path cannot promise torch's result; ``reason`` says why."""
 
     def __init__(self, reason: str) -> None:
@@ -120,26 +119,33 @@ def _cia_registrations() -> frozenset[str]:
     )
 
 
-def split_table(table: Mapping[Any, Callable[..., Any]] | None) -> Tables:
-    """Split ``table`` (``None``: torch's default table) like ``run_decompositions``.
+def split_table(
+    table: Mapping[Any, Callable[..., Any]] | None, keep: tuple[Any, ...] = ()
+) -> Tables:
+    """Split ``table`` (``None``: torch's default table less ``keep``) like
+    ``run_decompositions``.
 
-    The default table's split is cached for the process, keyed by the set of
-    CompositeImplicitAutograd registrations, so a newly registered op invalidates it.
+    The default table's split is cached for the process, keyed by ``keep`` and the set
+    of CompositeImplicitAutograd registrations, so a newly registered op invalidates it.
     """
     from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
 
     if table is None:
         regs = _cia_registrations()
+        key = (regs, frozenset(keep))
         with _LOCK:
-            cached = _DEFAULT.get(regs)
+            cached = _DEFAULT.get(key)
             if cached is not None:
                 return cached
-        full = torch.export.default_decompositions().materialize()
-        cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(full))
-        tables = Tables(cia, python, ("default", regs))
+        full = torch.export.default_decompositions()
+        for op in keep:
+            full.pop(op, None)
+        cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(full.materialize()))
+        tables = Tables(cia, python, ("default", key))
         with _LOCK:
-            _DEFAULT.clear()
-            _DEFAULT[regs] = tables
+            if len(_DEFAULT) >= 16 or any(k[0] != regs for k in _DEFAULT):
+                _DEFAULT.clear()
+            _DEFAULT[key] = tables
         return tables
     cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(table))
     token = (
@@ -224,7 +230,7 @@ def _is_default(value: Any, arg: Any) -> bool:
     if not arg.has_default_value():
         return False
     default = arg.default_value
-    if isinstance(value, torch.fx.Node) or isinstance(value, (torch.SymInt, torch.SymFloat)):
+    if isinstance(value, (torch.fx.Node, torch.SymInt, torch.SymFloat)):
         return False
     if type(value) is not type(default) and not (
         isinstance(value, (list, tuple)) and isinstance(default, (list, tuple))
@@ -234,10 +240,12 @@ def _is_default(value: Any, arg: Any) -> bool:
         if value is None or default is None:
             return value is default
     try:
-        return bool(value == default) if not isinstance(value, (list, tuple)) else list(
-            value
-        ) == list(default)
-    except Exception:  # noqa: BLE001 - incomparable: not the default
+        return (
+            bool(value == default)
+            if not isinstance(value, (list, tuple))
+            else list(value) == list(default)
+        )
+    except Exception:
         return False
 
 
@@ -351,6 +359,7 @@ def _trace(
     fake_mode: Any,
 ) -> _Template:
     """Trace ``op`` on fresh fake inputs with the table, functionalized as export does."""
+    from torch._dispatch.python import enable_python_dispatcher
     from torch._functorch._aot_autograd.functional_utils import (
         from_fun,
         has_data_mutation,
@@ -359,7 +368,6 @@ def _trace(
     )
     from torch._subclasses.functional_tensor import FunctionalTensorMode
     from torch.export.exported_program import _override_composite_implicit_decomp
-    from torch._dispatch.python import enable_python_dispatcher
     from torch.fx.experimental.proxy_tensor import make_fx
 
     flat, spec = pytree.tree_flatten((args, kwargs))
@@ -397,9 +405,8 @@ def _trace(
             record_module_stack=True,
             pre_dispatch=False,
         )(*fakes)
-    if shape_env is not None:
-        if _symbol_count(shape_env) != before:
-            raise Fallback(f"the decomposition of {op} creates new symbols")
+    if shape_env is not None and _symbol_count(shape_env) != before:
+        raise Fallback(f"the decomposition of {op} creates new symbols")
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             raise Fallback(f"the decomposition of {op} creates constants")
@@ -453,7 +460,7 @@ def _template(
 
 def _same_meta(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return (
+        return bool(
             a.shape == b.shape
             and a.stride() == b.stride()
             and a.dtype == b.dtype
@@ -463,8 +470,10 @@ def _same_meta(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same_meta(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
-        return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and (
-            a.node.expr == b.node.expr
+        return (
+            isinstance(a, torch.SymInt)
+            and isinstance(b, torch.SymInt)
+            and (a.node.expr == b.node.expr)
         )
     return type(a) is type(b) and a == b
 
@@ -512,9 +521,10 @@ class _Builder:
                 else:
                     new.meta["original_aten"] = node.target
             inputs = node.all_input_nodes
-            if any(i in self.changed for i in inputs):
-                if self._propagate(new, node.meta.get("val")):
-                    self.changed.add(node)
+            if any(i in self.changed for i in inputs) and self._propagate(
+                new, node.meta.get("val")
+            ):
+                self.changed.add(node)
             if node.target in _SIZE_OPS or isinstance(new.meta.get("val"), torch.SymInt):
                 expr = self._expr(new.meta.get("val"))
                 if expr is not None:
@@ -626,8 +636,10 @@ def decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int
             continue
         if node.op == "call_function" and node.target is operator.getitem:
             src = node.args[0]
-            if isinstance(src, torch.fx.Node) and src.op == "call_function" and not isinstance(
-                builder.env[src], torch.fx.Node
+            if (
+                isinstance(src, torch.fx.Node)
+                and src.op == "call_function"
+                and not isinstance(builder.env[src], torch.fx.Node)
             ):
                 # The decomposed producer returned a tuple: index it directly.
                 builder.env[node] = builder.env[src][node.args[1]]

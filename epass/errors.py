@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "DecompositionMismatchError",
     "EpassError",
+    "IncrementalDecompositionError",
     "InstrumentError",
     "OrderingError",
     "PassError",
@@ -17,6 +19,25 @@ __all__ = [
 
 class EpassError(Exception):
     """Base class of every error epass raises on purpose."""
+
+
+class DecompositionMismatchError(EpassError, AssertionError):
+    """``Decompose(check=True)``: the incremental path differs from torch's retrace.
+
+    Attributes:
+        difference: the first differing node (or signature part), described.
+    """
+
+    def __init__(self, difference: str) -> None:
+        super().__init__(
+            f"the incremental decomposition differs from run_decompositions: {difference}"
+        )
+        self.difference = difference
+
+
+class IncrementalDecompositionError(EpassError, RuntimeError):
+    """``Decompose(method="incremental")`` cannot promise torch's program; the
+    message names the reason (the node, op or program feature)."""
 
 
 class OrderingError(EpassError, ValueError):

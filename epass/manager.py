@@ -47,6 +47,7 @@ class PassRecord:
         skipped: whether the pass was skipped as a no-op; ``skip_reason`` says why.
         depth: nesting depth (0 for the top-level pipeline).
         children: records of a nested pipeline's passes.
+        notes: what the pass said about its run (its result's ``notes``), JSON-ready.
     """
 
     name: str
@@ -62,6 +63,7 @@ class PassRecord:
     skip_reason: str | None = None
     depth: int = 0
     children: tuple[PassRecord, ...] = ()
+    notes: Mapping[str, Any] = attrs.field(factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form with stable keys."""
@@ -79,6 +81,7 @@ class PassRecord:
             "skip_reason": self.skip_reason,
             "depth": self.depth,
             "children": [c.as_dict() for c in self.children],
+            "notes": dict(self.notes),
         }
 
 
@@ -496,6 +499,7 @@ class PassManager:
             link=link,
             depth=info.depth,
             children=out.records if isinstance(p, PassManager) else (),
+            notes=dict(getattr(out, "notes", None) or {}),
         )
         if dispatch:
             dispatch.call("after_pass", info, program, record, info=info)
