@@ -62,6 +62,7 @@ INTERNALS = (
     "torch.fx.traceback.preserve_node_meta",
     "torch.fx.experimental.symbolic_shapes.free_unbacked_symbols",
     "torch._ops.OpOverload._schema",
+    "torch.fx.graph._Namespace._obj_to_name",
 )
 
 # Size queries: the retrace re-emits them as they are.
@@ -530,6 +531,13 @@ class _Builder:
                 if expr is not None:
                     self.sizes.setdefault(expr, new)
         elif node.op == "placeholder":
+            if new.name != node.name:
+                # fx renames names that shadow builtins (``input``); the signature
+                # names the placeholders as export made them.
+                namespace = self.graph._graph_namespace
+                new.name = node.name
+                namespace._obj_to_name[new] = node.name
+                namespace._used_names.add(node.name)
             v = node.meta.get("val")
             if isinstance(v, torch.SymInt):
                 expr = self._expr(v)
