@@ -20,6 +20,7 @@ from epass.report import SCHEMA, build_report, render_html, write_report
 RECORD_KEYS = {
     "name", "index", "step", "seconds", "modified", "nodes_before", "nodes_after", "op_delta",
     "link", "skipped", "skip_reason", "depth", "children", "path", "spec", "options", "memory",
+    "notes",
 }  # fmt: skip
 TOP_KEYS = {
     "schema", "epass_version", "torch_version", "created", "pipeline", "input", "output",
