@@ -193,6 +193,10 @@ def unsafe_reason(ep: ExportedProgram, tables: Tables) -> str | None:
     for spec in sig.input_specs:
         if spec.kind in (InputKind.TOKEN, InputKind.CUSTOM_OBJ):
             return f"a {spec.kind.name.lower()} input ({spec.arg.name})"
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            # The retrace registers constants as buffers and lifts them again, in
+            # an order of its own (by module, then by use).
+            return f"a lifted constant input ({spec.arg.name}); the retrace re-orders them"
     for out in sig.output_specs:
         if out.kind == OutputKind.TOKEN:
             return "effect tokens"
@@ -513,7 +517,16 @@ class _Builder:
         return True
 
     def copy(self, node: torch.fx.Node) -> None:
-        new = self.graph.node_copy(node, lambda n: self.env[n])
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target not in _SIZE_OPS:
+            # The retrace names each node after its operator, as make_fx does.
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.env.__getitem__)
+            new = self.graph.create_node(
+                node.op, target, args, kwargs, target.overloadpacket.__name__, node.type
+            )
+            new.meta = copy.copy(node.meta)
+        else:
+            new = self.graph.node_copy(node, lambda n: self.env[n])
         if node.op == "call_function":
             if isinstance(node.target, torch._ops.OpOverload):
                 new.args, new.kwargs = normalize(node.target, new.args, dict(new.kwargs))
@@ -543,6 +556,9 @@ class _Builder:
                 expr = self._expr(v)
                 if expr is not None:
                     self.sizes.setdefault(expr, new)
+        if node.op == "call_function" and "nn_module_stack" not in new.meta:
+            # The retrace records the (empty) module stack of its tracer.
+            new.meta["nn_module_stack"] = collections.OrderedDict()
         self.env[node] = new
 
     @staticmethod
@@ -559,6 +575,7 @@ class _Builder:
         args, kwargs = normalize(op, mapped[0], dict(mapped[1]))
         template, inputs = _template(op, args, kwargs, self.tables, self.fake_mode)
         meta = {k: node.meta[k] for k in _CARRIED_META if k in node.meta}
+        meta.setdefault("nn_module_stack", collections.OrderedDict())
         local: dict[torch.fx.Node, Any] = {}
         phs = iter(inputs)
         result: Any = None

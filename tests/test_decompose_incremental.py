@@ -231,3 +231,29 @@ def test_random_modules_and_tables_match_torch(spec, table, dynamic, twice, seed
     result = Decompose(check=True, **_TABLES[table])(ep)
     if result.notes["method"] == "incremental":
         torch.testing.assert_close(result.program.module()(x), module(x), rtol=1e-4, atol=1e-5)
+
+
+def test_nodes_without_module_stack_get_the_retraces_empty_one():
+    from epass.passes import CastDtype
+
+    torch.manual_seed(0)
+    ep = torch.export.export(nn.Sequential(nn.Linear(4, 4)), (torch.randn(2, 4),))
+    cast = PassManager([CastDtype(dtype=torch.float16)]).run(ep)
+    assert any("nn_module_stack" not in n.meta for n in cast.graph.nodes if n.op == "call_function")
+    assert _assert_same_as_torch(cast).notes["method"] == "incremental"
+
+
+def test_lifted_constants_fall_back_because_the_retrace_reorders_them():
+    class Consts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.rand(3)
+            self.b = torch.rand(3)
+
+        def forward(self, x):
+            return nn.functional.gelu(x * self.b) * self.a
+
+    ep = torch.export.export(Consts(), (torch.rand(2, 3),))
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "retrace"
+    assert "lifted constant" in result.notes["fallback"]
