@@ -12,6 +12,7 @@ import torch
 from fingerprint import fingerprint, only_added
 
 from epass import Decompose, PassError, PassManager
+from epass.errors import IncrementalDecompositionError
 from epass.passes.decompose import DecompositionError
 
 pytestmark = pytest.mark.slow
@@ -115,6 +116,11 @@ def test_gpt2_sdpa_decompose_error_names_node_and_suggests_keep():
         assert cause.node is not None and cause.node in str(info.value)
         assert "Cannot view a tensor" in str(info.value)
         assert "keep=[torch.ops.aten.scaled_dot_product_attention.default]" in str(info.value)
+        assert fingerprint(ep) == before
+        # The incremental path re-propagates values and meets the same view; it does
+        # not rewrite it (that would give a program torch cannot), so auto retraces.
+        with pytest.raises(IncrementalDecompositionError, match="Cannot view a tensor"):
+            Decompose(method="incremental")(ep)
         assert fingerprint(ep) == before
     else:
         PassManager([Decompose()]).run(ep)
