@@ -50,6 +50,8 @@ INTERNALS = (
     "torch.export.exported_program._get_updated_module_call_graph",
     "torch.export.exported_program._special_op_to_preserve_cia",
     "torch._export.utils._is_cia_op",
+    "torch._export.utils._compiling_state_context",
+    "torch.export._trace._ignore_backend_decomps",
     "torch._C._dispatch_get_registrations_for_dispatch_key",
     "torch._subclasses.functional_tensor.FunctionalTensorMode",
     "torch._functorch._aot_autograd.functional_utils.to_fun",
@@ -60,6 +62,7 @@ INTERNALS = (
     "torch.fx.experimental.proxy_tensor.make_fx",
     "torch._dispatch.python.enable_python_dispatcher",
     "torch.fx.traceback.preserve_node_meta",
+    "torch.fx.traceback.set_current_meta",
     "torch.fx.experimental.symbolic_shapes.free_unbacked_symbols",
     "torch._ops.OpOverload._schema",
     "torch.fx.graph._Namespace._obj_to_name",
@@ -372,10 +375,14 @@ def _trace(
         to_fun,
     )
     from torch._subclasses.functional_tensor import FunctionalTensorMode
+    from torch._export.utils import _compiling_state_context
+    from torch.export._trace import _ignore_backend_decomps
     from torch.export.exported_program import _override_composite_implicit_decomp
     from torch.fx.experimental.proxy_tensor import make_fx
 
     flat, spec = pytree.tree_flatten((args, kwargs))
+    blank = torch.fx.Graph().placeholder("blank")
+    blank.meta["custom"] = {}
 
     def fn(*xs: Any) -> Any:
         if True:
@@ -383,7 +390,10 @@ def _trace(
             it = iter(funs)
             filled = [next(it) if isinstance(a, torch.fx.Node) else a for a in flat]
             a, k = pytree.tree_unflatten(filled, spec)
-            out = op(*a, **k)
+            # The retrace runs each node under that node's meta (the interpreter's
+            # set_current_meta), which drops annotations of the tracer's own frames.
+            with torch.fx.traceback.set_current_meta(blank):
+                out = op(*a, **k)
             for f, x in zip(funs, xs, strict=True):
                 if isinstance(f, torch.Tensor) and (
                     has_data_mutation(f)
@@ -399,6 +409,8 @@ def _trace(
     with (
         fake_mode,
         _override_composite_implicit_decomp(tables.cia),
+        _ignore_backend_decomps(),
+        _compiling_state_context(),
         torch.no_grad(),
         torch.fx.traceback.preserve_node_meta(),
         enable_python_dispatcher(),
@@ -608,6 +620,10 @@ class _Builder:
                 new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
                 if "original_aten" in t.meta:
                     new.meta["original_aten"] = t.meta["original_aten"]
+                if t.meta.get("custom"):
+                    # Annotations made while the decomposition ran (torch's dynamo
+                    # guard on a decomposition records itself here).
+                    new.meta["custom"] = {**meta.get("custom", {}), **t.meta["custom"]}
                 new.meta["val"] = val
                 if isinstance(new.meta.get("val"), torch.SymInt):
                     self.sizes.setdefault(new.meta["val"].node.expr, new)

@@ -172,3 +172,18 @@ def test_placeholder_named_like_a_builtin_keeps_its_name():
     ep = torch.export.export(Input(), (torch.randn(2),))
     fast, _ = _decomp.decompose(ep, _decomp.split_table(None))
     assert _decomp.first_difference(fast, ep.run_decompositions()) is None
+
+
+def test_export_flags_are_set_while_templates_trace():
+    # Decompositions wrapped by torch._disable_dynamo annotate `custom` meta only when
+    # torch.compiler.is_exporting(); the retrace sets it through this context.
+    from torch._export.utils import _compiling_state_context
+
+    with _compiling_state_context():
+        assert torch.compiler.is_exporting()
+    assert not torch.compiler.is_exporting()
+    ep = torch.export.export(nn.GELU(), (torch.randn(3),))
+    table = torch._decomp.get_decompositions([aten.gelu.default])
+    fast, _ = _decomp.decompose(ep, _decomp.split_table(table))
+    assert _decomp.first_difference(fast, ep.run_decompositions(table)) is None
+    assert any(n.meta.get("custom") for n in fast.graph.nodes if n.op == "call_function")
