@@ -368,6 +368,7 @@ def _trace(
 ) -> _Template:
     """Trace ``op`` on fresh fake inputs with the table, functionalized as export does."""
     from torch._dispatch.python import enable_python_dispatcher
+    from torch._export.utils import _compiling_state_context
     from torch._functorch._aot_autograd.functional_utils import (
         from_fun,
         has_data_mutation,
@@ -375,7 +376,6 @@ def _trace(
         to_fun,
     )
     from torch._subclasses.functional_tensor import FunctionalTensorMode
-    from torch._export.utils import _compiling_state_context
     from torch.export._trace import _ignore_backend_decomps
     from torch.export.exported_program import _override_composite_implicit_decomp
     from torch.fx.experimental.proxy_tensor import make_fx
