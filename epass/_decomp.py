@@ -11,7 +11,7 @@ import copy
 import operator
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -644,12 +644,6 @@ def _fake_mode(ep: ExportedProgram) -> Any:
     if mode is None:
         raise Fallback("no fake tensor mode on the inputs")
     return mode
-
-
-def _iter_getitems(node: torch.fx.Node) -> Iterator[torch.fx.Node]:
-    for user in node.users:
-        if user.target is operator.getitem:
-            yield user
 
 
 def decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int]:
