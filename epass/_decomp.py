@@ -63,7 +63,7 @@ INTERNALS = (
     "torch._dispatch.python.enable_python_dispatcher",
     "torch.fx.traceback.preserve_node_meta",
     "torch.fx.traceback.set_current_meta",
-    "torch.fx.experimental.symbolic_shapes.free_unbacked_symbols",
+    "torch.fx.experimental.symbolic_shapes.ShapeEnv",  # var_to_range, unbacked_symint_counter
     "torch._ops.OpOverload._schema",
     "torch.fx.graph._Namespace._obj_to_name",
 )
