@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -87,16 +88,16 @@ def bench_coalesce(repeats: int, layers: int) -> list[Row]:
     torch.manual_seed(0)
     ep = torch.export.export(bench_core.encoder(layers), (torch.randn(2, 16, 256),))
     chain = [
-        Decompose(keep=[aten.linear.default, aten.layer_norm.default]),
-        Decompose(keep=[aten.linear.default]),
-        Decompose(),
-        Decompose(),
+        Decompose(keep=[aten.linear.default, aten.layer_norm.default], method="retrace"),
+        Decompose(keep=[aten.linear.default], method="retrace"),
+        Decompose(method="retrace"),
+        Decompose(method="retrace"),
     ]
     k = len(chain)
     coalesced = PassManager(chain)
     assert len(coalesced.passes) == 1
     apart = PassManager([PassManager([p]) for p in chain])  # nested: never merged
-    one = PassManager([Decompose()])
+    one = PassManager([Decompose(method="retrace")])
     times = interleaved(
         {
             "one": lambda: one.run(ep),
@@ -120,6 +121,153 @@ def bench_coalesce(repeats: int, layers: int) -> list[Row]:
             f"{separate:.3f}s; for comparison",
         ),
     ]
+
+
+def _speedup_row(label: str, fast: list[float], bare: list[float], target: float) -> Row:
+    f, b = statistics.median(fast), statistics.median(bare)
+    return (label, f / b, 1 / target, f"{b / f:.1f}x faster: {f:.3f}s vs {b:.3f}s (>= {target}x)")
+
+
+def bench_incremental(repeats: int, quick: bool) -> list[Row]:
+    """The incremental Decompose against a bare ``ep.run_decompositions()`` on the same
+    program, interleaved. The template cache is warm (it lives for the process), as
+    for any program after the first of its kind; one row measures it cold."""
+    import hf_models
+    from torch.export import Dim
+
+    from epass import _decomp
+    from epass.passes import presets
+    from epass.passes.constant_fold import ConstantFold
+    from epass.passes.cse import CSE
+    from epass.passes.dce import DeadCodeElimination
+    from epass.passes.remove_assertions import RemoveAssertions
+
+    rows: list[Row] = []
+    layers, deep = (2, 4) if quick else (12, 24)
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 256)
+    batch = ({0: Dim("batch", min=1, max=64)},)
+    cases = [
+        (f"{layers}-layer encoder, static", bench_core.encoder(layers), x, None, 5.0),
+        (f"{layers}-layer encoder, dynamic batch", bench_core.encoder(layers), x, batch, 5.0),
+        (f"{deep}-layer encoder, dynamic batch", bench_core.encoder(deep), x, batch, 6.0),
+    ]
+    decompose = Decompose()
+    for label, model, arg, shapes, target in cases:
+        ep = torch.export.export(model, (arg,), dynamic_shapes=shapes)
+        assert decompose(ep).notes["method"] == "incremental"
+        times = interleaved(
+            {"bare": lambda ep=ep: ep.run_decompositions(), "fast": lambda ep=ep: decompose(ep)},
+            repeats,
+        )
+        rows.append(
+            _speedup_row(
+                f"Decompose / run_decompositions ({label})", times["fast"], times["bare"], target
+            )
+        )
+        if shapes is None:
+
+            def cold(ep: Any = ep) -> Any:
+                _decomp.clear_cache()
+                return decompose(ep)
+
+            times = interleaved(
+                {"bare": lambda ep=ep: ep.run_decompositions(), "cold": cold}, max(2, repeats // 2)
+            )
+            rows.append(
+                (
+                    *_speedup_row(
+                        "  the same, template cache cleared before each call",
+                        times["cold"],
+                        times["bare"],
+                        1.0,
+                    )[:2],
+                    float("inf"),
+                    "for comparison: every template traced again",
+                )
+            )
+            # "Few ops left": everything decomposed except aten.linear.
+            few = Decompose(keep=[aten.linear.default])(ep).program
+            assert decompose(few).notes["method"] == "incremental"
+            times = interleaved(
+                {
+                    "bare": lambda few=few: few.run_decompositions(),
+                    "fast": lambda few=few: decompose(few),
+                },
+                repeats,
+            )
+            rows.append(
+                _speedup_row(
+                    "  few ops left (all but aten.linear decomposed)",
+                    times["fast"],
+                    times["bare"],
+                    8.0,
+                )
+            )
+
+    if importlib.util.find_spec("transformers") is not None:
+        import transformers
+
+        config = transformers.LlamaConfig(
+            vocab_size=256,
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2 if quick else 8,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            max_position_embeddings=128,
+            use_cache=False,
+            attn_implementation="sdpa",
+        )
+        torch.manual_seed(0)
+        llama = hf_models.HFWrapper(transformers.LlamaForCausalLM(config), "logits").eval()
+        ids = torch.randint(0, 256, (2, 32))
+        ep = torch.export.export(llama, (ids,))
+        assert decompose(ep).notes["method"] == "incremental"
+        times = interleaved(
+            {"bare": lambda: ep.run_decompositions(), "fast": lambda: decompose(ep)}, repeats
+        )
+        rows.append(
+            _speedup_row(
+                f"Decompose / run_decompositions (Llama, {config.num_hidden_layers} layers)",
+                times["fast"],
+                times["bare"],
+                5.0,
+            )
+        )
+
+    # The whole zoo through the lowering preset, against the same preset retracing.
+    programs = []
+    for name, case in hf_models.ZOO.items():
+        if case.transformers and importlib.util.find_spec("transformers") is None:
+            continue
+        for dynamic in (False, True):
+            programs.append(hf_models.export(name, dynamic=dynamic)[1])
+    fast_lower = presets.lower()
+    slow_lower = PassManager(
+        [
+            Decompose(method="retrace"),
+            RemoveAssertions(),
+            ConstantFold(),
+            CSE(),
+            DeadCodeElimination(),
+        ],
+        name="lower",
+    )
+    methods = [fast_lower(ep).records[0].notes.get("method") for ep in programs]
+    times = interleaved(
+        {
+            "bare": lambda: [slow_lower(ep) for ep in programs],
+            "fast": lambda: [fast_lower(ep) for ep in programs],
+        },
+        max(2, repeats // 2),
+    )
+    label = (
+        f"presets.lower() / with Decompose(method='retrace') (zoo, {len(programs)} "
+        f"programs, {methods.count('incremental')} incremental)"
+    )
+    rows.append(_speedup_row(label, times["fast"], times["bare"], 2.0))
+    return rows
 
 
 def bench_overhead(repeats: int) -> list[Row]:
@@ -326,6 +474,7 @@ def main() -> None:
     rows = bench_core.core_rows(quick)
     rows += bench_skip(repeats=3 if quick else 7)
     rows += bench_coalesce(repeats=2 if quick else 5, layers=2 if quick else 6)
+    rows += bench_incremental(repeats=3 if quick else 7, quick=quick)
     rows += bench_overhead(repeats=2 if quick else 5)
     rows += bench_guards(repeats=5 if quick else 20)
     rows += bench_memory(layers=4 if quick else 16, width=4096)

@@ -1,27 +1,29 @@
 """Every public epass error: all are ``EpassError`` and name the pass, key or position at fault.
 
-=========================  ==========================================================
-error                      raised when
-=========================  ==========================================================
-``PassError``              a pass failed inside a pipeline (subclasses say how)
-``VerificationError``      a pass's output fails torch's verifier or the state checks
-``StateConflictError``     ``strict`` linking found changed state keys
-``StateMutationError``     a pass wrote into a tensor of the shared store
-``InstrumentError``        an instrument raised in one of its hooks
-``OrderingError``          a pipeline breaks a ``run_before`` / ``run_after`` constraint
-``ProgramError``           a program is inconsistent (``verify_program``)
-``RegistryError``          a pass name cannot be registered or resolved
-``PipelineError``          pipeline text does not parse or names something unknown
-``DecompositionError``     torch's decomposition failed on a node
-``NumericsDriftError``     ``NumericsCheck`` found outputs beyond tolerance
-``ArgumentTypeError``      an argument has the wrong type (also a ``TypeError``)
-``ArgumentValueError``     an argument has a bad value (also a ``ValueError``)
-``LoadError``              a file cannot be loaded as a program
-``UnsafeArchiveError``     an untrusted archive holds a member that could run code
-``SaveError``              a program or report could not be written (nothing changed)
-``HandOffError``           a backend hand-off got something it cannot convert
-``CliError``               the ``epass`` command stops with a one-line message
-=========================  ==========================================================
+=================================  ============================================================
+error                              raised when
+=================================  ============================================================
+``PassError``                      a pass failed inside a pipeline (subclasses say how)
+``VerificationError``              a pass's output fails torch's verifier or the state checks
+``StateConflictError``             ``strict`` linking found changed state keys
+``StateMutationError``             a pass wrote into a tensor of the shared store
+``InstrumentError``                an instrument raised in one of its hooks
+``OrderingError``                  a pipeline breaks a ``run_before`` / ``run_after`` constraint
+``ProgramError``                   a program is inconsistent (``verify_program``)
+``RegistryError``                  a pass name cannot be registered or resolved
+``PipelineError``                  pipeline text does not parse or names something unknown
+``DecompositionError``             torch's decomposition failed on a node
+``DecompositionMismatchError``     check mode: the incremental path differs from torch's
+``IncrementalDecompositionError``  ``method="incremental"`` cannot promise torch's program
+``NumericsDriftError``             ``NumericsCheck`` found outputs beyond tolerance
+``ArgumentTypeError``              an argument has the wrong type (also a ``TypeError``)
+``ArgumentValueError``             an argument has a bad value (also a ``ValueError``)
+``LoadError``                      a file cannot be loaded as a program
+``UnsafeArchiveError``             an untrusted archive holds a member that could run code
+``SaveError``                      a program or report could not be written (nothing changed)
+``HandOffError``                   a backend hand-off got something it cannot convert
+``CliError``                       the ``epass`` command stops with a one-line message
+=================================  ============================================================
 
 Errors that describe bad arguments also derive from the matching builtin
 (``TypeError``, ``ValueError``, ``LookupError``...), so existing ``except`` clauses
@@ -37,8 +39,10 @@ __all__ = [
     "ArgumentValueError",
     "CliError",
     "DecompositionError",
+    "DecompositionMismatchError",
     "EpassError",
     "HandOffError",
+    "IncrementalDecompositionError",
     "InstrumentError",
     "LoadError",
     "NumericsDriftError",
@@ -71,6 +75,25 @@ class ArgumentValueError(EpassError, ValueError):
 
 class HandOffError(EpassError, TypeError):
     """A backend hand-off (``epass.executorch``) got something it cannot convert."""
+
+
+class DecompositionMismatchError(EpassError, AssertionError):
+    """``Decompose(check=True)``: the incremental path differs from torch's retrace.
+
+    Attributes:
+        difference: the first differing node (or signature part), described.
+    """
+
+    def __init__(self, difference: str) -> None:
+        super().__init__(
+            f"the incremental decomposition differs from run_decompositions: {difference}"
+        )
+        self.difference = difference
+
+
+class IncrementalDecompositionError(EpassError, RuntimeError):
+    """``Decompose(method="incremental")`` cannot promise torch's program; the
+    message names the reason (the node, op or program feature)."""
 
 
 class OrderingError(EpassError, ValueError):

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
-from epass.errors import ArgumentTypeError, DecompositionError
+from epass import _decomp, _program
+from epass.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    DecompositionError,
+    DecompositionMismatchError,
+    IncrementalDecompositionError,
+)
 from epass.protocol import PassResult
 
-__all__ = ["Decompose", "DecompositionError"]
+__all__ = ["Decompose", "DecomposeResult", "DecompositionError"]
+
+Method = Literal["auto", "incremental", "retrace"]
+METHODS = ("auto", "incremental", "retrace")
+# Set to 1 to run every Decompose in check mode (both paths, compared).
+CHECK_ENV = "EPASS_DECOMPOSE_CHECK"
 
 _SDPA = "aten.scaled_dot_product_attention"
 
@@ -76,6 +88,47 @@ def _plain(target: Any) -> bool:
     return module in ("_operator", "operator", "math", "builtins") or target in _SYM_FUNCTIONS
 
 
+@attrs.frozen
+class DecomposeResult(PassResult):
+    """A :class:`PassResult` that also says which path produced the program.
+
+    Attributes:
+        method: ``"incremental"`` (only the decomposed nodes were rewritten) or
+            ``"retrace"`` (``run_decompositions``).
+        fallback: why the incremental path was not taken (None when it was, or when
+            ``method="retrace"`` was asked for).
+        rewritten: how many nodes the incremental path rewrote (None for a retrace).
+        checked: whether both paths ran and were found equivalent.
+    """
+
+    method: str = "retrace"
+    fallback: str | None = None
+    rewritten: int | None = None
+    checked: bool = False
+
+    @property
+    def notes(self) -> dict[str, Any]:
+        """JSON-ready summary, copied into the pass's record."""
+        return {
+            "method": self.method,
+            "fallback": self.fallback,
+            "rewritten": self.rewritten,
+            "checked": self.checked,
+        }
+
+
+def _method(value: str) -> str:
+    if value not in METHODS:
+        raise ArgumentValueError(f"Decompose(method=...) takes one of {METHODS}, got {value!r}")
+    return value
+
+
+def _check_enabled(check: bool | None) -> bool:
+    if check is not None:
+        return check
+    return os.environ.get(CHECK_ENV, "") not in ("", "0")
+
+
 def _graphs(ep: ExportedProgram) -> Iterator[torch.fx.Graph]:
     for module in ep.graph_module.modules():
         if isinstance(module, torch.fx.GraphModule):
@@ -84,11 +137,16 @@ def _graphs(ep: ExportedProgram) -> Iterator[torch.fx.Graph]:
 
 @attrs.define(eq=False)
 class Decompose:
-    """Run ``ExportedProgram.run_decompositions`` as a pass.
+    """Lower the program with a decomposition table: the program
+    ``ExportedProgram.run_decompositions`` returns, usually much faster.
 
-    Graph: retraces the program with the decomposition table. State: nothing is
-    added, changed or removed; torch hands back a new ``state_dict`` dict over the
-    same tensors, and the linker puts the store back in its place.
+    Graph: by default (``method="auto"``) only the nodes the table decomposes are
+    rewritten, each with a cached trace of its decomposition, wherever that provably
+    gives torch's program; otherwise the program is retraced with
+    ``run_decompositions``. The result's ``notes`` (and the pass record) say which
+    path ran and, for a retrace, why. State: nothing is added, changed or removed;
+    the output holds a new ``state_dict`` dict over the same tensors, and the linker
+    puts the store back in its place.
 
     No-op skip: when the input is already in the ATen dialect and no op in any of its
     graphs would be rewritten (none is in the table, none is a CompositeImplicitAutograd
@@ -107,6 +165,13 @@ class Decompose:
             even where the merged table is not provably equivalent to running both
             (the merged pass uses the union of the tables; on an op in both, the
             earlier pass's decomposition wins).
+        method: ``"auto"`` (incremental where safe, else retrace), ``"incremental"``
+            (raise :class:`~epass.errors.IncrementalDecompositionError` naming the
+            reason when it is not safe) or ``"retrace"`` (always torch's path).
+        check: run both paths and raise
+            :class:`~epass.errors.DecompositionMismatchError` naming the first
+            differing node. ``None`` reads the ``EPASS_DECOMPOSE_CHECK``
+            environment variable (``1`` turns it on).
 
     Example::
 
@@ -119,6 +184,8 @@ class Decompose:
     table: dict[Any, Callable[..., Any]] | None = attrs.field(default=None, converter=_table)
     keep: tuple[Any, ...] = attrs.field(default=(), converter=_ops)
     coalesce: bool = False
+    method: Method = attrs.field(default="auto", converter=_method)  # type: ignore[misc]
+    check: bool | None = None
 
     def decomp_table(self) -> dict[Any, Callable[..., Any]]:
         """The table handed to ``run_decompositions``."""
@@ -129,15 +196,67 @@ class Decompose:
         return table  # type: ignore[no-any-return]
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
+        check = _check_enabled(self.check)
+        fast: ExportedProgram | None = None
+        rewritten: int | None = None
+        fallback: str | None = None
+        if self.method != "retrace":
+            fast, rewritten, fallback = self._incremental(ep)
+            if fast is None and self.method == "incremental":
+                raise IncrementalDecompositionError(str(fallback))
+        if fast is not None and not check:
+            return self._result(ep, fast, "incremental", None, rewritten, False)
+        ref = self._retrace(ep)
+        if fast is None:
+            return self._result(ep, ref, "retrace", fallback, None, False)
+        difference = _decomp.first_difference(fast, ref) or _numerics(fast, ref)
+        if difference is not None:
+            raise DecompositionMismatchError(difference)
+        return self._result(ep, fast, "incremental", None, rewritten, True)
+
+    def _incremental(
+        self, ep: ExportedProgram
+    ) -> tuple[ExportedProgram | None, int | None, str | None]:
+        """The incremental path's program, or None and the reason it was not taken."""
+        try:
+            if self.table is None:
+                tables = _decomp.split_table(None, keep=self.keep)
+            else:
+                tables = _decomp.split_table(self.decomp_table())
+            out, rewritten = _decomp.decompose(ep, tables)
+        except _decomp.Fallback as exc:
+            return None, None, exc.reason
+        except Exception as exc:  # torch's retrace decides, and explains its failure
+            text = str(exc).strip().splitlines()
+            return None, None, f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+        return out, rewritten, None
+
+    def _retrace(self, ep: ExportedProgram) -> ExportedProgram:
         # The default table is built by run_decompositions itself, exactly as a bare call.
         table = None if self.table is None and not self.keep else self.decomp_table()
         try:
-            out = ep.run_decompositions(table)
+            return ep.run_decompositions(table)
         except Exception as exc:
             raise self._explain(ep, exc) from exc
-        if out.graph_module.code == ep.graph_module.code and out.dialect == ep.dialect:
-            return PassResult(ep, False)
-        return PassResult(out, True)
+
+    @staticmethod
+    def _result(
+        ep: ExportedProgram,
+        out: ExportedProgram,
+        method: str,
+        fallback: str | None,
+        rewritten: int | None,
+        checked: bool,
+    ) -> DecomposeResult:
+        modified = not (out.graph_module.code == ep.graph_module.code and out.dialect == ep.dialect)
+        return DecomposeResult(
+            out if modified else ep,
+            modified,
+            method=method,
+            fallback=fallback,
+            rewritten=rewritten,
+            checked=checked,
+        )
 
     # --- no-op skip -------------------------------------------------------------
 
@@ -217,6 +336,22 @@ class Decompose:
         """
         if not isinstance(other, Decompose):
             return None
+        merged = self._merge_tables(other)
+        if merged is None:
+            return None
+        # The paths give the same program; a pass that forces one path decides, two
+        # that force different paths do not merge. Check mode is kept if either asks.
+        methods = {self.method, other.method} - {"auto"}
+        if len(methods) > 1:
+            return None
+        method = methods.pop() if methods else "auto"
+        checks = [c for c in (self.check, other.check) if c is not None]
+        check = any(checks) if checks else None
+        if (method, check) == (merged.method, merged.check):
+            return merged
+        return attrs.evolve(merged, method=method, check=check)
+
+    def _merge_tables(self, other: Decompose) -> Decompose | None:
         if self.table is None and other.table is None:
             mine, theirs = set(self.keep), set(other.keep)
             if mine <= theirs:  # self's table contains other's
@@ -231,7 +366,12 @@ class Decompose:
                 if t1.keys() <= t2.keys():
                     return other
         if self.coalesce and other.coalesce:
-            return Decompose(table={**other.decomp_table(), **self.decomp_table()}, coalesce=True)
+            return Decompose(
+                table={**other.decomp_table(), **self.decomp_table()},
+                coalesce=True,
+                method=self.method,
+                check=self.check,
+            )
         return None
 
     def _effective(self) -> dict[Any, Callable[..., Any]]:
@@ -279,3 +419,16 @@ class Decompose:
     def _decomposes_sdpa(self, ep: ExportedProgram) -> bool:
         sdpa = torch.ops.aten.scaled_dot_product_attention.default
         return sdpa not in self.keep and (self.table is None or sdpa in self.table)
+
+
+def _numerics(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
+    """Whether both programs compute the same outputs on the example inputs."""
+    if fast.example_inputs is None:
+        return None
+    args, kwargs = fast.example_inputs
+    got = torch.utils._pytree.tree_leaves(fast.module()(*args, **kwargs))
+    want = torch.utils._pytree.tree_leaves(ref.module()(*args, **kwargs))
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if isinstance(a, torch.Tensor) and not torch.allclose(a, b, equal_nan=True):
+            return f"output {i} differs numerically from run_decompositions' program"
+    return None

@@ -1,0 +1,813 @@
+"""The incremental decomposition engine: rewrite only the nodes a table decomposes.
+
+Every torch internal it leans on is listed in ``INTERNALS`` and pinned by
+``tests/test_decomp_internals.py``; ``docs/compat.md`` lists them too.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import operator
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ConstantArgument,
+    CustomObjArgument,
+    ExportGraphSignature,
+    InputKind,
+    OutputKind,
+    OutputSpec,
+    SymIntArgument,
+    TensorArgument,
+)
+from torch.utils import _pytree as pytree
+
+__all__ = [
+    "INTERNALS",
+    "COMPARED_META",
+    "Fallback",
+    "Tables",
+    "cache_info",
+    "clear_cache",
+    "decompose",
+    "first_difference",
+    "split_table",
+    "unsafe_reason",
+]
+
+# The torch internals this module uses, by dotted path. Each one is pinned by a test.
+INTERNALS = (
+    "torch.export.exported_program._split_decomp_table_to_cia_and_python_decomp",
+    "torch.export.exported_program._override_composite_implicit_decomp",
+    "torch.export.exported_program._get_updated_range_constraints",
+    "torch.export.exported_program._get_updated_module_call_graph",
+    "torch.export.exported_program._special_op_to_preserve_cia",
+    "torch._export.utils._is_cia_op",
+    "torch._export.utils._compiling_state_context",
+    "torch.export._trace._ignore_backend_decomps",
+    "torch._C._dispatch_get_registrations_for_dispatch_key",
+    "torch._subclasses.functional_tensor.FunctionalTensorMode",
+    "torch._functorch._aot_autograd.functional_utils.to_fun",
+    "torch._functorch._aot_autograd.functional_utils.from_fun",
+    "torch._functorch._aot_autograd.functional_utils.has_data_mutation",
+    "torch._functorch._aot_autograd.functional_utils.has_metadata_mutation",
+    "torch._guards.detect_fake_mode",
+    "torch.fx.experimental.proxy_tensor.make_fx",
+    "torch._dispatch.python.enable_python_dispatcher",
+    "torch.fx.traceback.preserve_node_meta",
+    "torch.fx.traceback.set_current_meta",
+    "torch.fx.experimental.symbolic_shapes.ShapeEnv",  # var_to_range, unbacked_symint_counter
+    "torch._ops.OpOverload._schema",
+    "torch.fx.graph._Namespace._obj_to_name",
+)
+
+# Size queries: the retrace re-emits them as they are.
+_SIZE_OPS = frozenset(
+    (
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_stride.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_storage_offset.default,
+    )
+)
+_SYM_FUNCTIONS = frozenset(
+    getattr(torch, name)
+    for name in ("sym_int", "sym_float", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum")
+    if hasattr(torch, name)
+)
+# Node meta the retrace carries from an original node onto the nodes it becomes.
+_CARRIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "custom")
+
+
+class Fallback(Exception):
+    """The incremental path cannot promise torch's result; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --- the table, split the way run_decompositions splits it ---------------------------
+
+
+@attrs.frozen(eq=False)
+class Tables:
+    """A decomposition table split into CompositeImplicitAutograd overrides and
+    Python decompositions, exactly as ``run_decompositions`` splits it.
+
+    Attributes:
+        cia: CIA op -> callable (torch's preserve marker keeps the op).
+        python: post-autograd op -> decomposition.
+        token: hashable identity of the table's state, part of every template key.
+    """
+
+    cia: Mapping[Any, Callable[..., Any]]
+    python: Mapping[Any, Callable[..., Any]]
+    token: Any
+
+
+_LOCK = threading.RLock()
+_DEFAULT: dict[Any, Tables] = {}
+
+
+def _cia_registrations() -> frozenset[str]:
+    return frozenset(
+        torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+    )
+
+
+def split_table(
+    table: Mapping[Any, Callable[..., Any]] | None, keep: tuple[Any, ...] = ()
+) -> Tables:
+    """Split ``table`` (``None``: torch's default table less ``keep``) like
+    ``run_decompositions``.
+
+    The default table's split is cached for the process, keyed by ``keep`` and the set
+    of CompositeImplicitAutograd registrations, so a newly registered op invalidates it.
+    """
+    from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+    if table is None:
+        regs = _cia_registrations()
+        key = (regs, frozenset(keep))
+        with _LOCK:
+            cached = _DEFAULT.get(key)
+            if cached is not None:
+                return cached
+        full = torch.export.default_decompositions()
+        for op in keep:
+            full.pop(op, None)
+        cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(full.materialize()))
+        tables = Tables(cia, python, ("default", key))
+        with _LOCK:
+            if len(_DEFAULT) >= 16 or any(k[0] != regs for k in _DEFAULT):
+                _DEFAULT.clear()
+            _DEFAULT[key] = tables
+        return tables
+    cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+    token = (
+        "explicit",
+        frozenset((k, id(v)) for k, v in cia.items()),
+        frozenset((k, id(v)) for k, v in python.items()),
+        _cia_registrations(),
+    )
+    return Tables(cia, python, token)
+
+
+def rewrites(op: Any, tables: Tables) -> bool:
+    """Whether a retrace with ``tables`` replaces the operator ``op``."""
+    from torch._export.utils import _is_cia_op
+    from torch.export.exported_program import _special_op_to_preserve_cia
+
+    if op in _SIZE_OPS:
+        return False
+    if op in tables.python:
+        return True
+    if _is_cia_op(op):
+        return tables.cia.get(op) is not _special_op_to_preserve_cia
+    return False
+
+
+# --- safety -------------------------------------------------------------------------
+
+
+def _plain(target: Any) -> bool:
+    module = getattr(target, "__module__", None)
+    return module in ("_operator", "operator", "math", "builtins") or target in _SYM_FUNCTIONS
+
+
+def unsafe_reason(ep: ExportedProgram, tables: Tables) -> str | None:
+    """Why the incremental path cannot promise torch's result for ``ep`` (or None).
+
+    One walk over the nodes, no tracing.
+    """
+    if ep.dialect not in ("ATEN", "TRAINING"):
+        return f"dialect {ep.dialect!r}"
+    sig = ep.graph_signature
+    if sig.backward_signature is not None:
+        return "a joint (forward and backward) graph"
+    for spec in sig.input_specs:
+        if spec.kind in (InputKind.TOKEN, InputKind.CUSTOM_OBJ):
+            return f"a {spec.kind.name.lower()} input ({spec.arg.name})"
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            # The retrace registers constants as buffers and lifts them again, in
+            # an order of its own (by module, then by use).
+            return f"a lifted constant input ({spec.arg.name}); the retrace re-orders them"
+    for out in sig.output_specs:
+        if out.kind == OutputKind.TOKEN:
+            return "effect tokens"
+        if out.kind != OutputKind.USER_OUTPUT:
+            return f"a mutation output ({out.kind.name.lower()} {out.target})"
+    if any(isinstance(k, torch._ops.OpOverloadPacket) for k in tables.python):
+        return "the table has an operator packet key"
+    for node in ep.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            return f"a {node.op} node ({node.name})"
+        if node.op == "placeholder" and not isinstance(
+            node.meta.get("val"), (torch.Tensor, torch.SymInt, int, float, bool, type(None))
+        ):
+            return f"input {node.name} carries no value"
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            if target._schema.is_mutable:
+                return f"a mutating op ({target} at {node.name})"
+            if target.namespace != "aten":
+                return f"a non-ATen op ({target} at {node.name})"
+        elif isinstance(target, torch._ops.HigherOrderOperator):
+            return f"a higher-order op ({target.name()} at {node.name})"
+        elif not _plain(target):
+            return f"an unknown call target ({target!r} at {node.name})"
+        if "val" not in node.meta:
+            return f"node {node.name} carries no value"
+    return None
+
+
+# --- argument normalization, as the dispatcher hands arguments to Python -------------
+
+
+def _is_default(value: Any, arg: Any) -> bool:
+    if not arg.has_default_value():
+        return False
+    default = arg.default_value
+    if isinstance(value, (torch.fx.Node, torch.SymInt, torch.SymFloat)):
+        return False
+    if type(value) is not type(default) and not (
+        isinstance(value, (list, tuple)) and isinstance(default, (list, tuple))
+    ):
+        if not (value is None or default is None) and isinstance(value, (int, float)):
+            return False
+        if value is None or default is None:
+            return value is default
+    try:
+        return (
+            bool(value == default)
+            if not isinstance(value, (list, tuple))
+            else list(value) == list(default)
+        )
+    except Exception:
+        return False
+
+
+def normalize(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """``(args, kwargs)`` the way the dispatcher passes them to a Python mode:
+    positional arguments up to the last one that is not its default, keyword-only
+    arguments only where they are not their default."""
+    schema = op._schema
+    bound: list[Any] = []
+    params = schema.arguments
+    missing = object()
+    for i, param in enumerate(params):
+        if i < len(args):
+            bound.append(args[i])
+        elif param.name in kwargs:
+            bound.append(kwargs[param.name])
+        elif param.has_default_value():
+            bound.append(param.default_value)
+        else:
+            bound.append(missing)
+    if any(b is missing for b in bound):
+        raise Fallback(f"cannot bind the arguments of {op}")
+    positional = [i for i, p in enumerate(params) if not p.kwarg_only]
+    last = -1
+    for i in positional:
+        if not _is_default(bound[i], params[i]):
+            last = i
+    new_args = tuple(bound[i] for i in positional if i <= last)
+    new_kwargs = {
+        p.name: bound[i]
+        for i, p in enumerate(params)
+        if p.kwarg_only and not _is_default(bound[i], p)
+    }
+    return new_args, new_kwargs
+
+
+# --- templates ----------------------------------------------------------------------
+
+
+@attrs.frozen(eq=False)
+class _Template:
+    graph: torch.fx.Graph
+    n_inputs: int
+
+
+_CACHE: collections.OrderedDict[Any, _Template] = collections.OrderedDict()
+_CACHE_SIZE = 4096
+_STATS = {"hits": 0, "misses": 0}
+
+
+def cache_info() -> dict[str, int]:
+    """Template cache statistics: hits, misses, current size and bound."""
+    with _LOCK:
+        return {**_STATS, "size": len(_CACHE), "maxsize": _CACHE_SIZE}
+
+
+def clear_cache() -> None:
+    """Forget every cached template (and the default table's split)."""
+    with _LOCK:
+        _CACHE.clear()
+        _DEFAULT.clear()
+        _STATS.update(hits=0, misses=0)
+
+
+def _sym_key(value: Any) -> Any:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", type(value).__name__, str(value.node.expr))
+    return value
+
+
+def _tensor_key(t: torch.Tensor) -> Any:
+    return (
+        "tensor",
+        tuple(_sym_key(s) for s in t.shape),
+        tuple(_sym_key(s) for s in t.stride()),
+        _sym_key(t.storage_offset()),
+        t.dtype,
+        str(t.device),
+        t.layout,
+        t.requires_grad,
+    )
+
+
+def _fresh_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
+    # make_fx maps tensors to placeholders by identity: each input its own object,
+    # detached as AOTAutograd's inputs are.
+    with fake_mode:
+        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        if t.storage_offset() != 0:
+            base = torch.empty(
+                t.storage_offset() + out.untyped_storage().nbytes() // t.element_size(),
+                dtype=t.dtype,
+                device=t.device,
+            )
+            out = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    return out
+
+
+def _symbol_count(shape_env: Any) -> Any:
+    if shape_env is None:
+        return None
+    return (len(shape_env.var_to_range), shape_env.unbacked_symint_counter)
+
+
+def _trace(
+    op: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    inputs: list[Any],
+    tables: Tables,
+    fake_mode: Any,
+) -> _Template:
+    """Trace ``op`` on fresh fake inputs with the table, functionalized as export does."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._export.utils import _compiling_state_context
+    from torch._functorch._aot_autograd.functional_utils import (
+        from_fun,
+        has_data_mutation,
+        has_metadata_mutation,
+        to_fun,
+    )
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+    from torch.export._trace import _ignore_backend_decomps
+    from torch.export.exported_program import _override_composite_implicit_decomp
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    blank = torch.fx.Graph().placeholder("blank")
+    blank.meta["custom"] = {}
+
+    def fn(*xs: Any) -> Any:
+        if True:
+            funs = [to_fun(x) for x in xs]
+            it = iter(funs)
+            filled = [next(it) if isinstance(a, torch.fx.Node) else a for a in flat]
+            a, k = pytree.tree_unflatten(filled, spec)
+            # The retrace runs each node under that node's meta (the interpreter's
+            # set_current_meta), which drops annotations of the tracer's own frames.
+            with torch.fx.traceback.set_current_meta(blank):
+                out = op(*a, **k)
+            for f, x in zip(funs, xs, strict=True):
+                if isinstance(f, torch.Tensor) and (
+                    has_data_mutation(f)
+                    or has_metadata_mutation(f, x, check_only_storage_mutation=False)
+                ):
+                    raise Fallback(f"the decomposition of {op} mutates an input")
+            return pytree.tree_map(from_fun, out)
+
+    shape_env = fake_mode.shape_env
+    before = _symbol_count(shape_env)
+    fakes = [_fresh_fake(fake_mode, v) if isinstance(v, torch.Tensor) else v for v in inputs]
+    # The same stack as AOTAutograd's graph capture inside export's retrace.
+    with (
+        fake_mode,
+        _override_composite_implicit_decomp(tables.cia),
+        _ignore_backend_decomps(),
+        _compiling_state_context(),
+        torch.no_grad(),
+        torch.fx.traceback.preserve_node_meta(),
+        enable_python_dispatcher(),
+        FunctionalTensorMode(pre_dispatch=False, export=False, _allow_token_discovery=True),
+    ):
+        gm = make_fx(
+            fn,
+            decomposition_table=dict(tables.python),
+            record_module_stack=True,
+            pre_dispatch=False,
+        )(*fakes)
+    if shape_env is not None and _symbol_count(shape_env) != before:
+        raise Fallback(f"the decomposition of {op} creates new symbols")
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            raise Fallback(f"the decomposition of {op} creates constants")
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            if node.target._schema.is_mutable:
+                raise Fallback(f"the decomposition of {op} leaves a mutating op")
+            if rewrites(node.target, tables):
+                raise Fallback(f"the decomposition of {op} leaves {node.target} behind")
+        elif node.op == "call_function" and not _plain(node.target):
+            raise Fallback(f"the decomposition of {op} calls {node.target!r}")
+    return _Template(gm.graph, len(inputs))
+
+
+def _template(
+    op: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    tables: Tables,
+    fake_mode: Any,
+) -> tuple[_Template, list[torch.fx.Node]]:
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    inputs = [a for a in flat if isinstance(a, torch.fx.Node)]
+    values = [a.meta["val"] for a in inputs]
+    key_parts: list[Any] = []
+    for a in flat:
+        if isinstance(a, torch.fx.Node):
+            v = a.meta["val"]
+            key_parts.append(_tensor_key(v) if isinstance(v, torch.Tensor) else _sym_key(v))
+        else:
+            key_parts.append((type(a), _sym_key(a) if not isinstance(a, torch.dtype) else a))
+    # Template values are fake tensors of one program's fake mode (and its symbols):
+    # the mode is part of the key, and the cache keeps it alive while the entry lives.
+    key = (op, str(spec), tuple(key_parts), tables.token, fake_mode)
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            _STATS["hits"] += 1
+            return hit, inputs
+    template = _trace(op, args, kwargs, values, tables, fake_mode)
+    with _LOCK:
+        _STATS["misses"] += 1
+        _CACHE[key] = template
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return template, inputs
+
+
+# --- splicing -----------------------------------------------------------------------
+
+
+def _same_meta(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return bool(
+            a.shape == b.shape
+            and a.stride() == b.stride()
+            and a.dtype == b.dtype
+            and a.storage_offset() == b.storage_offset()
+            and a.device == b.device
+        )
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_meta(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        return (
+            isinstance(a, torch.SymInt)
+            and isinstance(b, torch.SymInt)
+            and (a.node.expr == b.node.expr)
+        )
+    return type(a) is type(b) and a == b
+
+
+def _values(arg: Any) -> Any:
+    return torch.fx.node.map_arg(arg, lambda n: n.meta["val"])
+
+
+class _Builder:
+    """Copies the graph node by node, splicing templates in and re-propagating values."""
+
+    def __init__(self, tables: Tables, fake_mode: Any) -> None:
+        self.tables = tables
+        self.fake_mode = fake_mode
+        self.graph = torch.fx.Graph()
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.changed: set[torch.fx.Node] = set()
+        self.sizes: dict[Any, torch.fx.Node] = {}
+        self.decomposed = 0
+
+    def _emit(
+        self, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]
+    ) -> torch.fx.Node:
+        node = self.graph.create_node("call_function", target, args, kwargs, name=name)
+        node.meta.update(meta)
+        return node
+
+    def _propagate(self, node: torch.fx.Node, old: Any) -> bool:
+        """Recompute ``node``'s value from its inputs; True when its metadata changed."""
+        with self.fake_mode:
+            new = node.target(*_values(node.args), **_values(node.kwargs))  # type: ignore[operator]
+        if old is not None and _same_meta(new, old):
+            node.meta["val"] = old
+            return False
+        node.meta["val"] = new
+        return True
+
+    def copy(self, node: torch.fx.Node) -> None:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target not in _SIZE_OPS:
+            # The retrace names each node after its operator, as make_fx does.
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.env.__getitem__)
+            new = self.graph.create_node(
+                node.op, target, args, kwargs, target.overloadpacket.__name__, node.type
+            )
+            new.meta = copy.copy(node.meta)
+        else:
+            new = self.graph.node_copy(node, lambda n: self.env[n])
+        if node.op == "call_function":
+            if isinstance(node.target, torch._ops.OpOverload):
+                new.args, new.kwargs = normalize(node.target, new.args, dict(new.kwargs))
+                if node.target in _SIZE_OPS:
+                    new.meta.pop("original_aten", None)  # the retrace records none
+                else:
+                    new.meta["original_aten"] = node.target
+            inputs = node.all_input_nodes
+            if any(i in self.changed for i in inputs) and self._propagate(
+                new, node.meta.get("val")
+            ):
+                self.changed.add(node)
+            if node.target in _SIZE_OPS or isinstance(new.meta.get("val"), torch.SymInt):
+                expr = self._expr(new.meta.get("val"))
+                if expr is not None:
+                    self.sizes.setdefault(expr, new)
+        elif node.op == "placeholder":
+            if new.name != node.name:
+                # fx renames names that shadow builtins (``input``); the signature
+                # names the placeholders as export made them.
+                namespace = self.graph._graph_namespace
+                new.name = node.name
+                namespace._obj_to_name[new] = node.name
+                namespace._used_names.add(node.name)
+            v = node.meta.get("val")
+            if isinstance(v, torch.SymInt):
+                expr = self._expr(v)
+                if expr is not None:
+                    self.sizes.setdefault(expr, new)
+        if node.op == "call_function" and "nn_module_stack" not in new.meta:
+            # The retrace records the (empty) module stack of its tracer.
+            new.meta["nn_module_stack"] = collections.OrderedDict()
+        self.env[node] = new
+
+    @staticmethod
+    def _expr(v: Any) -> Any:
+        if isinstance(v, torch.SymInt):
+            return v.node.expr
+        return None
+
+    def splice(self, node: torch.fx.Node) -> None:
+        op = node.target
+        # Decompositions see the values as they are now, after upstream rewrites (a
+        # decomposition may return other strides than the fused kernel did).
+        mapped = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
+        args, kwargs = normalize(op, mapped[0], dict(mapped[1]))
+        template, inputs = _template(op, args, kwargs, self.tables, self.fake_mode)
+        meta = {k: node.meta[k] for k in _CARRIED_META if k in node.meta}
+        meta.setdefault("nn_module_stack", collections.OrderedDict())
+        local: dict[torch.fx.Node, Any] = {}
+        phs = iter(inputs)
+        result: Any = None
+        for t in template.graph.nodes:
+            if t.op == "placeholder":
+                local[t] = next(phs)
+            elif t.op == "output":
+                result = torch.fx.node.map_arg(t.args[0], lambda n: local[n])
+            else:
+                args_t = torch.fx.node.map_arg(t.args, lambda n: local[n])
+                kwargs_t = torch.fx.node.map_arg(t.kwargs, lambda n: local[n])
+                val = t.meta.get("val")
+                # make_fx binds each symbolic value to the first node computing it;
+                # the retrace reuses the graph's node for an expression it already has.
+                if isinstance(val, torch.SymInt):
+                    existing = self.sizes.get(val.node.expr)
+                    if existing is None and t.target not in _SIZE_OPS:
+                        pass  # new arithmetic on sizes: the retrace emits it here too
+                    elif existing is None:
+                        # The retrace binds a size query it has not seen where make_fx
+                        # forces it (after the placeholders, or as arithmetic on
+                        # existing sizes); that placement is not mirrored here.
+                        raise Fallback(
+                            f"the decomposition of {op} computes a new symbolic size "
+                            f"({val.node.expr})"
+                        )
+                    else:
+                        local[t] = existing
+                        continue
+                new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
+                if "original_aten" in t.meta:
+                    new.meta["original_aten"] = t.meta["original_aten"]
+                if t.meta.get("custom"):
+                    # Annotations made while the decomposition ran (torch's dynamo
+                    # guard on a decomposition records itself here).
+                    new.meta["custom"] = {**meta.get("custom", {}), **t.meta["custom"]}
+                new.meta["val"] = val
+                if isinstance(new.meta.get("val"), torch.SymInt):
+                    self.sizes.setdefault(new.meta["val"].node.expr, new)
+                local[t] = new
+        self.decomposed += 1
+        self.env[node] = result
+        old = node.meta.get("val")
+        new_val = _values(result) if result is not None else None
+        if not _same_meta(new_val, old):
+            self.changed.add(node)
+
+
+def _fake_mode(ep: ExportedProgram) -> Any:
+    from torch._guards import detect_fake_mode
+
+    vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
+    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    if mode is None:
+        raise Fallback("no fake tensor mode on the inputs")
+    return mode
+
+
+def decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int]:
+    """The program ``ep.run_decompositions`` would produce, by rewriting only the nodes
+    the table decomposes. Returns it and the number of nodes rewritten.
+
+    Raises:
+        Fallback: when the result could differ from torch's; ``reason`` says why.
+    """
+    from torch.export.exported_program import (
+        _get_updated_module_call_graph,
+        _get_updated_range_constraints,
+    )
+
+    reason = unsafe_reason(ep, tables)
+    if reason is not None:
+        raise Fallback(reason)
+    fake_mode = _fake_mode(ep)
+    builder = _Builder(tables, fake_mode)
+    old_graph = ep.graph
+    for node in old_graph.nodes:
+        if node.op == "output":
+            out = torch.fx.node.map_arg(node.args, lambda n: builder.env[n])
+            builder.graph.output(out[0])
+            continue
+        if node.op == "call_function" and node.target is operator.getitem:
+            src = node.args[0]
+            if (
+                isinstance(src, torch.fx.Node)
+                and src.op == "call_function"
+                and not isinstance(builder.env[src], torch.fx.Node)
+            ):
+                # The decomposed producer returned a tuple: index it directly.
+                builder.env[node] = builder.env[src][node.args[1]]
+                continue
+        if (
+            node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload)
+            and rewrites(node.target, tables)
+        ):
+            builder.splice(node)
+            continue
+        builder.copy(node)
+    graph = builder.graph
+    out_node = graph.output_node()
+    for leaf in pytree.tree_leaves(out_node.args[0]):
+        if not isinstance(leaf, torch.fx.Node):
+            raise Fallback("an output became a constant")
+    graph.eliminate_dead_code()
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm.meta.update(ep.graph_module.meta)
+    signature = _signature(ep.graph_signature, gm)
+    module_call_graph = _get_updated_module_call_graph(
+        ep.graph_module, ep.graph_signature, gm, signature, ep.module_call_graph
+    )
+    out = ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=signature,
+        state_dict=dict(ep.state_dict),
+        range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
+        module_call_graph=copy.deepcopy(module_call_graph),
+        example_inputs=ep.example_inputs,
+        constants=ep.constants,
+    )
+    return out, builder.decomposed
+
+
+def _signature(old: ExportGraphSignature, gm: torch.fx.GraphModule) -> ExportGraphSignature:
+    outputs = pytree.tree_leaves(gm.graph.output_node().args[0])
+    new_outputs = []
+    for spec, node in zip(old.output_specs, outputs, strict=True):
+        arg = spec.arg
+        if isinstance(arg, TensorArgument):
+            arg = TensorArgument(name=node.name)
+        elif isinstance(arg, SymIntArgument):
+            arg = SymIntArgument(name=node.name)
+        elif not isinstance(arg, (ConstantArgument, CustomObjArgument)):
+            raise Fallback(f"an output of kind {type(arg).__name__}")
+        new_outputs.append(OutputSpec(spec.kind, arg, spec.target))
+    return ExportGraphSignature(
+        input_specs=copy.deepcopy(old.input_specs), output_specs=new_outputs
+    )
+
+
+# --- the differential check -----------------------------------------------------------
+
+# Node meta compared by the check. ``from_node`` and ``seq_nr`` are left out on purpose:
+# the retrace records its own trace history there, which a rewrite cannot reproduce.
+COMPARED_META = ("stack_trace", "nn_module_stack", "original_aten", "custom")
+_SUFFIX = re.compile(r"_\d+$")
+
+
+def _plain_name(name: str) -> str:
+    return _SUFFIX.sub("", name)
+
+
+def _describe_val(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(map(str, v.shape)), tuple(map(str, v.stride())), v.dtype)
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return (type(v).__name__, str(v.node.expr))
+    if isinstance(v, (list, tuple)):
+        return tuple(_describe_val(x) for x in v)
+    return (type(v).__name__, v if isinstance(v, (int, float, bool, str, type(None))) else "?")
+
+
+def _spec_text(spec: Any) -> str:
+    arg = spec.arg
+    name = getattr(arg, "name", None)
+    value = _plain_name(name) if isinstance(name, str) else repr(getattr(arg, "value", None))
+    return f"{spec.kind.name}:{value}:{spec.target}"
+
+
+def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
+    """The first way ``fast`` differs from torch's ``ref`` (None: equivalent).
+
+    Compares the op sequence and arguments (node references by position), each
+    node's value shape, strides and dtype, the meta in ``COMPARED_META``, the
+    signature modulo numeric name suffixes, range constraints and the module call
+    graph's structure.
+    """
+    a_nodes, b_nodes = list(fast.graph.nodes), list(ref.graph.nodes)
+    a_pos = {n: i for i, n in enumerate(a_nodes)}
+    b_pos = {n: i for i, n in enumerate(b_nodes)}
+
+    def args_of(n: torch.fx.Node, pos: dict[torch.fx.Node, int]) -> Any:
+        return torch.fx.node.map_arg((n.args, n.kwargs), lambda x: f"%{pos[x]}")
+
+    for i, (a, b) in enumerate(zip(a_nodes, b_nodes, strict=False)):
+        where = f"node {i} ({a.name} / torch: {b.name})"
+        if (a.op, str(a.target)) != (b.op, str(b.target)):
+            return f"{where}: {a.op} {a.target} / torch: {b.op} {b.target}"
+        if repr(args_of(a, a_pos)) != repr(args_of(b, b_pos)):
+            return f"{where}: arguments {args_of(a, a_pos)} / torch: {args_of(b, b_pos)}"
+        if a.op != "output":
+            va, vb = _describe_val(a.meta.get("val")), _describe_val(b.meta.get("val"))
+            if va != vb:
+                return f"{where}: value {va} / torch: {vb}"
+        if a.op == "call_function":
+            for key in COMPARED_META:
+                ma, mb = a.meta.get(key), b.meta.get(key)
+                if key == "original_aten":
+                    ma, mb = str(ma) if ma else None, str(mb) if mb else None
+                if ma != mb:
+                    return f"{where}: meta {key!r} {ma!r:.200} / torch: {mb!r:.200}"
+    if len(a_nodes) != len(b_nodes):
+        return f"{len(a_nodes)} nodes / torch: {len(b_nodes)} nodes"
+    sa, sb = fast.graph_signature, ref.graph_signature
+    for kind, xs, ys in (
+        ("input", sa.input_specs, sb.input_specs),
+        ("output", sa.output_specs, sb.output_specs),
+    ):
+        ta, tb = [_spec_text(s) for s in xs], [_spec_text(s) for s in ys]
+        if ta != tb:
+            return f"signature {kind}s {ta} / torch: {tb}"
+    ra = {str(k): str(v) for k, v in fast.range_constraints.items()}
+    rb = {str(k): str(v) for k, v in ref.range_constraints.items()}
+    if ra != rb:
+        return f"range constraints {ra} / torch: {rb}"
+    ca = [e.fqn for e in fast.module_call_graph]
+    cb = [e.fqn for e in ref.module_call_graph]
+    if ca != cb:
+        return f"module call graph {ca} / torch: {cb}"
+    if fast.dialect != ref.dialect:
+        return f"dialect {fast.dialect} / torch: {ref.dialect}"
+    return None

@@ -1,0 +1,189 @@
+"""Pins every torch internal the incremental decomposition engine mirrors: each test
+fails loudly when torch renames, moves or reshapes one of them."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+from epass import _decomp
+
+aten = torch.ops.aten
+
+
+def _resolve(path: str):
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(path)
+
+
+@pytest.mark.parametrize("path", _decomp.INTERNALS)
+def test_every_listed_internal_exists(path):
+    if path == "torch._ops.OpOverload._schema":  # an instance attribute
+        assert aten.add_.Tensor._schema.is_mutable
+        assert [a.kwarg_only for a in aten.add.Tensor._schema.arguments] == [False, False, True]
+        return
+    if path == "torch.fx.graph._Namespace._obj_to_name":  # instance attributes
+        namespace = torch.fx.Graph()._graph_namespace
+        assert isinstance(namespace._obj_to_name, dict)
+        assert isinstance(namespace._used_names, set)
+        return
+    assert _resolve(path) is not None
+
+
+def test_internals_are_listed_in_compat_docs():
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "compat.md").read_text()
+    missing = [p for p in _decomp.INTERNALS if p not in text]
+    assert not missing, f"docs/compat.md does not list {missing}"
+
+
+def test_split_table_returns_cia_and_python_parts():
+    from torch.export.exported_program import (
+        _special_op_to_preserve_cia,
+        _split_decomp_table_to_cia_and_python_decomp,
+    )
+
+    table = dict(torch.export.default_decompositions().materialize())
+    table.pop(aten.linear.default)
+    cia, python = _split_decomp_table_to_cia_and_python_decomp(table)
+    assert cia[aten.linear.default] is _special_op_to_preserve_cia
+    assert aten.addmm.default not in cia
+    assert aten.native_layer_norm.default not in python  # core ATen: kept
+
+
+def test_override_cia_is_a_context_manager_taking_the_cia_table():
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    params = list(inspect.signature(_override_composite_implicit_decomp).parameters)
+    assert params == ["cia_ops_to_callable"]
+    with _override_composite_implicit_decomp({}):
+        pass
+
+
+def test_cia_registrations_query_lists_operator_names():
+    regs = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+    assert "aten::linear" in regs
+
+
+def test_is_cia_op_and_preserve_marker():
+    from torch._export.utils import _is_cia_op
+
+    assert _is_cia_op(aten.linear.default)
+    assert not _is_cia_op(aten.addmm.default)
+
+
+def test_functional_tensor_mode_takes_export_and_token_discovery():
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    params = inspect.signature(FunctionalTensorMode.__init__).parameters
+    assert {"pre_dispatch", "export", "_allow_token_discovery"} <= set(params)
+
+
+def test_functional_utils_signatures():
+    from torch._functorch._aot_autograd import functional_utils as fu
+
+    assert list(inspect.signature(fu.to_fun).parameters) == ["t"]
+    assert list(inspect.signature(fu.from_fun).parameters) == ["t"]
+    assert "check_only_storage_mutation" in inspect.signature(fu.has_metadata_mutation).parameters
+
+
+def test_graph_capture_stacks_modes_as_mirrored():
+    # AOTAutograd enters the python dispatcher and FunctionalTensorMode around make_fx,
+    # with export=aot_config.is_export; the engine builds the same stack.
+    from torch._functorch._aot_autograd import graph_capture
+
+    source = inspect.getsource(graph_capture._create_graph)
+    assert "enable_python_dispatcher()" in source
+    assert "FunctionalTensorMode(" in source
+    assert "record_module_stack=True" in source
+
+
+def test_original_aten_is_recorded_under_preserve_node_meta():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.fx.traceback.preserve_node_meta():
+        gm = make_fx(lambda x: aten.relu.default(x))(torch.randn(2))
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert str(node.meta["original_aten"]) == "aten.relu.default"
+
+
+def test_updated_range_constraints_and_module_call_graph_helpers():
+    from torch.export.exported_program import (
+        _get_updated_module_call_graph,
+        _get_updated_range_constraints,
+    )
+
+    assert list(inspect.signature(_get_updated_range_constraints).parameters)[:2] == [
+        "gm",
+        "old_range_constraints",
+    ]
+    assert len(inspect.signature(_get_updated_module_call_graph).parameters) == 5
+
+
+def test_run_decompositions_functionalizes_without_export_flag():
+    # With FunctionalTensorMode(export=True), one_hot gains an _assert_tensor_metadata;
+    # torch's retrace must not show one, or the engine's export=False is stale.
+    class OneHot(nn.Module):
+        def forward(self, x):
+            return nn.functional.one_hot(x, 4)
+
+    ep = torch.export.export(OneHot(), (torch.tensor([0, 1, 3]),))
+    out = ep.run_decompositions()
+    fast, _ = _decomp.decompose(ep, _decomp.split_table(None))
+    assert _decomp.first_difference(fast, out) is None
+
+
+def test_make_fx_binds_placeholders_by_identity():
+    # One shared fake tensor for two inputs would turn cat([a, b]) into cat([a, a]).
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(2)
+    gm = make_fx(lambda a, b: torch.cat([a, b]))(x, x)
+    (cat,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert cat.args[0][0] is cat.args[0][1]
+
+
+def test_shape_env_counters_used_to_detect_new_symbols():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    assert isinstance(env.var_to_range, dict)
+    assert isinstance(env.unbacked_symint_counter, int)
+
+
+def test_placeholder_named_like_a_builtin_keeps_its_name():
+    class Input(nn.Module):
+        def forward(self, input):
+            return nn.functional.gelu(input)
+
+    ep = torch.export.export(Input(), (torch.randn(2),))
+    fast, _ = _decomp.decompose(ep, _decomp.split_table(None))
+    assert _decomp.first_difference(fast, ep.run_decompositions()) is None
+
+
+def test_export_flags_are_set_while_templates_trace():
+    # Decompositions wrapped by torch._disable_dynamo annotate `custom` meta only when
+    # torch.compiler.is_exporting(); the retrace sets it through this context.
+    from torch._export.utils import _compiling_state_context
+
+    with _compiling_state_context():
+        assert torch.compiler.is_exporting()
+    assert not torch.compiler.is_exporting()
+    ep = torch.export.export(nn.GELU(), (torch.randn(3),))
+    table = torch._decomp.get_decompositions([aten.gelu.default])
+    fast, _ = _decomp.decompose(ep, _decomp.split_table(table))
+    assert _decomp.first_difference(fast, ep.run_decompositions(table)) is None
+    assert any(n.meta.get("custom") for n in fast.graph.nodes if n.op == "call_function")

@@ -1,0 +1,259 @@
+"""The incremental decomposition path: same program as run_decompositions, or a retrace."""
+
+from __future__ import annotations
+
+import models
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_properties import LAYERS, Drawn
+from torch import nn
+from torch.export import Dim
+
+from epass import Decompose, PassError, PassManager, _decomp
+from epass.errors import (
+    DecompositionMismatchError,
+    EpassError,
+    IncrementalDecompositionError,
+)
+from epass.passes.decompose import DecomposeResult
+
+aten = torch.ops.aten
+
+
+def _relu_by_mask(x):
+    return aten.mul.Tensor(x, aten.gt.Scalar(x, 0))
+
+
+def _assert_same_as_torch(ep, **options):
+    """Decompose(check=True) runs both paths and raises on the first difference."""
+    result = Decompose(check=True, **options)(ep)
+    assert isinstance(result, DecomposeResult)
+    return result
+
+
+@pytest.mark.parametrize("name", ["no_constants", "mlp", "convbn", "transformer"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_incremental_matches_run_decompositions_on_models(name, dynamic):
+    _, ep, args = models.export(name, dynamic=dynamic)
+    result = _assert_same_as_torch(ep)
+    assert result.notes["method"] == "incremental"
+    assert result.notes["checked"] is True
+    assert result.notes["fallback"] is None
+    assert result.program.dialect == "ATEN"
+    torch.testing.assert_close(result.program.module()(*args), ep.module()(*args))
+
+
+def test_incremental_is_the_default_and_is_recorded():
+    _, ep, _ = models.export("mlp")
+    result = PassManager([Decompose()])(ep)
+    (record,) = result.records
+    assert record.notes["method"] == "incremental"
+    assert record.notes["fallback"] is None
+    assert record.notes["rewritten"] == 3
+    assert record.as_dict()["notes"]["method"] == "incremental"
+
+
+def test_incremental_rewrites_only_decomposed_nodes_and_keeps_their_meta():
+    _, ep, _ = models.export("mlp")
+    out = Decompose(method="incremental")(ep).program
+    linears = [n for n in ep.graph.nodes if n.target is aten.linear.default]
+    by_trace = {n.meta.get("stack_trace") for n in out.graph.nodes if n.op == "call_function"}
+    assert all(n.meta["stack_trace"] in by_trace for n in linears)
+    assert not any(n.target is aten.linear.default for n in out.graph.nodes)
+
+
+def test_retrace_method_forces_torch_path(monkeypatch):
+    _, ep, _ = models.export("mlp")
+    calls = []
+    original = torch.export.ExportedProgram.run_decompositions
+
+    def spy(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", spy)
+    result = Decompose(method="retrace")(ep)
+    assert calls == [1]
+    assert result.notes == {
+        "method": "retrace",
+        "fallback": None,
+        "rewritten": None,
+        "checked": False,
+    }
+    calls.clear()
+    assert Decompose()(ep).notes["method"] == "incremental"
+    assert calls == []
+
+
+def test_auto_falls_back_on_buffer_mutation_and_says_why():
+    _, ep, _ = models.export("seed")
+    result = Decompose()(ep)
+    assert result.notes["method"] == "retrace"
+    assert "mutat" in result.notes["fallback"]
+
+
+def test_incremental_method_raises_naming_the_reason():
+    _, ep, _ = models.export("seed")
+    with pytest.raises(IncrementalDecompositionError, match="add_"):
+        Decompose(method="incremental")(ep)
+    assert issubclass(IncrementalDecompositionError, EpassError)
+
+
+def test_incremental_falls_back_on_control_flow():
+    class Cond(nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda t: t.relu(), lambda t: t.tanh(), (x,))
+
+    ep = torch.export.export(Cond(), (torch.randn(3),))
+    result = Decompose()(ep)
+    assert result.notes["method"] == "retrace"
+    assert "get_attr" in result.notes["fallback"]
+
+
+def test_unknown_method_is_rejected():
+    with pytest.raises(ValueError, match="method"):
+        Decompose(method="fast")  # type: ignore[arg-type]
+
+
+def test_check_raises_naming_the_first_differing_node(monkeypatch):
+    _, ep, _ = models.export("mlp")
+    real = _decomp.decompose
+
+    def wrong(ep, tables):
+        out, n = real(ep, tables)
+        node = next(n for n in out.graph.nodes if n.target is aten.addmm.default)
+        node.target = aten.mm.default if False else aten.sub.Tensor  # a different op
+        node.args = node.args[:2]
+        return out, n
+
+    monkeypatch.setattr(_decomp, "decompose", wrong)
+    with pytest.raises(DecompositionMismatchError, match="addmm") as info:
+        Decompose(check=True)(ep)
+    assert "node" in info.value.difference
+
+
+def test_check_env_variable_turns_check_mode_on(monkeypatch):
+    _, ep, _ = models.export("mlp")
+    monkeypatch.setenv("EPASS_DECOMPOSE_CHECK", "1")
+    assert Decompose()(ep).notes["checked"] is True
+    monkeypatch.setenv("EPASS_DECOMPOSE_CHECK", "0")
+    assert Decompose()(ep).notes["checked"] is False
+    assert Decompose(check=False)(ep).notes["checked"] is False
+
+
+def test_check_mode_failure_is_a_pass_error_in_a_pipeline(monkeypatch):
+    _, ep, _ = models.export("mlp")
+    monkeypatch.setattr(_decomp, "first_difference", lambda a, b: "node 3 (x / torch: y)")
+    with pytest.raises(PassError) as info:
+        PassManager([Decompose(check=True)]).run(ep)
+    assert isinstance(info.value.__cause__, DecompositionMismatchError)
+    assert "node 3" in str(info.value)
+
+
+def test_explicit_table_and_keep_match_torch():
+    _, ep, _ = models.export("mlp")
+    _assert_same_as_torch(ep, keep=[aten.linear.default])
+    _assert_same_as_torch(ep, table={aten.relu.default: _relu_by_mask})
+    result = _assert_same_as_torch(ep, table={})
+    assert result.notes["method"] == "incremental"
+
+
+def test_few_ops_left_rewrites_only_those():
+    _, ep, _ = models.export("transformer")
+    kept = Decompose(keep=[aten.linear.default])(ep).program
+    result = _assert_same_as_torch(kept)
+    linears = sum(n.target is aten.linear.default for n in kept.graph.nodes)
+    assert result.notes["rewritten"] == linears
+
+
+def test_merge_carries_method_and_check():
+    assert Decompose(method="retrace").merge(Decompose()).method == "retrace"
+    assert Decompose().merge(Decompose(method="incremental")).method == "incremental"
+    assert Decompose(method="retrace").merge(Decompose(method="incremental")) is None
+    assert Decompose(check=True).merge(Decompose()).check is True
+    plain = Decompose()
+    assert plain.merge(Decompose()) is plain
+
+
+def test_template_cache_is_bounded_and_reused():
+    _decomp.clear_cache()
+    _, ep, _ = models.export("transformer")
+    Decompose(method="incremental")(ep)
+    first = _decomp.cache_info()
+    assert first["misses"] > 0 and first["size"] <= first["maxsize"]
+    Decompose(method="incremental")(ep)
+    second = _decomp.cache_info()
+    assert second["misses"] == first["misses"]  # every template came from the cache
+    assert second["hits"] > first["hits"]
+
+
+def test_default_table_split_is_cached_and_follows_keep():
+    a = _decomp.split_table(None)
+    assert _decomp.split_table(None) is a
+    b = _decomp.split_table(None, keep=(aten.linear.default,))
+    assert b is not a
+    assert not _decomp.rewrites(aten.linear.default, b)
+    assert _decomp.rewrites(aten.linear.default, a)
+
+
+_TABLES = {
+    "default": {},
+    "keep-linear": {"keep": [aten.linear.default]},
+    "empty": {"table": {}},
+    "relu-mask": {"table": {aten.relu.default: _relu_by_mask}},
+    "gelu-core": {"table": torch._decomp.get_decompositions([aten.gelu.default])},
+}
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    spec=st.lists(st.sampled_from(LAYERS), min_size=1, max_size=5),
+    table=st.sampled_from(sorted(_TABLES)),
+    dynamic=st.booleans(),
+    twice=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_random_modules_and_tables_match_torch(spec, table, dynamic, twice, seed):
+    torch.manual_seed(seed)
+    module = Drawn(spec).eval()
+    x = torch.randn(2, 3, 8)
+    shapes = ({0: Dim("batch", min=1, max=16)},) if dynamic else None
+    ep = torch.export.export(module, (x,), dynamic_shapes=shapes)
+    if twice:  # start from the ATen dialect, with only a kept op left to decompose
+        ep = Decompose(keep=[aten.linear.default])(ep).program
+    result = Decompose(check=True, **_TABLES[table])(ep)
+    if result.notes["method"] == "incremental":
+        torch.testing.assert_close(result.program.module()(x), module(x), rtol=1e-4, atol=1e-5)
+
+
+def test_nodes_without_module_stack_get_the_retraces_empty_one():
+    from epass.passes import CastDtype
+
+    torch.manual_seed(0)
+    ep = torch.export.export(nn.Sequential(nn.Linear(4, 4)), (torch.randn(2, 4),))
+    cast = PassManager([CastDtype(dtype=torch.float16)]).run(ep)
+    assert any("nn_module_stack" not in n.meta for n in cast.graph.nodes if n.op == "call_function")
+    assert _assert_same_as_torch(cast).notes["method"] == "incremental"
+
+
+def test_lifted_constants_fall_back_because_the_retrace_reorders_them():
+    class Consts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.rand(3)
+            self.b = torch.rand(3)
+
+        def forward(self, x):
+            return nn.functional.gelu(x * self.b) * self.a
+
+    ep = torch.export.export(Consts(), (torch.rand(2, 3),))
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "retrace"
+    assert "lifted constant" in result.notes["fallback"]
