@@ -302,9 +302,24 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     """
     import ctypes
 
+    t = t.detach()
+    if t.is_nested:  # its components, each with its shape
+        return b"".join(repr(c.shape).encode() + tensor_bytes(c) for c in t.unbind())
+    if t.layout != torch.strided:  # sparse layouts: their values, densified
+        t = t.to_dense()
     # A lazy conjugate or negative view reads other values than its memory holds.
-    flat = t.detach().resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8).cpu()
+    flat = t.resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8).cpu()
     return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
+
+
+def tensor_layout(t: torch.Tensor) -> tuple[Any, ...]:
+    """A tensor's dtype, layout, shape, strides and storage offset, as far as its
+    layout has them (sparse and nested tensors have no strides)."""
+    if t.is_nested:
+        return (str(t.dtype), "nested", t.dim())
+    if t.layout != torch.strided:
+        return (str(t.dtype), str(t.layout), tuple(t.shape))
+    return (str(t.dtype), tuple(t.shape), t.stride(), t.storage_offset())
 
 
 # --- graph sharing (used by the manager to decide when a pass needs a graph copy) ---
