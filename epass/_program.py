@@ -30,7 +30,16 @@ __all__ = [
 
 # Private ExportedProgram attributes epass reads or writes directly. Setting them
 # avoids the constructor, which re-validates the graph (tens of ms per pass).
-PRIVATE_FIELDS = ("_state_dict", "_constants", "_graph_module", "_graph_signature")
+PRIVATE_FIELDS = (
+    "_state_dict",
+    "_constants",
+    "_graph_module",
+    "_graph_signature",
+    "_module_call_graph",
+    "_range_constraints",
+    "_example_inputs",
+    "_verifiers",
+)
 
 
 def set_state(
@@ -75,7 +84,7 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             value = copy_graph_module(value)
         root[target] = value
     new_gm = torch.fx.GraphModule(root, new_graph, gm.__class__.__name__)
-    new_gm.meta.update(gm.meta)
+    new_gm.meta.update(copy_meta(gm.meta))
     return new_gm
 
 
@@ -129,6 +138,12 @@ def private_view(ep: ExportedProgram, *, copy_graph: bool) -> ExportedProgram:
     view = shallow_clone(ep)
     view._state_dict = dict(ep.state_dict)
     view._constants = dict(ep.constants)
+    # Small containers a pass may edit in place (the kwargs dict of the example
+    # inputs, the verifier list): copied, so no edit reaches ``ep``.
+    if ep._example_inputs is not None:
+        args, kwargs = ep._example_inputs
+        view._example_inputs = (args, dict(kwargs))
+    view._verifiers = list(ep._verifiers)
     if copy_graph:
         view._graph_module = copy_graph_module(ep.graph_module)
         view._graph_signature = copy.deepcopy(ep.graph_signature)

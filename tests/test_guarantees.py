@@ -581,3 +581,49 @@ def test_fingerprint_catches_a_write_into_a_sparse_store_tensor():
     with pytest.raises(StateMutationError) as info:
         PassManager([sneaky], fingerprint=True).run(ep)
     assert info.value.keys == ("state_dict:extra",)
+
+
+class KwargModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x, *, y):
+        return self.linear(x) + y
+
+
+def _edit_example_kwargs(view):
+    view.example_inputs[1]["z"] = torch.ones(4)
+    return view
+
+
+def _append_verifier(view):
+    view.verifiers.append(view.verifiers[0])
+    return view
+
+
+@pytest.mark.parametrize(
+    "edit", [_edit_example_kwargs, _append_verifier], ids=["example kwargs", "verifiers"]
+)
+def test_edits_of_the_views_small_containers_stay_in_the_view(edit):
+    ep = torch.export.export(KwargModel(), (torch.randn(2, 4),), {"y": torch.randn(4)})
+    kwargs, verifiers = dict(ep.example_inputs[1]), list(ep.verifiers)
+    before = fingerprint(ep)
+    result = PassManager([edit])(ep)
+    assert result.modified  # the edit is the pass's work, not dropped
+    assert ep.example_inputs[1] == kwargs and list(ep.verifiers) == verifiers
+    assert fingerprint(ep) == before
+    ep.module()(torch.randn(2, 4), y=torch.randn(4))
+
+
+def test_a_pass_editing_only_the_module_call_graph_is_modified():
+    _, ep, _ = models.export("mlp")
+    entries = len(ep.module_call_graph)
+
+    def keep_root_only(view):
+        del view.module_call_graph[1:]
+        return view
+
+    result = PassManager([keep_root_only])(ep)
+    assert result.modified
+    assert len(result.program.module_call_graph) == 1 < entries == len(ep.module_call_graph)
