@@ -318,6 +318,11 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     import ctypes
 
     t = t.detach()
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is not None:  # a wrapper subclass (torchao's quantized weights...)
+        names, context = flatten()
+        inner = b"".join(tensor_bytes(getattr(t, name)) for name in names)
+        return repr(context).encode() + inner
     if t.is_nested:  # its components, each with its shape
         return b"".join(repr(c.shape).encode() + tensor_bytes(c) for c in t.unbind())
     if t.layout != torch.strided:  # sparse layouts: their values, densified
@@ -332,8 +337,8 @@ def tensor_layout(t: torch.Tensor) -> tuple[Any, ...]:
     layout has them (sparse and nested tensors have no strides)."""
     if t.is_nested:
         return (str(t.dtype), "nested", t.dim())
-    if t.layout != torch.strided:
-        return (str(t.dtype), str(t.layout), tuple(t.shape))
+    if t.layout != torch.strided or hasattr(t, "__tensor_flatten__"):
+        return (str(t.dtype), str(t.layout), type(t).__name__, tuple(t.shape))
     return (str(t.dtype), tuple(t.shape), t.stride(), t.storage_offset())
 
 

@@ -627,3 +627,23 @@ def test_a_pass_editing_only_the_module_call_graph_is_modified():
     result = PassManager([keep_root_only])(ep)
     assert result.modified
     assert len(result.program.module_call_graph) == 1 < entries == len(ep.module_call_graph)
+
+
+def test_fingerprint_reads_a_tensor_subclass_and_catches_a_write_into_its_parts():
+    quantization = pytest.importorskip("torchao.quantization", reason="torchao is not installed")
+    linear = nn.Linear(16, 16)
+    quantization.quantize_(linear, quantization.Int8WeightOnlyConfig())
+    weight = linear.weight.detach()
+    assert type(weight) is not torch.Tensor
+    _, ep, _ = models.export("mlp")
+    ep.state_dict["quantized"] = weight  # an entry the graph does not use
+    assert not PassManager([CSE(), lambda view: view], fingerprint=True)(ep).modified
+    part = weight.__tensor_flatten__()[0][0]
+
+    def sneaky(view):
+        getattr(view.state_dict["quantized"], part).data.mul_(2)
+        return view
+
+    with pytest.raises(StateMutationError) as info:
+        PassManager([sneaky], fingerprint=True).run(ep)
+    assert info.value.keys == ("state_dict:quantized",)
