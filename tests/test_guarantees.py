@@ -647,3 +647,31 @@ def test_fingerprint_reads_a_tensor_subclass_and_catches_a_write_into_its_parts(
     with pytest.raises(StateMutationError) as info:
         PassManager([sneaky], fingerprint=True).run(ep)
     assert info.value.keys == ("state_dict:quantized",)
+
+
+def test_a_pass_failing_halfway_through_an_in_place_edit_leaves_its_input_whole():
+    _, ep, _ = models.export("mixed")
+    seen: dict[str, str] = {}
+
+    class Spy:
+        def before_pass(self, info, program):
+            seen["before"] = program.graph_module.code
+
+        def pass_failed(self, info, program, error):
+            seen["failed"] = program.graph_module.code  # what a Reproducer saves
+
+    def tag(view):
+        for node in view.graph.nodes:
+            node.meta["tag"] = True
+        return view
+
+    def half_then_fail(view):
+        add_to_sub_in_place(view)
+        raise RuntimeError("half done")
+
+    before = fingerprint(ep)
+    with pytest.raises(PassError, match="half done"):
+        PassManager([tag, half_then_fail], instruments=[Spy()]).run(ep)
+    assert seen["failed"] == seen["before"]
+    assert "aten.sub" not in seen["failed"]
+    assert fingerprint(ep) == before
