@@ -342,7 +342,25 @@ def tensor_layout(t: torch.Tensor) -> tuple[Any, ...]:
     return (str(t.dtype), tuple(t.shape), t.stride(), t.storage_offset())
 
 
-# --- graph code ---------------------------------------------------------------------
+# --- graph sharing (used by the manager to decide when a pass needs a graph copy) ---
+
+
+def _graph_objects(gm: torch.nn.Module) -> set[int]:
+    """Ids of every GraphModule in ``gm``'s module tree and of their Graphs."""
+    ids: set[int] = set()
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            ids.add(id(module))
+            ids.add(id(module.graph))
+    return ids
+
+
+def shares_graph(a: torch.fx.GraphModule, b: torch.fx.GraphModule) -> bool:
+    """Whether mutating ``a``'s graphs in place could change ``b``'s: they are the same
+    module, or share a Graph or a nested GraphModule (a ``torch.cond`` branch)."""
+    if a is b:
+        return True
+    return not _graph_objects(a).isdisjoint(_graph_objects(b))
 
 
 def graph_code(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:

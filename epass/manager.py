@@ -168,6 +168,9 @@ class _Prepared:
     prints: list[int | None] | None
     nodes_before: int
     ops_before: dict[str, int]
+    # The graph module the pass may edit without reaching a program held outside
+    # this run (a copy made for it, or one this run made earlier), else None.
+    private_gm: torch.fx.GraphModule | None
     snapshot: _graph.ProgramSnapshot | None
 
 
@@ -295,6 +298,8 @@ class PassManager:
         journal = Journal()
         records: list[PassRecord] = []
         current = ep
+        # current's graph module when this run copied it (no one else holds it).
+        owned: torch.fx.GraphModule | None = None
         modified = False
         try:
             for step in range(self.steps):
@@ -309,7 +314,7 @@ class PassManager:
                         "previous": tuple(ran),
                     }
                     try:
-                        prepared = self._prepare(p, info, current, dispatch, where)
+                        prepared = self._prepare(p, info, current, ep, owned, dispatch, where)
                         if isinstance(prepared, PassRecord):  # skipped
                             record = prepared
                         else:
@@ -331,6 +336,13 @@ class PassManager:
                             current, record = self._finish(
                                 p, info, out, seconds, current, prepared, journal, dispatch, where
                             )
+                            # A program a pass returned that it did not get from this
+                            # run (memoized, another run's output) may be held by
+                            # someone: the next pass edits a copy of its graph.
+                            if current.graph_module is not prepared.private_gm:
+                                owned = None
+                            else:
+                                owned = prepared.private_gm
                     except PassError as exc:
                         self._report_failure(dispatch, info, current, exc)
                         raise
@@ -362,6 +374,8 @@ class PassManager:
         p: Any,
         info: PassInfo,
         current: ExportedProgram,
+        user: ExportedProgram,
+        owned: torch.fx.GraphModule | None,
         dispatch: Dispatch,
         where: dict[str, Any],
     ) -> _Prepared | PassRecord:
@@ -383,11 +397,16 @@ class PassManager:
             return record
         if dispatch:
             dispatch.call("before_pass", info, current, info=info)
-        # Every pass that may edit its input gets its own graph, whoever holds the
-        # current one: the caller (its input), a pass (a memoized program it
-        # returned), or the instruments, which get the current program as the
-        # failing pass's input when the pass fails halfway through an edit.
-        copy_graph = bool(getattr(p, "changes_input", True))
+        # A pass that may edit its input gets its own graph unless this run made
+        # the current one and nobody else can see it: instruments get the current
+        # program (as the failing pass's input when a pass fails halfway through an
+        # edit, which a Reproducer saves), and a program a pass returned that it
+        # did not get from this run (memoized, another run's output) may be held.
+        copy_graph = getattr(p, "changes_input", True) and (
+            bool(dispatch)
+            or current.graph_module is not owned
+            or _program.shares_graph(current.graph_module, user.graph_module)
+        )
         with STORE_LOCK:  # a consistent copy while other runs write the store
             view = _program.private_view(current, copy_graph=copy_graph)
             entries = _store_entries(current)
@@ -397,6 +416,7 @@ class PassManager:
             prints=_fingerprint(entries) if self.fingerprint else None,
             nodes_before=nodes_before,
             ops_before=op_histogram(current),
+            private_gm=view.graph_module if copy_graph else owned,
             # Nested pipelines and fx passes report their own flag; every other
             # pass may return its view edited in place, which only a snapshot tells.
             snapshot=None
