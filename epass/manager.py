@@ -131,15 +131,21 @@ def coalesce(passes: Sequence[Any]) -> list[Any]:
     return out
 
 
-# One store entry as it was before a pass: (label, key, tensor, version).
-_Entry = tuple[str, str, Any, "int | None"]
+# One store entry as it was before a pass: (label, key, tensor, mark).
+_Entry = tuple[str, str, Any, "tuple[int | None, bool]"]
+
+
+def _mark(value: torch.Tensor) -> tuple[int | None, bool]:
+    """What an in-place change of a store tensor changes: its version counter, and
+    its ``requires_grad`` flag (``requires_grad_`` does not count as a write)."""
+    return _program.tensor_version(value), value.requires_grad
 
 
 def _store_entries(ep: ExportedProgram) -> list[_Entry]:
     # list(d.items()) copies in one step, so keys another thread adds meanwhile
     # neither break the loop nor join the snapshot.
     return [
-        (label, key, value, _program.tensor_version(value))
+        (label, key, value, _mark(value))
         for label, d in (("state_dict", ep.state_dict), ("constants", ep.constants))
         for key, value in list(d.items())
         if isinstance(value, torch.Tensor)
@@ -531,11 +537,13 @@ class PassManager:
         threads, pipelines started from inside the pass) are not this pass's writes.
         """
         entries = prepared.entries
-        touched = [
-            f"{label}:{key}"
-            for label, key, value, version in entries
-            if _program.tensor_version(value) != version
-        ]
+        touched = []
+        for label, key, value, mark in entries:
+            now = _mark(value)
+            if now != mark:
+                touched.append(f"{label}:{key}")
+                if now[1] != mark[1]:  # the one change that can be undone
+                    value.requires_grad_(mark[1])
         if prepared.prints is not None:
             after = _fingerprint(entries)
             touched += [

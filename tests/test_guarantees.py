@@ -675,3 +675,20 @@ def test_a_pass_failing_halfway_through_an_in_place_edit_leaves_its_input_whole(
     assert seen["failed"] == seen["before"]
     assert "aten.sub" not in seen["failed"]
     assert fingerprint(ep) == before
+
+
+@pytest.mark.parametrize("fingerprinted", [False, True])
+def test_a_pass_flipping_requires_grad_of_a_store_tensor_is_named_and_undone(fingerprinted):
+    _, ep, _ = models.export("mlp")
+    key = next(iter(ep.state_dict))
+
+    def freeze(view):
+        view.state_dict[key].requires_grad_(False)
+        return view
+
+    before = fingerprint(ep)
+    with pytest.raises(StateMutationError) as info:
+        PassManager([freeze], fingerprint=fingerprinted).run(ep)
+    assert info.value.keys == (f"state_dict:{key}",)
+    assert ep.state_dict[key].requires_grad
+    assert fingerprint(ep) == before
