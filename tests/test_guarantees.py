@@ -18,6 +18,7 @@ from epass import (
     PassError,
     PassManager,
     PassResult,
+    StateLinker,
     StateMutationError,
     VerificationError,
     verify_program,
@@ -692,3 +693,40 @@ def test_a_pass_flipping_requires_grad_of_a_store_tensor_is_named_and_undone(fin
     assert info.value.keys == (f"state_dict:{key}",)
     assert ep.state_dict[key].requires_grad
     assert fingerprint(ep) == before
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, GeneratorExit])
+def test_an_interrupt_three_levels_deep_rolls_back_every_level_and_leaves_as_it_is(interrupt):
+    _, ep, _ = models.export("mixed")
+    hooks: list[str] = []
+
+    class Spy:
+        def pass_failed(self, info, program, error):
+            hooks.append("pass_failed")
+
+        def after_pipeline(self, manager, result, parent=None):
+            hooks.append("after_pipeline")
+
+    def add(key):
+        def add_entry(view):
+            view.constants[key] = torch.ones(1)
+            return view
+
+        return add_entry
+
+    def change(view):
+        view.state_dict["scale"] = view.state_dict["scale"] * 2
+        return view
+
+    def interrupted(view):
+        raise interrupt()
+
+    inner = PassManager([add("a3"), change, interrupted], name="d3")
+    middle = PassManager([add("a2"), inner], name="d2", linker=StateLinker(policy="in_place"))
+    before = fingerprint(ep)
+    with pytest.raises(interrupt):
+        PassManager([add("a0"), change, PassManager([add("a1"), middle])], instruments=[Spy()]).run(
+            ep
+        )
+    assert fingerprint(ep) == before
+    assert hooks == []
