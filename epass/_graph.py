@@ -551,7 +551,9 @@ def mutated_nodes(
     written: set[torch.fx.Node] = set()
     for node in gm.graph.nodes:
         first = node.args[0] if node.args else None
-        if _returns_alias(node) and isinstance(first, torch.fx.Node):
+        if isinstance(first, torch.fx.Node) and (
+            _returns_alias(node) or node.target is operator.getitem  # unbind, split items
+        ):
             root[node] = root.get(first, first)
         else:
             root[node] = node

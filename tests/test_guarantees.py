@@ -730,3 +730,24 @@ def test_an_interrupt_three_levels_deep_rolls_back_every_level_and_leaves_as_it_
         )
     assert fingerprint(ep) == before
     assert hooks == []
+
+
+class UnbindWrite(nn.Module):
+    """torch's training IR keeps this in-place write through an unbind item."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(2, 4))
+
+    def forward(self, x):
+        a, _ = self.buf.unbind()
+        a.add_(1)
+        return x + self.buf.sum(0) * 2
+
+
+def test_constant_fold_leaves_state_written_through_an_unbind_item_alone():
+    ep = torch.export.export(UnbindWrite(), (torch.zeros(4),))
+    out = PassManager([ConstantFold(), CSE()]).run(ep)
+    module, eager = out.module(), UnbindWrite()
+    for _ in range(3):
+        torch.testing.assert_close(module(torch.zeros(4)), eager(torch.zeros(4)))
