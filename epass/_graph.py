@@ -429,6 +429,31 @@ def _structure(gm: torch.fx.GraphModule) -> list[Any]:
     ]
 
 
+def _other_fields(ep: ExportedProgram, copy: bool = False) -> tuple[Any, ...]:
+    """The program's fields besides graph, signature and state that a pass may edit:
+    range constraints, module call graph, example inputs, verifiers, graph-module
+    meta. ``copy`` takes containers' copies (for a program the pass will hold)."""
+    fields = (
+        ep.range_constraints,
+        ep.module_call_graph,
+        ep.example_inputs,
+        ep.verifiers,
+        ep.graph_module.meta,
+    )
+    if not copy:
+        return fields
+    return tuple(_program.copy_meta(f) for f in fields)
+
+
+def _differ(a: Any, b: Any) -> bool:
+    try:
+        # Containers compare identical items by identity first: shared tensors are
+        # never compared element-wise.
+        return bool(a != b)
+    except Exception:  # an item replaced by a tensor or another odd value
+        return True
+
+
 def _signature_rows(sig: ExportGraphSignature) -> list[Any]:
     rows: list[Any] = [(s.kind, repr(s.arg), s.target, s.persistent) for s in sig.input_specs]
     rows += [(s.kind, repr(s.arg), s.target) for s in sig.output_specs]
@@ -459,6 +484,9 @@ class ProgramSnapshot:
         else:
             self.meta = meta_snapshot(ep.graph_module)
         self.signature = _signature_rows(ep.graph_signature)
+        self.fields = (
+            _other_fields(copied_from) if copied_from is not None else _other_fields(ep, True)
+        )
         self.state = [(k, id(v)) for k, v in ep.state_dict.items()]
         self.constants = [(k, id(v)) for k, v in ep.constants.items()]
 
@@ -481,6 +509,7 @@ class ProgramSnapshot:
             [(k, id(v)) for k, v in ep.state_dict.items()] != self.state
             or [(k, id(v)) for k, v in ep.constants.items()] != self.constants
             or _signature_rows(ep.graph_signature) != self.signature
+            or _differ(_other_fields(ep), self.fields)
             or self.graph_changed(ep)
         )
 
@@ -522,7 +551,9 @@ def mutated_nodes(
     written: set[torch.fx.Node] = set()
     for node in gm.graph.nodes:
         first = node.args[0] if node.args else None
-        if _returns_alias(node) and isinstance(first, torch.fx.Node):
+        if isinstance(first, torch.fx.Node) and (
+            _returns_alias(node) or node.target is operator.getitem  # unbind, split items
+        ):
             root[node] = root.get(first, first)
         else:
             root[node] = node

@@ -30,7 +30,16 @@ __all__ = [
 
 # Private ExportedProgram attributes epass reads or writes directly. Setting them
 # avoids the constructor, which re-validates the graph (tens of ms per pass).
-PRIVATE_FIELDS = ("_state_dict", "_constants", "_graph_module", "_graph_signature")
+PRIVATE_FIELDS = (
+    "_state_dict",
+    "_constants",
+    "_graph_module",
+    "_graph_signature",
+    "_module_call_graph",
+    "_range_constraints",
+    "_example_inputs",
+    "_verifiers",
+)
 
 
 def set_state(
@@ -75,7 +84,7 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             value = copy_graph_module(value)
         root[target] = value
     new_gm = torch.fx.GraphModule(root, new_graph, gm.__class__.__name__)
-    new_gm.meta.update(gm.meta)
+    new_gm.meta.update(copy_meta(gm.meta))
     return new_gm
 
 
@@ -129,6 +138,12 @@ def private_view(ep: ExportedProgram, *, copy_graph: bool) -> ExportedProgram:
     view = shallow_clone(ep)
     view._state_dict = dict(ep.state_dict)
     view._constants = dict(ep.constants)
+    # Small containers a pass may edit in place (the kwargs dict of the example
+    # inputs, the verifier list): copied, so no edit reaches ``ep``.
+    if ep._example_inputs is not None:
+        args, kwargs = ep._example_inputs
+        view._example_inputs = (args, dict(kwargs))
+    view._verifiers = list(ep._verifiers)
     if copy_graph:
         view._graph_module = copy_graph_module(ep.graph_module)
         view._graph_signature = copy.deepcopy(ep.graph_signature)
@@ -302,9 +317,29 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     """
     import ctypes
 
+    t = t.detach()
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is not None:  # a wrapper subclass (torchao's quantized weights...)
+        names, context = flatten()
+        inner = b"".join(tensor_bytes(getattr(t, name)) for name in names)
+        return repr(context).encode() + inner
+    if t.is_nested:  # its components, each with its shape
+        return b"".join(repr(c.shape).encode() + tensor_bytes(c) for c in t.unbind())
+    if t.layout != torch.strided:  # sparse layouts: their values, densified
+        t = t.to_dense()
     # A lazy conjugate or negative view reads other values than its memory holds.
-    flat = t.detach().resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8).cpu()
+    flat = t.resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8).cpu()
     return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
+
+
+def tensor_layout(t: torch.Tensor) -> tuple[Any, ...]:
+    """A tensor's dtype, layout, shape, strides and storage offset, as far as its
+    layout has them (sparse and nested tensors have no strides)."""
+    if t.is_nested:
+        return (str(t.dtype), "nested", t.dim())
+    if t.layout != torch.strided or hasattr(t, "__tensor_flatten__"):
+        return (str(t.dtype), str(t.layout), type(t).__name__, tuple(t.shape))
+    return (str(t.dtype), tuple(t.shape), t.stride(), t.storage_offset())
 
 
 # --- graph sharing (used by the manager to decide when a pass needs a graph copy) ---

@@ -131,15 +131,21 @@ def coalesce(passes: Sequence[Any]) -> list[Any]:
     return out
 
 
-# One store entry as it was before a pass: (label, key, tensor, version).
-_Entry = tuple[str, str, Any, "int | None"]
+# One store entry as it was before a pass: (label, key, tensor, mark).
+_Entry = tuple[str, str, Any, "tuple[int | None, bool]"]
+
+
+def _mark(value: torch.Tensor) -> tuple[int | None, bool]:
+    """What an in-place change of a store tensor changes: its version counter, and
+    its ``requires_grad`` flag (``requires_grad_`` does not count as a write)."""
+    return _program.tensor_version(value), value.requires_grad
 
 
 def _store_entries(ep: ExportedProgram) -> list[_Entry]:
     # list(d.items()) copies in one step, so keys another thread adds meanwhile
     # neither break the loop nor join the snapshot.
     return [
-        (label, key, value, _program.tensor_version(value))
+        (label, key, value, _mark(value))
         for label, d in (("state_dict", ep.state_dict), ("constants", ep.constants))
         for key, value in list(d.items())
         if isinstance(value, torch.Tensor)
@@ -154,8 +160,7 @@ def _fingerprint(entries: list[_Entry]) -> list[int | None]:
             out.append(None)
             continue
         digest = hashlib.blake2b(_program.tensor_bytes(value), digest_size=8)
-        layout = (str(value.dtype), tuple(value.shape), value.stride(), value.storage_offset())
-        digest.update(repr(layout).encode())
+        digest.update(repr(_program.tensor_layout(value)).encode())
         out.append(int.from_bytes(digest.digest(), "little"))
     return out
 
@@ -169,6 +174,9 @@ class _Prepared:
     prints: list[int | None] | None
     nodes_before: int
     ops_before: dict[str, int]
+    # The graph module the pass may edit without reaching a program held outside
+    # this run (a copy made for it, or one this run made earlier), else None.
+    private_gm: torch.fx.GraphModule | None
     snapshot: _graph.ProgramSnapshot | None
 
 
@@ -296,6 +304,8 @@ class PassManager:
         journal = Journal()
         records: list[PassRecord] = []
         current = ep
+        # current's graph module when this run copied it (no one else holds it).
+        owned: torch.fx.GraphModule | None = None
         modified = False
         try:
             for step in range(self.steps):
@@ -310,7 +320,7 @@ class PassManager:
                         "previous": tuple(ran),
                     }
                     try:
-                        prepared = self._prepare(p, info, current, ep, dispatch, where)
+                        prepared = self._prepare(p, info, current, ep, owned, dispatch, where)
                         if isinstance(prepared, PassRecord):  # skipped
                             record = prepared
                         else:
@@ -332,6 +342,13 @@ class PassManager:
                             current, record = self._finish(
                                 p, info, out, seconds, current, prepared, journal, dispatch, where
                             )
+                            # A program a pass returned that it did not get from this
+                            # run (memoized, another run's output) may be held by
+                            # someone: the next pass edits a copy of its graph.
+                            if current.graph_module is not prepared.private_gm:
+                                owned = None
+                            else:
+                                owned = prepared.private_gm
                     except PassError as exc:
                         self._report_failure(dispatch, info, current, exc)
                         raise
@@ -364,6 +381,7 @@ class PassManager:
         info: PassInfo,
         current: ExportedProgram,
         user: ExportedProgram,
+        owned: torch.fx.GraphModule | None,
         dispatch: Dispatch,
         where: dict[str, Any],
     ) -> _Prepared | PassRecord:
@@ -385,8 +403,15 @@ class PassManager:
             return record
         if dispatch:
             dispatch.call("before_pass", info, current, info=info)
-        copy_graph = getattr(p, "changes_input", True) and _program.shares_graph(
-            current.graph_module, user.graph_module
+        # A pass that may edit its input gets its own graph unless this run made
+        # the current one and nobody else can see it: instruments get the current
+        # program (as the failing pass's input when a pass fails halfway through an
+        # edit, which a Reproducer saves), and a program a pass returned that it
+        # did not get from this run (memoized, another run's output) may be held.
+        copy_graph = getattr(p, "changes_input", True) and (
+            bool(dispatch)
+            or current.graph_module is not owned
+            or _program.shares_graph(current.graph_module, user.graph_module)
         )
         with STORE_LOCK:  # a consistent copy while other runs write the store
             view = _program.private_view(current, copy_graph=copy_graph)
@@ -397,6 +422,7 @@ class PassManager:
             prints=_fingerprint(entries) if self.fingerprint else None,
             nodes_before=nodes_before,
             ops_before=op_histogram(current),
+            private_gm=view.graph_module if copy_graph else owned,
             # Nested pipelines and fx passes report their own flag; every other
             # pass may return its view edited in place, which only a snapshot tells.
             snapshot=None
@@ -511,11 +537,13 @@ class PassManager:
         threads, pipelines started from inside the pass) are not this pass's writes.
         """
         entries = prepared.entries
-        touched = [
-            f"{label}:{key}"
-            for label, key, value, version in entries
-            if _program.tensor_version(value) != version
-        ]
+        touched = []
+        for label, key, value, mark in entries:
+            now = _mark(value)
+            if now != mark:
+                touched.append(f"{label}:{key}")
+                if now[1] != mark[1]:  # the one change that can be undone
+                    value.requires_grad_(mark[1])
         if prepared.prints is not None:
             after = _fingerprint(entries)
             touched += [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -85,11 +86,9 @@ def _value_problems(ep: ExportedProgram) -> list[str]:
 
 
 def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
-    """The state keys ``ep``'s graph writes in place (through any view of them),
-    and the keys its signature declares as mutated.
-
-    Only the top-level graph is read; higher-order-op bodies are not.
-    """
+    """The state keys ``ep``'s graph writes in place (through any view of them,
+    including items of multi-output views and the bodies of higher-order ops such
+    as ``torch.cond``), and the keys its signature declares as mutated."""
     state = {
         s.arg.name: s.target
         for s in ep.graph_signature.input_specs
@@ -100,14 +99,36 @@ def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
         for s in ep.graph_signature.output_specs
         if s.kind in _MUTATION_KINDS and s.target is not None
     }
-    root: dict[torch.fx.Node, torch.fx.Node] = {}
     written: set[str] = set()
-    for node in ep.graph.nodes:
+    for root in _written_roots(ep.graph_module):
+        target = state.get(root.name) if root.op == "placeholder" else None
+        if target is not None:
+            written.add(target)
+    return written, declared
+
+
+def _written_roots(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The nodes of ``gm``'s graph whose memory the graph writes in place: the alias
+    root (a placeholder, or a node creating a tensor) of every tensor written."""
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    written: set[torch.fx.Node] = set()
+
+    def write(leaf: Any) -> None:
+        if isinstance(leaf, torch.fx.Node):
+            written.add(root.get(leaf) or leaf)
+
+    for node in gm.graph.nodes:
         root[node] = node
-        schema = _program.op_schema(node.target) if node.op == "call_function" else None
-        if schema is None:
+        if node.op != "call_function":
             continue
         first = node.args[0] if node.args else None
+        if node.target is operator.getitem and isinstance(first, torch.fx.Node):
+            root[node] = root.get(first, first)  # an item of unbind, split, chunk...
+            continue
+        schema = _program.op_schema(node.target)
+        if schema is None:
+            _body_writes(gm, node, write)
+            continue
         if isinstance(first, torch.fx.Node) and any(r.alias_info for r in schema.returns):
             root[node] = root.get(first, first)  # a view or an in-place result
         if not schema.is_mutable:
@@ -117,12 +138,37 @@ def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
                 continue
             value: Any = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
             for leaf in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(leaf, torch.fx.Node):
-                    owner: torch.fx.Node = root.get(leaf) or leaf
-                    target = state.get(owner.name)
-                    if target is not None:
-                        written.add(target)
-    return written, declared
+                write(leaf)
+    return written
+
+
+def _body_writes(gm: torch.fx.GraphModule, node: torch.fx.Node, write: Any) -> None:
+    """Report the operands that a higher-order op's bodies (``get_attr`` graph
+    arguments) write in place. Bodies take the op's last operands, in order."""
+    leaves: list[Any] = []
+    torch.fx.node.map_aggregate((node.args, node.kwargs), leaves.append)
+    bodies = [
+        body
+        for leaf in leaves
+        if isinstance(leaf, torch.fx.Node) and leaf.op == "get_attr"
+        for body in (getattr(gm, str(leaf.target), None),)
+        if isinstance(body, torch.fx.GraphModule)
+    ]
+    operands = [
+        leaf for leaf in leaves if isinstance(leaf, torch.fx.Node) and leaf.op != "get_attr"
+    ]
+    for body in bodies:
+        params = [n for n in body.graph.nodes if n.op == "placeholder"]
+        hit = [p for p in _written_roots(body) if p.op == "placeholder"]
+        if not hit:
+            continue
+        if len(params) > len(operands):  # an unknown convention: blame every operand
+            for operand in operands:
+                write(operand)
+            continue
+        mine = operands[len(operands) - len(params) :]
+        for p in hit:
+            write(mine[params.index(p)])
 
 
 def check_state_writes(output: ExportedProgram, source: ExportedProgram) -> None:

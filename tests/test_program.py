@@ -19,6 +19,10 @@ def test_private_fields_exist_and_back_the_public_properties():
     assert ep._constants is ep.constants
     assert ep._graph_module is ep.graph_module
     assert ep._graph_signature is ep.graph_signature
+    assert ep._module_call_graph is ep.module_call_graph
+    assert ep._range_constraints is ep.range_constraints
+    assert ep._example_inputs is ep.example_inputs
+    assert ep._verifiers[0] is ep.verifier
 
 
 def test_set_state_swaps_dicts_without_copying():
