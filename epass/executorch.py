@@ -4,7 +4,7 @@ on private dict copies, and give every edge program the user's state back."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -15,7 +15,7 @@ from epass import _graph, _program
 from epass.errors import HandOffError
 from epass.io import prune
 from epass.linker import LinkReport, StateLinker
-from epass.manager import PassManager, PipelineResult
+from epass.manager import PipelineResult, as_pipeline
 
 __all__ = ["EdgeResult", "to_edge", "to_edge_transform_and_lower"]
 
@@ -63,16 +63,6 @@ class EdgeResult:
         return "\n".join(f"{name}: {r.summary()}" for name, r in self.links.items())
 
 
-def _manager(pipeline: Any) -> PassManager | None:
-    if pipeline is None:
-        return None
-    if isinstance(pipeline, PassManager):
-        return pipeline
-    if isinstance(pipeline, Sequence) and not isinstance(pipeline, (str, bytes)):
-        return PassManager(pipeline)
-    return PassManager([pipeline])
-
-
 def _programs(
     ep_or_module: Any, args: tuple[Any, ...] | None, kwargs: dict[str, Any], caller: str
 ) -> dict[str, ExportedProgram]:
@@ -107,7 +97,7 @@ def _hand_off(
     convert: Any,
 ) -> EdgeResult:
     sources = _programs(ep_or_module, args, kwargs, caller)
-    manager = _manager(pipeline)
+    manager = as_pipeline(pipeline)
     pipelines: dict[str, PipelineResult] = {}
     programs: dict[str, ExportedProgram] = {}
     for name, ep in sources.items():

@@ -334,6 +334,18 @@ def _screen_config(
             pickles.add(names[target])
 
 
+def _zip_size(file: IO[bytes], name: str) -> int:
+    """The size of ``file``, rewound; LoadError when it is not a zip archive."""
+    file.seek(0, os.SEEK_END)
+    size = file.tell()
+    file.seek(0)
+    if not zipfile.is_zipfile(file):
+        raise LoadError(
+            f"{name}: not a .pt2 archive (torch.export.save writes a zip file)", path=name
+        )
+    return size
+
+
 def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
     """Check every member of a .pt2 archive against :data:`ALLOWLIST` without loading it.
 
@@ -349,13 +361,7 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
         UnsafeArchiveError: a member that is not allowed, with one line naming it.
         LoadError: the file is not a zip archive or not a saved program.
     """
-    file.seek(0, os.SEEK_END)
-    size = file.tell()
-    file.seek(0)
-    if not zipfile.is_zipfile(file):
-        raise LoadError(
-            f"{name}: not a .pt2 archive (torch.export.save writes a zip file)", path=name
-        )
+    size = _zip_size(file, name)
     try:
         with zipfile.ZipFile(file) as archive:
             _screen_members(archive, size, name)
@@ -402,13 +408,7 @@ def _private_copy(file: IO[bytes], name: str) -> Iterator[IO[bytes]]:
     change on disk, or a network file system answer differently, between two
     reads. Screening and loading this copy makes what torch loads what was screened.
     """
-    file.seek(0, os.SEEK_END)
-    size = file.tell()
-    file.seek(0)
-    if not zipfile.is_zipfile(file):
-        raise LoadError(
-            f"{name}: not a .pt2 archive (torch.export.save writes a zip file)", path=name
-        )
+    size = _zip_size(file, name)
     with tempfile.TemporaryFile() as copy:
         try:
             with zipfile.ZipFile(file) as archive:

@@ -36,6 +36,7 @@ __all__ = [
     "PassRecord",
     "PipelineResult",
     "TextLayer",
+    "as_pipeline",
     "coalesce",
     "install_text_layer",
     "resolve_pass",
@@ -79,6 +80,18 @@ def resolve_pass(p: Any, position: int | None = None) -> Any:
             return registry.instantiate(p.strip(), {})
         return _text().create(p)
     return adapt(p, position=position)
+
+
+def as_pipeline(pipeline: Any) -> PassManager | None:
+    """``pipeline`` as a :class:`PassManager`: a manager as it is, a list of passes or
+    one pass wrapped, None for none (the hand-offs' ``pipeline=`` argument)."""
+    if pipeline is None:
+        return None
+    if isinstance(pipeline, PassManager):
+        return pipeline
+    if isinstance(pipeline, Sequence) and not isinstance(pipeline, (str, bytes)):
+        return PassManager(pipeline)
+    return PassManager([pipeline])
 
 
 def _matches(p: Any, target: Any) -> bool:

@@ -4,7 +4,6 @@ and give the resulting program the user's state back."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -12,21 +11,11 @@ from torch.export import ExportedProgram
 
 from epass.errors import ArgumentTypeError, ArgumentValueError, EpassError
 from epass.linker import LinkReport, StateLinker
-from epass.manager import PassManager
+from epass.manager import as_pipeline
 
 __all__ = ["export"]
 
 logger = logging.getLogger("epass")
-
-
-def _manager(pipeline: Any) -> PassManager | None:
-    if pipeline is None:
-        return None
-    if isinstance(pipeline, PassManager):
-        return pipeline
-    if isinstance(pipeline, Sequence) and not isinstance(pipeline, (str, bytes)):
-        return PassManager(pipeline)
-    return PassManager([pipeline])
 
 
 def export(
@@ -79,7 +68,7 @@ def export(
             "epass.onnx.export takes an ExportedProgram or an nn.Module, "
             f"got {type(ep_or_module).__name__}"
         )
-    manager = _manager(pipeline)
+    manager = as_pipeline(pipeline)
     program = manager.run(ep) if manager is not None else ep
     onnx_program = torch.onnx.export(program, tuple(args), dynamo=True, **onnx_kwargs)
     if onnx_program is None:  # pragma: no cover - only for dynamo=False
