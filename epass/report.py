@@ -297,7 +297,8 @@ def render_html(report: Mapping[str, Any]) -> str:
     out += [
         "<h2>Passes and state sharing</h2>",
         "<table><thead><tr><th>pass</th><th>step</th><th>seconds</th><th>nodes</th>"
-        "<th>state</th><th>added</th><th>removed</th><th>changed</th></tr></thead><tbody>",
+        "<th>state</th><th>added</th><th>removed</th><th>changed</th><th>notes</th></tr>"
+        "</thead><tbody>",
     ]
     for p in everything:
         cls, text = _state_status(p)
@@ -315,6 +316,9 @@ def render_html(report: Mapping[str, Any]) -> str:
             keys = _keys(p["link"], field)
             shown = ", ".join(_esc(k) for k in keys[:8]) + (" &hellip;" if len(keys) > 8 else "")
             cells.append(f'<td title="{len(keys)}">{len(keys) or ""} {shown}</td>')
+        notes = p.get("notes") or {}
+        said = ", ".join(f"{k}={v}" for k, v in notes.items() if v is not None)
+        cells.append(f"<td>{_esc(said)}</td>")
         out.append(f'<tr class="state {cls}">{"".join(cells)}</tr>')
     out.append("</tbody></table>")
     out += [

@@ -14,7 +14,7 @@ import attrs
 import pytest
 import torch
 
-from epass import FxPass, PassManager, PassResult, registry
+from epass import Decompose, FxPass, PassManager, PassResult, registry
 from epass.report import SCHEMA, build_report, render_html, write_report
 
 RECORD_KEYS = {
@@ -215,3 +215,11 @@ def test_html_renders_in_headless_chromium(
     )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+def test_reports_say_which_decompose_path_ran() -> None:
+    ep = torch.export.export(torch.nn.Sequential(torch.nn.Linear(4, 4)), (torch.randn(2, 4),))
+    pm = PassManager([Decompose(method="retrace")])
+    report = build_report(pm(ep), manager=pm)
+    assert report["passes"][0]["notes"]["method"] == "retrace"
+    assert "method=retrace" in render_html(report)
