@@ -66,6 +66,16 @@ INTERNALS = (
     "torch.fx.experimental.symbolic_shapes.ShapeEnv",  # var_to_range, unbacked_symint_counter
     "torch._ops.OpOverload._schema",
     "torch.fx.graph._Namespace._obj_to_name",
+    "torch.fx.passes.runtime_assert.insert_deferred_runtime_asserts",
+    "torch._export.passes._node_metadata_hook._set_node_metadata_hook",
+    "torch._export.passes._node_metadata_hook._node_metadata_hook",
+    "torch._dynamo.config.do_not_emit_runtime_asserts",
+)
+
+# The stack trace the retrace gives the nodes its runtime-assertion pass adds
+# (``torch/export/exported_program.py``, ``_decompose_and_get_gm_with_new_signature_constants``).
+_RUNTIME_ASSERT_TRACE = (
+    'File "torch/fx/passes/runtime_assert.py", line 24, in insert_deferred_runtime_asserts'
 )
 
 # Size queries: the retrace re-emits them as they are.
@@ -477,11 +487,14 @@ def _template(
 
 def _same_meta(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        # Symbolic sizes compare by expression: ``==`` would ask the shape
+        # environment (Min(64, 64*s0) == 64 holds there), and the retrace keeps
+        # the expression its propagation computes.
         return bool(
-            a.shape == b.shape
-            and a.stride() == b.stride()
+            tuple(map(_sym_key, a.shape)) == tuple(map(_sym_key, b.shape))
+            and tuple(map(_sym_key, a.stride())) == tuple(map(_sym_key, b.stride()))
             and a.dtype == b.dtype
-            and a.storage_offset() == b.storage_offset()
+            and _sym_key(a.storage_offset()) == _sym_key(b.storage_offset())
             and a.device == b.device
         )
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -493,6 +506,15 @@ def _same_meta(a: Any, b: Any) -> bool:
             and (a.node.expr == b.node.expr)
         )
     return type(a) is type(b) and a == b
+
+
+def _symbolic(v: Any) -> bool:
+    """Whether a tensor value has a symbolic size or stride. Its stored expressions
+    are export's, simplified with what export knew then; the retrace propagates
+    them again with what the shape environment knows now (Min(64, 64*s0) becomes 64)."""
+    if not isinstance(v, torch.Tensor):
+        return False
+    return any(isinstance(x, torch.SymInt) for x in (*v.shape, *v.stride()))
 
 
 def _values(arg: Any) -> Any:
@@ -510,6 +532,7 @@ class _Builder:
         self.changed: set[torch.fx.Node] = set()
         self.sizes: dict[Any, torch.fx.Node] = {}
         self.decomposed = 0
+        self.new_sizes = False
 
     def _emit(
         self, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]
@@ -547,9 +570,9 @@ class _Builder:
                 else:
                     new.meta["original_aten"] = node.target
             inputs = node.all_input_nodes
-            if any(i in self.changed for i in inputs) and self._propagate(
-                new, node.meta.get("val")
-            ):
+            if (
+                any(i in self.changed for i in inputs) or _symbolic(node.meta.get("val"))
+            ) and self._propagate(new, node.meta.get("val")):
                 self.changed.add(node)
             if node.target in _SIZE_OPS or isinstance(new.meta.get("val"), torch.SymInt):
                 expr = self._expr(new.meta.get("val"))
@@ -604,17 +627,12 @@ class _Builder:
                 # the retrace reuses the graph's node for an expression it already has.
                 if isinstance(val, torch.SymInt):
                     existing = self.sizes.get(val.node.expr)
-                    if existing is None and t.target not in _SIZE_OPS:
-                        pass  # new arithmetic on sizes: the retrace emits it here too
-                    elif existing is None:
-                        # The retrace binds a size query it has not seen where make_fx
-                        # forces it (after the placeholders, or as arithmetic on
-                        # existing sizes); that placement is not mirrored here.
-                        raise Fallback(
-                            f"the decomposition of {op} computes a new symbolic size "
-                            f"({val.node.expr})"
-                        )
-                    else:
+                    if existing is None and t.target in _SIZE_OPS:
+                        # A size query the graph has no node for: the retrace's
+                        # runtime-assertion pass re-binds it (after the placeholders,
+                        # or as arithmetic on sizes it has); decompose() runs that pass.
+                        self.new_sizes = True
+                    elif existing is not None:
                         local[t] = existing
                         continue
                 new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
@@ -695,6 +713,8 @@ def decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int
     graph.eliminate_dead_code()
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     gm.meta.update(ep.graph_module.meta)
+    if builder.new_sizes:
+        _rebind_sizes(gm, fake_mode)
     signature = _signature(ep.graph_signature, gm)
     module_call_graph = _get_updated_module_call_graph(
         ep.graph_module, ep.graph_signature, gm, signature, ep.module_call_graph
@@ -710,6 +730,31 @@ def decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int
         constants=ep.constants,
     )
     return out, builder.decomposed
+
+
+def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
+    """Run the retrace's runtime-assertion pass, which binds every size query to a
+    node of its own: after the placeholders, or as arithmetic on sizes it has."""
+    import functools
+
+    import torch._dynamo.config
+    from torch._export.passes._node_metadata_hook import (
+        _node_metadata_hook,
+        _set_node_metadata_hook,
+    )
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    shape_env = fake_mode.shape_env
+    if shape_env is None or torch._dynamo.config.do_not_emit_runtime_asserts:
+        raise Fallback("a new size query without a shape environment to bind it")
+    # The pass only adds asserts the graph lacks; those export added are there already.
+    with _set_node_metadata_hook(
+        gm,
+        functools.partial(_node_metadata_hook, metadata={"stack_trace": _RUNTIME_ASSERT_TRACE}),
+    ):
+        insert_deferred_runtime_asserts(gm, shape_env, "decomposed program", export=True)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
 
 
 def _signature(old: ExportGraphSignature, gm: torch.fx.GraphModule) -> ExportGraphSignature:

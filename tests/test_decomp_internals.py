@@ -187,3 +187,45 @@ def test_export_flags_are_set_while_templates_trace():
     fast, _ = _decomp.decompose(ep, _decomp.split_table(table))
     assert _decomp.first_difference(fast, ep.run_decompositions(table)) is None
     assert any(n.meta.get("custom") for n in fast.graph.nodes if n.op == "call_function")
+
+
+def test_run_decompositions_rebinds_sizes_with_the_runtime_assert_pass():
+    # The retrace runs this pass under this metadata hook with this stack trace; the
+    # incremental path runs the same when a decomposition asks for a new size.
+    from torch._export.passes._node_metadata_hook import (
+        _node_metadata_hook,
+        _set_node_metadata_hook,
+    )
+    from torch.export import exported_program
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    source = inspect.getsource(exported_program)
+    assert "insert_deferred_runtime_asserts(" in source
+    assert _decomp._RUNTIME_ASSERT_TRACE.split(", in ")[0] in source
+    assert "in insert_deferred_runtime_asserts" in source
+    assert list(inspect.signature(insert_deferred_runtime_asserts).parameters)[:4] == [
+        "gm",
+        "shape_env",
+        "name",
+        "export",
+    ]
+    assert "metadata" in inspect.signature(_node_metadata_hook).parameters
+    assert list(inspect.signature(_set_node_metadata_hook).parameters)[:2] == ["gm", "f"]
+    assert torch._dynamo.config.do_not_emit_runtime_asserts is False
+
+
+def test_runtime_assert_pass_binds_a_new_size_after_the_placeholders():
+    class Flat(nn.Module):
+        def forward(self, x):
+            return torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)
+
+    batch = torch.export.Dim("batch", min=2)
+    ep = torch.export.export(Flat(), (torch.randn(3, 4, 5, 5),), dynamic_shapes=({0: batch},))
+    # export binds no size of x: nothing used it before the decomposition.
+    assert not any(n.target is aten.sym_size.int for n in ep.graph.nodes)
+    fast, _ = _decomp.decompose(ep, _decomp.split_table(None))
+    ref = ep.run_decompositions()
+    assert _decomp.first_difference(fast, ref) is None
+    nodes = [n for n in fast.graph.nodes if n.op != "placeholder"]
+    assert nodes[0].target is aten.sym_size.int
+    assert nodes[0].args[0].op == "placeholder"

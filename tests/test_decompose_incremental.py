@@ -233,6 +233,43 @@ def test_random_modules_and_tables_match_torch(spec, table, dynamic, twice, seed
         torch.testing.assert_close(result.program.module()(x), module(x), rtol=1e-4, atol=1e-5)
 
 
+class _Diff(nn.Module):
+    def forward(self, x):
+        return torch.diff(x, dim=1, prepend=x[:, :1] - 1)
+
+
+class _PoolFlat(nn.Module):
+    def forward(self, x):
+        return torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1) * 2
+
+
+class _CheckedFlat(nn.Module):
+    def forward(self, x):
+        torch._check(x.shape[0] <= 32)
+        return torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1).sum(0) + x.shape[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "shape", "dims"),
+    [
+        (_Diff, (3, 5), {0: Dim("b", min=2), 1: Dim("s", min=2, max=64)}),
+        (_PoolFlat, (3, 4, 6, 6), {0: Dim("b", min=2)}),
+        (_CheckedFlat, (3, 4, 6, 6), {0: Dim("b", min=2, max=32)}),
+    ],
+    ids=["diff", "pool-flatten", "checked-range"],
+)
+def test_new_size_queries_are_bound_as_the_retrace_binds_them(module, shape, dims):
+    # The decomposition asks for a size (of an intermediate, or of an input the
+    # program never measured); the retrace's runtime-assertion pass re-binds it.
+    x = torch.randn(*shape)
+    ep = torch.export.export(module(), (x,), dynamic_shapes=(dims,))
+    result = _assert_same_as_torch(ep)
+    assert result.notes["method"] == "incremental"
+    assert result.notes["checked"] is True
+    other = torch.randn(4, *shape[1:])
+    torch.testing.assert_close(result.program.module()(other), module()(other))
+
+
 def test_nodes_without_module_stack_get_the_retraces_empty_one():
     from epass.passes import CastDtype
 

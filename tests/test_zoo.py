@@ -143,9 +143,6 @@ EXPECTED_FALLBACKS = {
     ("cond", True): "get_attr",
     ("running_mean", False): "mutat",
     ("running_mean", True): "mutat",
-    ("gpt2", True): "symbolic size",
-    ("llama", True): "symbolic size",
-    ("resnet", True): "symbolic size",
 }
 
 
