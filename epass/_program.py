@@ -178,6 +178,14 @@ def new_program(
     )
 
 
+def tree_leaves(value: Any) -> list[Any]:
+    """The leaves of a nested structure of outputs (``torch.utils._pytree``, the
+    flattening torch.export itself uses for program inputs and outputs)."""
+    from torch.utils import _pytree
+
+    return list(_pytree.tree_leaves(value))
+
+
 def tensor_version(value: Any) -> int | None:
     """The in-place write counter of a tensor, or None for other values."""
     if isinstance(value, torch.Tensor):

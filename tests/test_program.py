@@ -280,3 +280,8 @@ def test_is_set_to_never_matches_lazy_views():
     negative = c.conj().imag
     assert negative.is_neg() and not c.imag.is_set_to(negative)
     assert c.is_set_to(c.view(3))
+
+
+def test_tree_leaves_flattens_nested_outputs():
+    a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    assert _program.tree_leaves((a, [b, {"c": c}])) == [a, b, c]

@@ -426,8 +426,8 @@ def _numerics(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
     if fast.example_inputs is None:
         return None
     args, kwargs = fast.example_inputs
-    got = torch.utils._pytree.tree_leaves(fast.module()(*args, **kwargs))
-    want = torch.utils._pytree.tree_leaves(ref.module()(*args, **kwargs))
+    got = _program.tree_leaves(fast.module()(*args, **kwargs))
+    want = _program.tree_leaves(ref.module()(*args, **kwargs))
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         if isinstance(a, torch.Tensor) and not torch.allclose(a, b, equal_nan=True):
             return f"output {i} differs numerically from run_decompositions' program"
