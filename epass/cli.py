@@ -384,7 +384,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``epass`` argument parser."""
-    parser = _Parser(prog="epass", description=(__doc__ or "").splitlines()[0])
+    parser = _Parser(
+        prog="epass",
+        description="Run pipelines on .pt2 files, list passes, inspect programs.",
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and warnings")
     parser.add_argument("--plain", action="store_true", help="plain text: no rich tables")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
