@@ -132,12 +132,16 @@ def _keep_node_names(old: torch.fx.Graph, new: torch.fx.Graph) -> None:
             namespace._used_names.add(a.name)
 
 
-def private_view(ep: ExportedProgram, *, copy_graph: bool) -> ExportedProgram:
-    """A program a pass may own: private dict copies (same tensors), and a private
-    graph and signature when ``copy_graph`` is set."""
+def private_view(
+    ep: ExportedProgram, *, copy_graph: bool, copy_state: bool = True
+) -> ExportedProgram:
+    """A program a pass may own: private dict copies (same tensors) unless
+    ``copy_state`` is False, and a private graph and signature when ``copy_graph``
+    is set."""
     view = shallow_clone(ep)
-    view._state_dict = dict(ep.state_dict)
-    view._constants = dict(ep.constants)
+    if copy_state:
+        view._state_dict = dict(ep.state_dict)
+        view._constants = dict(ep.constants)
     # Small containers a pass may edit in place (the kwargs dict of the example
     # inputs, the verifier list): copied, so no edit reaches ``ep``.
     if ep._example_inputs is not None:

@@ -303,7 +303,12 @@ class PassManager:
     # per node (benchmarks/bench_core.py measures a bare run_decompositions()
     # called from 20 more frames).
     def _execute(
-        self, ep: ExportedProgram, *, inherited: Sequence[Any], parent: PassInfo | None
+        self,
+        ep: ExportedProgram,
+        *,
+        inherited: Sequence[Any],
+        parent: PassInfo | None,
+        user: ExportedProgram | None = None,
     ) -> PipelineResult:
         if not isinstance(ep, ExportedProgram):
             raise ArgumentTypeError(
@@ -317,6 +322,9 @@ class PassManager:
         journal = Journal()
         records: list[PassRecord] = []
         current = ep
+        # Whose dicts the link reports call the user's: a nested pipeline's are the
+        # outermost caller's.
+        user = ep if user is None else user
         # current's graph module when this run copied it (no one else holds it).
         owned: torch.fx.GraphModule | None = None
         modified = False
@@ -344,6 +352,7 @@ class PassManager:
                                         prepared.view,
                                         inherited=dispatch.instruments,
                                         parent=info,
+                                        user=user,
                                     )
                                 else:
                                     out = p(prepared.view)
@@ -353,7 +362,16 @@ class PassManager:
                                 self._raise_failure(p, exc, current, prepared, where)
                             seconds = time.perf_counter() - start
                             current, record = self._finish(
-                                p, info, out, seconds, current, prepared, journal, dispatch, where
+                                p,
+                                info,
+                                out,
+                                seconds,
+                                current,
+                                prepared,
+                                journal,
+                                dispatch,
+                                where,
+                                user,
                             )
                             # A program a pass returned that it did not get from this
                             # run (memoized, another run's output) may be held by
@@ -426,8 +444,13 @@ class PassManager:
             or current.graph_module is not owned
             or _program.shares_graph(current.graph_module, user.graph_module)
         )
+        # A nested pipeline reads the current dicts as they are (it never inserts
+        # into them, and its own passes get copies), so that its link reports say
+        # whose dicts its outputs hold; one with the in_place policy gets copies,
+        # since it would write into them.
+        copy_state = not isinstance(p, PassManager) or p.linker.policy == "in_place"
         with STORE_LOCK:  # a consistent copy while other runs write the store
-            view = _program.private_view(current, copy_graph=copy_graph)
+            view = _program.private_view(current, copy_graph=copy_graph, copy_state=copy_state)
             entries = _store_entries(current)
         prepared = _Prepared(
             view=view,
@@ -488,6 +511,7 @@ class PassManager:
         journal: Journal,
         dispatch: Dispatch,
         where: dict[str, Any],
+        user: ExportedProgram,
     ) -> tuple[ExportedProgram, PassRecord]:
         """Check the store, verify and link the pass's output, and record the run."""
         logger.debug("end %s in %.4fs", info.name, seconds)
@@ -516,11 +540,9 @@ class PassManager:
         link = None
         if modified:
             try:
-                with STORE_LOCK:
-                    _drop_stale(program, current, prepared)
-                    linked = self.linker.link(
-                        current, program, pass_name=info.name, journal=journal
-                    )
+                linked = self.linker.link(
+                    current, program, pass_name=info.name, journal=journal, user=user
+                )
             except StateConflictError as exc:  # the linker knows the pass by name only
                 raise StateConflictError(exc.reason, keys=exc.keys, **where) from None
             link = linked.report
@@ -591,23 +613,6 @@ def _normalize(
         "ExportedProgram or a PassResult(program, modified)",
         **where,
     )
-
-
-def _drop_stale(program: ExportedProgram, current: ExportedProgram, prepared: _Prepared) -> None:
-    """Drop from ``program``'s dicts the entries its pass saw in its input that another
-    run removed since (rolled back) and that ``program`` does not reference: they
-    are not this pass's additions, so the linker must not put them back."""
-    seen = {(label, key) for label, key, _, _ in prepared.entries}
-    targets = {s.target for s in program.graph_signature.input_specs}
-    fresh: dict[str, dict[str, Any]] = {}
-    for label in ("state_dict", "constants"):
-        mine: dict[str, Any] = getattr(program, label)
-        live: dict[str, Any] = getattr(current, label)
-        stale = {k for k in mine if (label, k) in seen and k not in live and k not in targets}
-        if stale:  # a new dict: the program's own may be shared with its caller
-            fresh[label] = {k: v for k, v in mine.items() if k not in stale}
-    if fresh:
-        _program.set_state(program, fresh.get("state_dict"), fresh.get("constants"))
 
 
 def _edited(prepared: _Prepared, p: Any, where: dict[str, Any]) -> bool:

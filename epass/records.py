@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 from torch.export import ExportedProgram
 
-from epass.linker import LinkReport
+from epass.linker import LinkReport, Owner
 from epass.protocol import PassResult
 
 __all__ = [
@@ -150,8 +150,18 @@ class PipelineResult(PassResult):
 
     @property
     def shared(self) -> bool:
-        """True when the output's dicts are the input's dict objects."""
+        """True when every pass's output dicts were its input's dict objects, so
+        the output's dicts are the user's."""
         return all(r.link is None or r.link.shared for r in self.records)
+
+    @property
+    def owners(self) -> dict[str, Owner]:
+        """Whose dict each of the output's dicts is: ``"user"`` (the very dict
+        of the program the pipeline was given) or ``"own"`` (made by this run)."""
+        for record in reversed(self.records):
+            if record.link is not None:
+                return record.link.owners
+        return {"state_dict": "user", "constants": "user"}
 
     def summary(self) -> str:
         """A plain-text table of the records."""

@@ -8,7 +8,7 @@ import threading
 import models
 import pytest
 import torch
-from fingerprint import fingerprint, only_added
+from fingerprint import fingerprint
 from torch import nn
 from torch.fx.passes.infra.pass_base import PassResult as FxPassResult
 
@@ -60,7 +60,8 @@ def test_pass_adding_a_constant_to_its_view_in_place_is_taken():
 
     result = PassManager([add_constant])(ep)
     assert result.modified
-    assert "extra" in ep.constants and result.program.constants is ep.constants
+    assert "extra" in result.program.constants and "extra" not in ep.constants
+    assert result.program.state_dict is ep.state_dict
 
 
 def test_pass_returning_its_view_unchanged_is_unmodified():
@@ -110,8 +111,9 @@ def test_executorch_in_place_program_passes_take_effect():
     folded = PassManager([exir_passes.constant_prop_pass])(ep)
     assert folded.modified
     added = {s.target for s in folded.program.graph_signature.input_specs} - {None, *ep.state_dict}
-    assert added and added <= set(ep.constants)  # the folded transpose and sum
-    assert only_added(before, fingerprint(ep))
+    assert added and added <= set(folded.program.constants)  # the folded transpose and sum
+    assert not added & set(ep.constants)
+    assert fingerprint(ep) == before
     assert "unused" in ep.state_dict
     for out in (pruned.program, folded.program):
         torch.testing.assert_close(out.module()(*args), module(*args))
@@ -210,45 +212,22 @@ def test_copy_graph_module_copies_nested_meta_and_shares_fake_values():
 # --- 4. rollback undoes this run's writes only ---
 
 
-def test_rollback_keeps_entries_added_by_another_run():
-    _, ep, args = models.export("mlp")
-    others = []
-
-    def add_folded(view):
-        view.constants["mine"] = torch.zeros(1)
-        return PassResult(view, True)
-
-    def run_another_then_fail(view):
-        def add_theirs(v):
-            v.constants["theirs"] = torch.ones(1)
-            return PassResult(v, True)
-
-        others.append(PassManager([add_theirs]).run(ep))
-        raise RuntimeError("boom")
-
-    with pytest.raises(PassError):
-        PassManager([add_folded, run_another_then_fail]).run(ep)
-    assert "mine" not in ep.constants
-    assert ep.constants["theirs"] is others[0].constants["theirs"]
-    others[0].module()(*args)
-
-
-def test_rollback_keeps_an_added_entry_another_runs_output_uses():
+def test_a_failing_run_leaves_another_runs_output_whole():
     _, ep, args = models.export("mlp")
     ep = PassManager([Decompose()]).run(ep)
+    before = fingerprint(ep)
     others = []
 
     def run_another_then_fail(view):
-        # The same fold on the user's program finds this run's folded entries in
-        # the store and reuses them.
         others.append(PassManager([ConstantFold(fold_views=True)]).run(ep))
         raise RuntimeError("boom")
 
     with pytest.raises(PassError):
         PassManager([ConstantFold(fold_views=True), run_another_then_fail]).run(ep)
-    used = {s.target for s in others[0].graph_signature.input_specs} & set(ep.constants)
-    assert any(key.startswith("folded_") for key in used)
-    others[0].module()(*args)
+    assert fingerprint(ep) == before
+    used = {s.target for s in others[0].graph_signature.input_specs}
+    assert any(key.startswith("folded_") for key in used & set(others[0].constants))
+    torch.testing.assert_close(others[0].module()(*args), ep.module()(*args))
 
 
 # --- 5. the caller's program object is never re-pointed ---
@@ -384,19 +363,22 @@ def test_fingerprint_reads_a_lazily_conjugated_complex_buffer():
 # --- 10, 11. concurrency ---
 
 
-def test_key_added_by_another_run_while_a_pass_runs_is_not_its_write():
+def test_a_run_inside_a_pass_adds_nothing_to_the_program_the_pass_reads():
     _, ep, _ = models.export("mlp")
+    before = fingerprint(ep)
+    inner = []
 
     def another_run_meanwhile(view):
         def add(v):
             v.constants["theirs"] = torch.ones(1)
             return PassResult(v, True)
 
-        PassManager([add]).run(ep)  # writes into the store this pass reads
+        inner.append(PassManager([add]).run(ep))
         return view
 
     PassManager([another_run_meanwhile], fingerprint=True).run(ep)
-    assert "theirs" in ep.constants
+    assert fingerprint(ep) == before
+    assert "theirs" in inner[0].constants
 
 
 def _own_fold_like(tag: str):
@@ -440,14 +422,13 @@ def test_pipelines_in_threads_on_one_program():
     assert set(failures) == {3}, {i: repr(e) for i, e in failures.items()}
     assert isinstance(failures[3], PassError)
     assert set(outputs) == {0, 1, 2}
-    after = fingerprint(ep)
-    assert only_added(before, after)
-    assert "const_3" not in ep.constants
-    for out in outputs.values():
+    assert fingerprint(ep) == before
+    for i, out in outputs.items():
+        assert f"const_{i}" in out.constants and out.state_dict is ep.state_dict
         torch.testing.assert_close(out.module()(*args), expected, rtol=1e-4, atol=1e-5)
 
 
-# --- 12. store growth ---
+# --- 12. repeated runs ---
 
 
 def _lower_folding_views() -> PassManager:
@@ -457,34 +438,27 @@ def _lower_folding_views() -> PassManager:
     )
 
 
-def test_second_identical_lowering_adds_nothing_to_the_store():
+def test_repeated_lowerings_leave_the_users_dicts_as_they_were():
     _, ep, args = models.export("transformer")
-    before = len(ep.constants)
+    before = fingerprint(ep)
     first = _lower_folding_views().run(ep)
-    assert len(ep.constants) > before  # the first run added folded entries
-    size = (len(ep.state_dict), len(ep.constants))
-    keys = list(ep.constants)
     second = _lower_folding_views().run(ep)
-    assert (len(ep.state_dict), len(ep.constants)) == size
-    assert list(ep.constants) == keys
+    assert fingerprint(ep) == before
+    assert first.constants is not second.constants
+    assert set(first.constants) == set(second.constants) > set(ep.constants)
     torch.testing.assert_close(second.module()(*args), first.module()(*args))
-    assert {s.target for s in second.graph_signature.input_specs} == {
-        s.target for s in first.graph_signature.input_specs
-    }
 
 
 @pytest.mark.slow
-def test_repeated_lowering_of_a_tiny_llama_keeps_the_store_size():
+def test_repeated_lowering_of_a_tiny_llama_leaves_its_dicts_as_they_were():
     import hf_models
 
     _, ep, args = hf_models.export("llama")
-    before = len(ep.state_dict) + len(ep.constants)
+    before = fingerprint(ep)
     first = _lower_folding_views().run(ep)
-    size = len(ep.state_dict) + len(ep.constants)
-    assert size > before
     for _ in range(2):
         again = _lower_folding_views().run(ep)
-        assert len(ep.state_dict) + len(ep.constants) == size
+    assert fingerprint(ep) == before
     torch.testing.assert_close(again.module()(*args), first.module()(*args))
 
 

@@ -88,15 +88,37 @@ def test_parameterness_is_part_of_identity(mixed):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_added_key_goes_into_the_store(mixed, policy):
+def test_added_key_gives_the_output_its_own_dict_and_never_enters_the_store(mixed, policy):
+    keys = list(mixed.constants)
     consts = dict(mixed.constants)
     new = torch.ones(3)
     consts["folded"] = new
     result = StateLinker(policy=policy).link(mixed, _derived(mixed, constants=consts))
-    assert result.program.constants is mixed.constants
-    assert mixed.constants["folded"] is new
+    out = result.program.constants
+    assert list(mixed.constants) == keys
+    assert out is not mixed.constants and out["folded"] is new
+    assert all(out[k] is mixed.constants[k] for k in keys)
+    assert result.program.state_dict is mixed.state_dict
     assert result.report.constants.added == ("folded",)
-    assert result.report.shared
+    assert result.report.owners == {"state_dict": "user", "constants": "own"}
+    assert not result.report.shared and result.report.state_dict.shared
+
+
+def test_added_key_next_to_a_relinked_value_holds_the_stores_object(mixed):
+    consts = {k: v.view(v.shape) for k, v in mixed.constants.items()}  # new objects
+    consts["folded"] = torch.ones(3)
+    result = StateLinker().link(mixed, _derived(mixed, constants=consts))
+    assert set(result.report.constants.relinked) == set(mixed.constants)
+    assert all(result.program.constants[k] is v for k, v in mixed.constants.items())
+
+
+def test_owner_is_reported_against_the_user_program_given(mixed):
+    consts = dict(mixed.constants)
+    consts["folded"] = torch.ones(3)
+    first = StateLinker().link(mixed, _derived(mixed, constants=consts)).program
+    second = StateLinker().link(first, _derived(first), user=mixed).report
+    assert second.shared and second.owners == {"state_dict": "user", "constants": "own"}
+    assert StateLinker().link(first, _derived(first)).report.owners["constants"] == "user"
 
 
 @pytest.mark.parametrize("policy", ["share", "strict"])
@@ -222,7 +244,8 @@ def test_policy_is_validated():
 def test_report_as_dict_has_stable_keys(mixed):
     report = StateLinker().link(mixed, _derived(mixed)).report
     data = report.as_dict()
-    assert set(data) == {"policy", "shared", "state_dict", "constants"}
+    assert set(data) == {"policy", "shared", "owners", "state_dict", "constants"}
+    assert data["owners"] == {"state_dict": "user", "constants": "user"}
     assert set(data["state_dict"]) == {
         "unchanged",
         "relinked",
@@ -231,6 +254,7 @@ def test_report_as_dict_has_stable_keys(mixed):
         "removed",
         "changed",
         "shared",
+        "owner",
     }
 
 

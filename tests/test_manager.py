@@ -181,11 +181,19 @@ def test_added_entries_are_rolled_back_when_a_later_pass_fails():
     assert list(ep.constants) == keys
 
 
-def test_a_successful_pipeline_shares_added_entries():
+def test_a_successful_pipeline_keeps_added_entries_in_its_own_constants():
     _, ep, _ = models.export("mixed")
-    out = PassManager([add_constant, Decompose()]).run(ep)
-    assert out.constants is ep.constants
-    assert "folded" in ep.constants
+    keys = list(ep.constants)
+    result = PassManager([add_constant, Decompose()])(ep)
+    out = result.program
+    assert out.constants is not ep.constants and "folded" in out.constants
+    assert list(ep.constants) == keys
+    assert all(out.constants[k] is ep.constants[k] for k in keys)
+    assert out.state_dict is ep.state_dict
+    # The later pass shares the run's own dict rather than copying it again.
+    assert result.records[1].link.constants.shared
+    assert [r.link.owners["constants"] for r in result.records] == ["own", "own"]
+    assert result.owners == {"state_dict": "user", "constants": "own"}
 
 
 def test_graph_mutating_pass_gets_a_copy_of_the_users_graph():
@@ -349,7 +357,12 @@ def test_managers_nest_and_keep_sharing():
     assert isinstance(inner, Pass)
     result = PassManager([inner, add_constant])(ep)
     assert result.program.state_dict is ep.state_dict
-    assert result.program.constants is ep.constants
+    assert result.program.constants is not ep.constants
+    children = result.records[0].children
+    assert [c.link.owners for c in children if c.link is not None] == [
+        {"state_dict": "user", "constants": "user"}
+    ] * len([c for c in children if c.link is not None])
+    assert result.records[1].link.owners == {"state_dict": "user", "constants": "own"}
     assert [r.name for r in result.records] == ["inner", "add_constant"]
     assert [c.name for c in result.records[0].children] == ["decompose", "add_to_sub"]
     assert result.records[0].children[0].depth == 1
@@ -564,7 +577,7 @@ def test_fx_pass_registering_a_tensor_gets_it_lifted_to_constants():
 
     result = PassManager([FxPass(add_offset)])(ep)
     out = result.program
-    assert out.constants is ep.constants and out.state_dict is ep.state_dict
+    assert out.state_dict is ep.state_dict and "offset" not in ep.constants
     assert result.records[0].link.constants.added == ("offset",)
     torch.testing.assert_close(out.module()(*args), eager(*args) + 0.25)
 

@@ -74,12 +74,14 @@ class FuseConvBN:
     float32 (float64 for a float64 weight) and stored in the weight's dtype.
 
     Graph: the BatchNorm (and its ``getitem``) disappears; the convolution reads
-    two new parameter inputs. State: **adds** two parameters per fused pair, named
-    after the convolution's weight (``conv1.weight_fused``, ``conv1.bias_fused``);
-    the conv and BatchNorm entries that lost their last user **leave the
-    signature** and the output's dicts (with the default policy they stay in the
-    store, listed as removed in the link report). No entry changes, so the
-    output shares the user's dicts. Works on training-IR and decomposed programs.
+    two new constant inputs. State: **adds** two ``constants`` entries per fused
+    pair (plain tensors, like every value derived from state), named after the
+    convolution's weight (``conv1.weight_fused``, ``conv1.bias_fused``); the conv
+    and BatchNorm entries that lost their last user **leave the signature** and
+    the output's dicts (the user's dicts keep them, listed as removed in the link
+    report). No parameter is added or changed, so the output's ``state_dict`` is
+    the user's; its ``constants`` is a dict of its own holding the user's
+    constants and the fused values. Works on training-IR and decomposed programs.
 
     Example::
 
@@ -98,7 +100,7 @@ class FuseConvBN:
         state = _graph.state_values(ep)
         kinds = _graph.input_kinds(ep)
         targets = {n: s.target for n, s in _graph.specs_by_name(ep.graph_signature).items()}
-        state_dict = dict(ep.state_dict)
+        constants = dict(ep.constants)
         new_specs: dict[str, InputSpec] = {}
         involved: set[str] = set()
         for m in matches:
@@ -107,13 +109,12 @@ class FuseConvBN:
             prefix = base[: -len("weight")] if base.endswith("weight") else base + "_"
             params = []
             for stem, value in (("weight", weight), ("bias", bias)):
-                key = _graph.unique_key(f"{prefix}{stem}_fused", state_dict, ep.constants)
-                value = torch.nn.Parameter(value, requires_grad=state[m.weight].requires_grad)
+                key = _graph.unique_key(f"{prefix}{stem}_fused", ep.state_dict, constants)
                 ph = _graph.new_state_placeholder(
-                    gm, kinds, "p_" + key.replace(".", "_"), value, InputKind.PARAMETER
+                    gm, kinds, "c_" + key.replace(".", "_"), value, InputKind.CONSTANT_TENSOR
                 )
-                state_dict[key] = value
-                new_specs[ph.name] = _graph.parameter_spec(ph.name, key)
+                constants[key] = value
+                new_specs[ph.name] = _graph.constant_spec(ph.name, key)
                 params.append(ph)
             conv, bn = nodes[m.conv], nodes[m.bn]
             args = list(conv.args)
@@ -134,7 +135,7 @@ class FuseConvBN:
                 n for n in (m.weight, m.bias, m.gamma, m.beta, m.mean, m.var) if n is not None
             )
         _graph.remove_unused_state_placeholders(gm, ep.graph_signature, only=involved)
-        program = _graph.build_program(ep, gm, new_specs=new_specs, state_dict=state_dict)
+        program = _graph.build_program(ep, gm, new_specs=new_specs, constants=constants)
         return PassResult(program, True)
 
     @staticmethod

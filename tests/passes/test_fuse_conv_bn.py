@@ -1,4 +1,4 @@
-"""FuseConvBN: BatchNorm folded into convolutions, new parameters in the store."""
+"""FuseConvBN: BatchNorm folded into convolutions, the fused values constants of the output."""
 
 from __future__ import annotations
 
@@ -26,19 +26,25 @@ def test_fuse_conv_bn_folds_both_forms(form: str, dynamic: bool) -> None:
     out = result.program
     assert _bn_count(out) == 0
     h.assert_close(out, "convbn", dynamic)
-    # state: two new parameters per pair in the store; BN and old conv entries left
-    # the signature but stay in the store; nothing changed, so the dicts are shared
+    # state: two new constants per pair in the output's own constants dict; BN and
+    # old conv entries left the signature but stay in the user's state_dict, which
+    # the output still shares (no parameter was added or changed)
     link = result.records[0].link
-    assert link is not None and link.shared and not link.changed
-    assert set(link.state_dict.added) == {
-        "conv1.weight_fused", "conv1.bias_fused", "conv2.weight_fused", "conv2.bias_fused"
-    }  # fmt: skip
+    assert link is not None and not link.changed and not link.state_dict.added
+    assert link.owners == {"state_dict": "user", "constants": "own"}
+    fused = {"conv1.weight_fused", "conv1.bias_fused", "conv2.weight_fused", "conv2.bias_fused"}
+    assert set(link.constants.added) == fused
     assert out.state_dict is ep.state_dict
+    assert not fused & (set(ep.state_dict) | set(ep.constants))
     targets = {s.target for s in out.graph_signature.input_specs}
     for key in ("bn1.weight", "bn1.running_mean", "bn2.running_var", "conv1.weight"):
         assert key not in targets and key in ep.state_dict
     assert set(link.state_dict.removed) >= {"bn1.weight", "bn1.running_var", "conv2.bias"}
-    assert isinstance(ep.state_dict["conv1.weight_fused"], torch.nn.Parameter)
+    kinds = {s.target: s.kind.name for s in out.graph_signature.input_specs}
+    for key in fused:
+        value = out.constants[key]
+        assert kinds[key] == "CONSTANT_TENSOR"
+        assert not isinstance(value, torch.nn.Parameter) and not value.requires_grad
     again = FuseConvBN()(out)
     assert again.modified is False and again.program is out
 
@@ -91,5 +97,5 @@ def test_fuse_conv_bn_keeps_float64_precision() -> None:
     ep = torch.export.export(model, (x,))
     out = epass.PassManager([FuseConvBN()]).run(ep)
     assert _bn_count(out) == 0
-    assert out.state_dict["0.weight_fused"].dtype == torch.float64
+    assert out.constants["0.weight_fused"].dtype == torch.float64
     torch.testing.assert_close(out.module()(x), model(x), atol=1e-12, rtol=1e-12)

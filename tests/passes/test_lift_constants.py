@@ -30,8 +30,8 @@ def test_lift_constants_runs_an_fx_rewrite_and_lifts_its_tensors() -> None:
     ep = h.program("mlp")
     result = h.run_checked(LiftConstants(fx=_add_offset), ep)
     out = result.program
-    assert out.state_dict is ep.state_dict and out.constants is ep.constants
-    assert "offset" in ep.constants  # the store gained the entry
+    assert out.state_dict is ep.state_dict and out.constants is not ep.constants
+    assert "offset" in out.constants and "offset" not in ep.constants
     spec = next(s for s in out.graph_signature.input_specs if s.target == "offset")
     assert spec.kind == InputKind.CONSTANT_TENSOR
     assert not [n for n in out.graph.nodes if n.op == "get_attr"]
