@@ -34,10 +34,12 @@ class EdgeResult:
             output, sharing the user's state).
         pipelines: per method, the pipeline's result (empty without a pipeline).
         links: per method, how the edge program's state was linked back: entries
-            ExecuTorch added (they join the store), removed (delegated weights leave
-            the edge program; the store keeps them) or changed (a new tensor in place
-            of the user's, such as a contiguous copy of a view; the edge program then
-            keeps a dict of its own and the user's dict is untouched).
+            ExecuTorch added (such as the scalars it lifts; the edge program then
+            holds a dict of its own, and the user's dict never gains them), removed
+            (delegated weights leave the edge program; the user's dict keeps them)
+            or changed (a new tensor in place of the user's, such as a contiguous
+            copy of a view; the edge program then keeps a dict of its own and the
+            user's dict is untouched).
     """
 
     edge: Any
@@ -110,7 +112,7 @@ def _hand_off(
     # non-contiguous constants by contiguous copies) and may edit its graph: it gets
     # private dicts and a private graph, holding the same tensors. The dicts hold only
     # what the signature references: ExecuTorch rejects a constant without an input
-    # spec, and the store keeps entries of earlier programs.
+    # spec, and the user's dicts keep entries that passes stopped using.
     private = {n: prune(_program.private_view(p, copy_graph=True)) for n, p in programs.items()}
     given: ExportedProgram | dict[str, ExportedProgram]
     given = private["forward"] if list(private) == ["forward"] else private
@@ -132,9 +134,9 @@ def _reuse_equal(store: Mapping[str, Any], new: dict[str, Any]) -> None:
     """Put the store's tensor back where ExecuTorch lifted an equal one under its key.
 
     ``to_edge`` lifts the scalars a graph creates (``_lifted_tensor_constant1``) anew
-    on every call; the first call adds them to the store, and a second call on the
-    same program would otherwise change them. Only tensors of the same layout are
-    compared, so a contiguous copy of a view is still reported as changed.
+    on every call; handing over a program that already holds them (an edge
+    program's own) would otherwise change them. Only tensors of the same layout
+    are compared, so a contiguous copy of a view is still reported as changed.
     """
     for key, value in new.items():
         old = store.get(key)
@@ -162,9 +164,9 @@ def _rename_collisions(
     holds another value under that key.
 
     ExecuTorch names the scalars it lifts by position (``_lifted_tensor_constant2``),
-    per program: the constants another program's hand-off added to the store reuse
-    those names for other values. Renaming the edge program's entry (its dict key
-    and input spec target) keeps both, and lets the edge program share the store.
+    per program: a program handed over may hold other values under those names.
+    Renaming the edge program's entry (its dict key and input spec target) keeps
+    both, and reports the entry as added rather than as a changed value.
     """
     for key in list(new):
         if key in given or key not in store or new[key] is store[key]:
@@ -190,8 +192,9 @@ def to_edge(
     contiguous copies of non-contiguous constants into the dicts of the program it is
     given. Here it is given private dict copies (the same tensors); afterwards each
     edge program's ``state_dict`` and ``constants`` are the user's dict objects
-    holding the user's tensors, wherever ExecuTorch changed no existing entry (see
-    :class:`EdgeResult`).
+    holding the user's tensors, wherever ExecuTorch added and changed no entry;
+    otherwise the edge program holds a dict of its own with the user's tensor
+    objects, and the user's dict is untouched (see :class:`EdgeResult`).
 
     Args:
         ep_or_module: an ExportedProgram, a dict of method name to ExportedProgram,

@@ -30,9 +30,10 @@ def export(
     ``torch.onnx.export`` decomposes the program once more and keeps the result as
     ``onnx_program.exported_program``, with a ``state_dict`` of its own. This function
     links that program back to the user's: afterwards its ``state_dict`` and
-    ``constants`` are the user's dict objects holding the user's tensor objects
-    (entries torch added, such as lifted constants, join the store; see the
-    StateLinker's ``share`` policy).
+    ``constants`` are the user's dict objects holding the user's tensor objects.
+    Where torch added entries (such as lifted constants), that dict is the
+    program's own, holding the user's tensor objects and the added ones; the
+    user's dict never gains them (see the StateLinker's ``share`` policy).
 
     Args:
         ep_or_module: an ExportedProgram, or a module to export first with

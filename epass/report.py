@@ -4,8 +4,10 @@ The JSON document (``schema: "epass.report/1"``) holds:
 
 ``schema``, ``epass_version``, ``torch_version``, ``created`` (UTC, ISO 8601),
 ``pipeline`` (text, or null when the pipeline has no textual form), ``input`` /
-``output`` (file paths or null), ``modified``, ``shared`` (every output dict is the
-store), ``seconds`` (sum over top-level passes), ``nodes_before``, ``nodes_after``,
+``output`` (file paths or null), ``modified``, ``shared`` (every pass's output dicts
+were its input's), ``owners`` (``{"state_dict": "user" | "own", "constants": ...}``:
+whether each of the output's dicts is the user's dict object or the output's own),
+``seconds`` (sum over top-level passes), ``nodes_before``, ``nodes_after``,
 ``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol", "first_drift"}``), and
 ``passes``: one object per pass run, in order, with every key of
 :meth:`epass.PassRecord.as_dict` (``children`` nest the same way) plus ``path``
@@ -36,6 +38,7 @@ from epass._version import __version__
 from epass.errors import ArgumentValueError
 from epass.instruments import MemoryAccounting, MemoryEntry
 from epass.io import atomic_write
+from epass.linker import owners_text
 from epass.manager import PassManager
 from epass.pipeline import PassSpec, format_item
 from epass.records import PassRecord, PipelineResult
@@ -142,6 +145,7 @@ def build_report(
         "output": output_path,
         "modified": result.modified,
         "shared": result.shared,
+        "owners": result.owners,
         "seconds": sum(r.seconds for r in records),
         "nodes_before": records[0].nodes_before if records else len(result.program.graph.nodes),
         "nodes_after": len(result.program.graph.nodes),
@@ -173,14 +177,23 @@ def _leaves(passes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return out
 
 
+def _owners_status(owners: Mapping[str, str], changed: bool) -> tuple[str, str]:
+    """(css class, text) for whose dicts an output holds: the user's (green), its
+    own because it added entries (blue), or its own with changed values (red)."""
+    mine = set(owners.values()) != {"user"}
+    cls = "diverged" if changed else "own" if mine else "shared"
+    return cls, owners_text({"state_dict": "user", "constants": "user", **owners})
+
+
 def _state_status(p: Mapping[str, Any]) -> tuple[str, str]:
-    """(css class, text) for a pass's state-sharing status."""
+    """(css class, text) for a pass's state status: whose dicts its output holds."""
     if p["skipped"]:
         return "skip", "skipped"
     link = p["link"]
     if link is None:
         return "same", "unchanged"
-    return ("shared", "shared") if link["shared"] else ("diverged", "diverged")
+    changed = any(link[label]["changed"] for label in ("state_dict", "constants"))
+    return _owners_status(link.get("owners", {}), changed)
 
 
 def _keys(link: Mapping[str, Any] | None, field: str) -> list[str]:
@@ -200,7 +213,7 @@ th,td{border-bottom:1px solid #e4e6ee;padding:4px 8px;text-align:left;vertical-a
 th{background:#f6f7fb}td.pass{white-space:nowrap}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .meta{color:#555}.badge{display:inline-block;padding:0 6px;border-radius:8px;font-size:.9em}
 .shared{background:#dff3e4;color:#176a2c}.diverged{background:#fde2e1;color:#9b1c1c}
-.same{background:#eef0f5;color:#444}.skip{background:#fff4d6;color:#7a5a00}
+.own{background:#e1ecfd;color:#1c4b9b}.same{background:#eef0f5;color:#444}.skip{background:#fff4d6;color:#7a5a00}
 .plus{color:#176a2c}.minus{color:#9b1c1c}
 svg text{font:12px system-ui,sans-serif;fill:#1d2330}
 rect.bar{fill:#4a72d8}rect.bar.modified-false{fill:#a9b7dc}
@@ -269,6 +282,11 @@ def render_html(report: Mapping[str, Any]) -> str:
     everything = flatten(report["passes"])
     leaves = _leaves(report["passes"])
     title = f"epass report: {report['pipeline'] or 'pipeline'}"
+    changed = any(
+        p["link"] and (p["link"]["state_dict"]["changed"] or p["link"]["constants"]["changed"])
+        for p in everything
+    )
+    owners_cls, owners_label = _owners_status(report.get("owners", {}), changed)
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -281,9 +299,8 @@ def render_html(report: Mapping[str, Any]) -> str:
         f" &middot; torch {_esc(report['torch_version'])}"
         f" &middot; epass {_esc(report['epass_version'])} &middot; {_esc(report['created'])}</p>",
         f"<p>{len(everything)} pass runs in {report['seconds']:.3f}s; nodes "
-        f"{report['nodes_before']} &rarr; {report['nodes_after']}; state "
-        f'<span class="badge {"shared" if report["shared"] else "diverged"}">'
-        f"{'shared' if report['shared'] else 'diverged'}</span></p>",
+        f"{report['nodes_before']} &rarr; {report['nodes_after']}; output state "
+        f'<span class="badge {owners_cls}">{_esc(owners_label)}</span></p>',
     ]
     numerics = report.get("numerics")
     if numerics:
@@ -297,7 +314,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     out += [
         "<h2>Passes and state sharing</h2>",
         "<table><thead><tr><th>pass</th><th>step</th><th>seconds</th><th>nodes</th>"
-        "<th>state</th><th>added</th><th>removed</th><th>changed</th><th>notes</th></tr>"
+        "<th>whose dicts</th><th>added</th><th>removed</th><th>changed</th><th>notes</th></tr>"
         "</thead><tbody>",
     ]
     for p in everything:

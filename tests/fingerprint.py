@@ -45,17 +45,3 @@ def fingerprint(ep: ExportedProgram) -> dict[str, Any]:
         "state_dict": entries(ep.state_dict),
         "constants": entries(ep.constants),
     }
-
-
-def only_added(before: dict[str, Any], after: dict[str, Any]) -> bool:
-    """Whether ``after`` is ``before`` plus new entries in the dicts: what the default
-    policy allows a successful pipeline to do to the user's program (the store gains
-    lifted and folded constants; nothing else changes)."""
-    for field, value in before.items():
-        if field in ("state_dict", "constants"):
-            known = {entry[0] for entry in value}
-            if [e for e in after[field] if e[0] in known] != value:
-                return False
-        elif after[field] != value:
-            return False
-    return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import models
 import pytest
 import torch
-from fingerprint import fingerprint, only_added
+from fingerprint import fingerprint
 
 import epass
 import epass.executorch
@@ -38,11 +38,11 @@ def test_executorch_to_edge_alone_writes_copies_into_the_given_dicts() -> None:
     # program a state_dict of its own.
     _, ep, _ = models.export("mlp")
     lowered = _fold_views().run(ep)
-    views = dict(ep.constants)
+    views = dict(lowered.constants)
     assert views and not any(v.is_contiguous() for v in views.values())
     edge = exir.to_edge(lowered)
     assert edge.exported_program().state_dict is not ep.state_dict
-    assert any(ep.constants[k] is not v for k, v in views.items())
+    assert any(lowered.constants[k] is not v for k, v in views.items())
 
 
 def test_to_edge_shares_the_users_state_and_runs() -> None:
@@ -56,18 +56,18 @@ def test_to_edge_shares_the_users_state_and_runs() -> None:
     assert result.shared and result.links["forward"].changed == ()
     assert result.pipelines["forward"].records[0].name == "decompose"
     pte = result.to_executorch().buffer
-    assert only_added(before, fingerprint(ep))  # to_executorch wrote nothing either
+    assert fingerprint(ep) == before  # to_executorch wrote nothing either
     torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
 
 
 def test_to_edge_keeps_copies_out_of_the_users_dict() -> None:
     module, ep, args = models.export("mlp")
     lowered = _fold_views().run(ep)
-    store = dict(ep.constants)
+    store = dict(lowered.constants)
     before = fingerprint(ep)
     result = epass.executorch.to_edge(lowered)
-    assert ep.constants == store  # the same objects under the same keys, no new ones
-    assert all(ep.constants[k] is v for k, v in store.items())
+    assert lowered.constants == store  # the same objects under the same keys, no new ones
+    assert all(lowered.constants[k] is v for k, v in store.items())
     assert fingerprint(ep) == before
     link = result.links["forward"]
     # ExecuTorch made the transposed weights contiguous: the edge program keeps those
@@ -106,7 +106,7 @@ def test_to_edge_transform_and_lower_through_xnnpack() -> None:
     removed = result.links["forward"].state_dict.removed
     assert "net.0.weight" in removed and "net.0.weight" in ep.state_dict
     pte = result.to_executorch().buffer
-    assert only_added(before, fingerprint(ep))
+    assert fingerprint(ep) == before
     torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
 
 
@@ -118,14 +118,17 @@ def test_to_edge_exports_a_module_and_takes_method_dicts() -> None:
     for key, value in module.state_dict(keep_vars=True).items():
         assert sd[key] is value, key
     _, ep, _ = models.export("seed")
+    keys = list(ep.state_dict)
     both = epass.executorch.to_edge({"forward": ep, "again": ep})
     assert set(both.links) == {"forward", "again"}
-    # ExecuTorch lifts "count.add_(1)"'s scalar into the state_dict on each call: the
-    # first method adds it to the store, the second finds it there.
-    added = sorted(r.state_dict.added for r in both.links.values())
-    assert added == [(), ("_lifted_tensor_constant1",)] and both.shared
+    # ExecuTorch lifts "count.add_(1)"'s scalar into the state_dict on each call:
+    # each edge program holds it in a state_dict of its own; the user's never gains it.
+    added = [r.state_dict.added for r in both.links.values()]
+    assert added == [("_lifted_tensor_constant1",)] * 2 and not both.shared
+    assert list(ep.state_dict) == keys
     for name in both.links:
-        assert both.exported_program(name).state_dict is ep.state_dict
+        sd = both.exported_program(name).state_dict
+        assert sd is not ep.state_dict and all(sd[k] is ep.state_dict[k] for k in keys)
 
 
 def test_to_edge_renames_lifted_scalars_that_collide_with_the_store() -> None:
@@ -135,9 +138,11 @@ def test_to_edge_renames_lifted_scalars_that_collide_with_the_store() -> None:
     other = torch.tensor(7)
     ep.state_dict["_lifted_tensor_constant1"] = other
     result = epass.executorch.to_edge(ep)
-    assert result.shared and ep.state_dict["_lifted_tensor_constant1"] is other
+    assert ep.state_dict["_lifted_tensor_constant1"] is other
     (added,) = result.links["forward"].state_dict.added
-    assert added == "_lifted_tensor_constant1_1" and ep.state_dict[added].item() == 1
+    edge_state = result.exported_program().state_dict
+    assert added == "_lifted_tensor_constant1_1" and edge_state[added].item() == 1
+    assert added not in ep.state_dict
     targets = {s.target for s in result.exported_program().graph_signature.input_specs}
     assert added in targets and "_lifted_tensor_constant1" not in targets
     pte = result.to_executorch().buffer

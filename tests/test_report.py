@@ -24,7 +24,7 @@ RECORD_KEYS = {
 }  # fmt: skip
 TOP_KEYS = {
     "schema", "epass_version", "torch_version", "created", "pipeline", "input", "output",
-    "modified", "shared", "seconds", "nodes_before", "nodes_after", "numerics", "passes",
+    "modified", "shared", "owners", "seconds", "nodes_before", "nodes_after", "numerics", "passes",
 }  # fmt: skip
 
 
@@ -104,6 +104,9 @@ def test_json_keys_are_stable(run: tuple[PassManager, Any, Any]) -> None:
     assert passes[2]["link"]["state_dict"]["changed"] == ["w"]
     assert passes[2]["link"]["shared"] is False
     assert report["shared"] is False
+    assert passes[0]["link"]["owners"] == {"state_dict": "user", "constants": "user"}
+    assert passes[2]["link"]["owners"] == {"state_dict": "own", "constants": "user"}
+    assert report["owners"] == {"state_dict": "own", "constants": "user"}
     assert report["nodes_before"] == passes[0]["nodes_before"]
     assert json.loads(json.dumps(report)) == report
 
@@ -163,6 +166,7 @@ def test_html_is_self_contained_and_shows_every_part(run: tuple[PassManager, Any
     assert '<polyline class="nodes"' in page
     assert 'class="delta"' in page and "aten.add.Tensor" in page  # op-delta table
     assert page.count('class="state diverged"') == 1  # rescale-test changed w
+    assert "own state_dict, user&#x27;s constants" in page
     assert "state_dict:b" in page and "state_dict:w" in page
 
 
@@ -223,3 +227,28 @@ def test_reports_say_which_decompose_path_ran() -> None:
     report = build_report(pm(ep), manager=pm)
     assert report["passes"][0]["notes"]["method"] == "retrace"
     assert "method=retrace" in render_html(report)
+
+
+def test_report_says_which_dicts_are_the_users_and_which_the_outputs_own() -> None:
+    from epass.passes import ConstantFold
+
+    class Folds(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("t", torch.linspace(-1, 1, 4), persistent=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * torch.exp(self.t)
+
+    ep = torch.export.export(Folds(), (torch.randn(2, 4),))
+    pm = PassManager([Decompose(), ConstantFold()])
+    report = build_report(pm(ep), manager=pm)
+    owners = [p["link"]["owners"] for p in report["passes"]]
+    assert owners == [
+        {"state_dict": "user", "constants": "user"},
+        {"state_dict": "user", "constants": "own"},
+    ]
+    assert report["owners"] == {"state_dict": "user", "constants": "own"}
+    page = render_html(report)
+    assert page.count('class="state own"') == 1 and page.count('class="state shared"') == 1
+    assert "user&#x27;s state_dict, own constants" in page
