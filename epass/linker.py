@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -115,7 +115,7 @@ class LinkReport:
         }
 
 
-def owners_text(owners: dict[str, Owner]) -> str:
+def owners_text(owners: Mapping[str, str]) -> str:
     """``user's dicts``, ``own dicts`` or ``user's state_dict, own constants``."""
     sd, consts = owners["state_dict"], owners["constants"]
     if sd == consts:

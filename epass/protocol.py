@@ -16,8 +16,9 @@ mutate its input       the input is a private view: dict copies always, and a
                        graph copy (nested ``meta`` containers copied too)
                        unless the pass declares ``changes_input = False``;
                        such a pass that returns its input edited is an error
-write to a dict        the dicts a pass sees are private copies; only the
-                       linker writes to the store
+write to a dict        the dicts a pass sees are private copies; the linker
+                       never inserts into a dict another program reads (an
+                       output with added entries owns a new dict)
 write to a tensor      detected (``_version`` counters, optionally a
                        fingerprint of bytes and layout) and raised as
                        :class:`~epass.StateMutationError` naming the keys

@@ -150,9 +150,11 @@ class ConstantFold:
 
     Graph: folded nodes become ``CONSTANT_TENSOR`` placeholders. State: **adds**
     one ``constants`` entry per boundary value (keys ``folded_<node>``); the
-    entries of inputs that became unused leave the output's dicts, and with the
-    default policy they stay in the store and are listed as removed in the link
-    report. No existing entry changes, so the output shares the user's dicts.
+    entries of inputs that became unused leave the output's dicts (the user's
+    dicts keep them; the link report lists them as removed). No existing entry
+    changes: the output shares the user's ``state_dict``, and holds a
+    ``constants`` dict of its own (the user's tensor objects plus the folded
+    values) when it folded anything.
     Works on training-IR and decomposed programs alike.
 
     Args:

@@ -38,8 +38,9 @@ class DeadCodeElimination:
     program is returned as is without copying its graph.
 
     State: **removes** the entries of the dropped inputs from the output's dicts.
-    With the default policy they stay in the store (the input still needs them)
-    and the link report lists them as removed; nothing is added or changed.
+    The user's dicts keep them (the input still needs them) and the link report
+    lists them as removed; nothing is added or changed, so the output shares the
+    dicts it was given.
     Works on training-IR and decomposed programs.
 
     Example::

@@ -34,8 +34,9 @@ class LiftConstants:
 
     Graph: each tensor ``get_attr`` becomes a placeholder before the user inputs.
     State: **adds** one ``constants`` entry per attribute, holding the same tensor
-    object; changes and removes nothing. With the default policy the store gains
-    the entries and the output shares the user's dicts.
+    object; changes and removes nothing. The output shares the user's
+    ``state_dict`` and holds a ``constants`` dict of its own (the user's tensor
+    objects plus the lifted ones); the user's dicts gain nothing.
 
     Args:
         fx: optional ``GraphModule -> GraphModule | None`` rewrite to run first.

@@ -20,10 +20,11 @@ def lower(**options: object) -> PassManager:
     The result is a core-ATen program without runtime assertions in which every
     computation on state alone (such as the ``permute`` of each linear weight) is a
     pre-computed constant, duplicates are merged and unused inputs are gone.
-    State: the store gains the folded constants; the output shares the user's
-    dicts. ``options`` go to :class:`~epass.PassManager` (``instruments``,
-    ``linker``, ``verify``...); they are Python keywords only, and pipeline text
-    gives a preset no options.
+    State: the output shares the user's ``state_dict``; when something was folded
+    it holds a ``constants`` dict of its own (the user's tensor objects plus the
+    folded values), and the user's dicts gain nothing. ``options`` go to
+    :class:`~epass.PassManager` (``instruments``, ``linker``, ``verify``...); they
+    are Python keywords only, and pipeline text gives a preset no options.
 
     Example::
 
@@ -38,8 +39,9 @@ def cleanup(**options: object) -> PassManager:
     """A graph tidy-up after custom rewrites, named ``"cleanup"``:
     LiftConstants -> ConstantFold -> CSE -> DCE, repeated until nothing changes
     (at most 3 rounds). It keeps the program's dialect (no decomposition) and its
-    assertions. State: the store gains lifted and folded constants; the output
-    shares the user's dicts. ``options`` go to :class:`~epass.PassManager`, from
+    assertions. State: the output shares the user's ``state_dict``; lifted and
+    folded constants go into a ``constants`` dict of its own, and the user's
+    dicts gain nothing. ``options`` go to :class:`~epass.PassManager`, from
     Python only (pipeline text gives a preset no options).
 
     Example::
