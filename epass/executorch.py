@@ -125,7 +125,9 @@ def _hand_off(
             store, new = getattr(programs[name], field), getattr(program, field)
             _reuse_equal(store, new)
             _rename_collisions(program, new, store, set(getattr(private[name], field)))
-        links[name] = linker.link(programs[name], program, pass_name=caller).report
+        links[name] = linker.link(
+            programs[name], program, pass_name=caller, user=sources[name]
+        ).report
         logger.debug("executorch.%s: %s: %s", caller, name, links[name].summary())
     return EdgeResult(edge=edge, programs=programs, pipelines=pipelines, links=links)
 

@@ -269,8 +269,10 @@ class StateLinker:
     objects, or new objects over the same memory) or fewer; when the pass added
     an entry or changed a value, the output gets its own dict ("copy on add"), in
     which every entry it shares with the store is still the store's object, and
-    the store is left alone. ``strict`` raises :class:`~epass.StateConflictError`
-    for changed values instead, and ``in_place`` writes changed values and
+    the store is left alone. A store that is not ``user``'s dict (an earlier
+    output's own) is also copied, without them, when the pass dropped entries.
+    ``strict`` raises :class:`~epass.StateConflictError` for changed values
+    instead, and ``in_place`` writes changed values and
     removals into the store (the original program is consumed); added entries go
     into the output's own dict under every policy. No tensor bytes are read unless
     ``compare_values`` is set.
@@ -358,7 +360,11 @@ class StateLinker:
                         delete(store, key)
                     own = bool(report.added)
                 else:
-                    own = bool(report.added or report.changed)
+                    # A dict that is not the user's belongs to an earlier output of
+                    # the same run: one that dropped entries gets a copy without
+                    # them, so an own dict holds what its output holds.
+                    dropped = bool(report.removed) and store is not getattr(user, name)
+                    own = bool(report.added or report.changed or dropped)
                 # Copy on add: an entry the store lacks never enters the store, which
                 # other programs (the user's among them) read whole.
                 dicts[name] = plan.output if own else store

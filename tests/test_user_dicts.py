@@ -265,3 +265,38 @@ def test_no_pipeline_of_built_ins_adds_a_key_to_the_users_dicts(case, names):
     assert fingerprint(ep) == before
     if "cast-dtype" not in names:  # the one built-in that changes values
         assert out.state_dict is ep.state_dict
+
+
+def test_an_own_dict_is_copied_without_the_entries_a_later_pass_drops():
+    _, ep, _ = models.export("mlp")
+    seen: list[torch.export.ExportedProgram] = []
+
+    class Keep:
+        def after_pass(self, info, program, record):
+            seen.append(program)
+
+    def add(view):
+        view.constants["extra"] = torch.ones(1)
+        return PassResult(view, True)
+
+    def drop(view):
+        del view.constants["extra"]
+        return PassResult(view, True)
+
+    result = PassManager([add, drop], instruments=[Keep()])(ep)
+    assert "extra" not in result.program.constants and "extra" not in ep.constants
+    assert "extra" in seen[0].constants  # the earlier output keeps what it held
+    assert result.records[1].link.constants.removed == ("extra",)
+    assert result.owners == {"state_dict": "user", "constants": "own"}
+
+
+def test_an_output_dropping_a_users_entry_still_shares_the_users_dict():
+    _, ep, _ = models.export("mixed")
+
+    def drop(view):
+        view.state_dict.pop("scale")
+        return PassResult(view, True)
+
+    result = PassManager([drop], verify=False)(ep)
+    assert result.program.state_dict is ep.state_dict and "scale" in ep.state_dict
+    assert result.records[0].link.state_dict.removed == ("scale",)
