@@ -70,6 +70,7 @@ def test_pipelines_that_fold_lift_and_fuse_leave_the_users_keys_as_they_were(nam
     before = fingerprint(ep)
     out = _pipelines()[name].run(ep)
     assert fingerprint(ep) == before
+    assert out.state_dict is ep.state_dict
     added = {s.target for s in out.graph_signature.input_specs} - set(ep.state_dict)
     assert added - set(ep.constants), "the pipeline was meant to add entries"
     torch.testing.assert_close(out.module()(*args), module(*args))
