@@ -71,10 +71,12 @@ def small() -> dict[str, bytes]:
     )
 
 
-def _rename_input(program: Any, old: str, new: str) -> Any:
-    """Rename a value everywhere torch refers to it (names and dict keys)."""
-    text = json.dumps(program).replace(json.dumps(old), json.dumps(new))
-    return json.loads(text)
+def _rename_value(program: Any, old: str, new: str) -> Any:
+    """Rename a graph value everywhere the graph refers to it (names and dict keys);
+    the module's argument names (``forward_arg_names``) stay as they were."""
+    renamed = json.loads(json.dumps(program).replace(json.dumps(old), json.dumps(new)))
+    renamed["graph_module"]["module_call_graph"] = program["graph_module"]["module_call_graph"]
+    return renamed
 
 
 # --- the two holes of issue 16 --------------------------------------------------------
@@ -85,7 +87,7 @@ def test_value_name_with_code_runs_in_torch_but_is_refused_by_the_screen(
 ) -> None:
     marker = tmp_path / "executed"
     name = f"y=__import__('pathlib').Path({str(marker)!r}).touch()"
-    evil = _write(small, tmp_path / "evil.pt2", _rename_input(_program_of(small), "x", name))
+    evil = _write(small, tmp_path / "evil.pt2", _rename_value(_program_of(small), "x", name))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with contextlib.suppress(Exception):
