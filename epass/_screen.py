@@ -121,6 +121,7 @@ EXPR_CHARS = 10_000
 INT_DIGITS = 20
 MAX_EXPONENT = 64
 POWER_DEPTH = 2
+MAX_DIGITS = 10_000
 _POWER_CALLS = frozenset(["Pow", "PowByNatural", "FloatPow", "pow", "LShift", "RShift"])
 _FLOAT_TEXT = re.compile(r"[+-]?\d{1,20}(\.\d{0,20})?([eE][+-]?\d{1,3})?|[+-]?(inf|nan)")
 
@@ -170,10 +171,54 @@ def _power(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
     return None
 
 
-def _power_depth(node: ast.AST) -> int:
-    """How many powers are nested in one another below and at ``node``."""
-    inner = max((_power_depth(child) for child in ast.iter_child_nodes(node)), default=0)
-    return inner + (1 if _power(node) is not None else 0)
+def _post_order(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree``, children before their parent (no recursion: a product of
+    thousands of factors is one long chain)."""
+    pre, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        pre.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return pre[::-1]
+
+
+def _size(tree: ast.AST) -> tuple[int, int]:
+    """(how many powers nest at most, how many digits the largest number sympy or
+    Python may compute has at most), a symbol counted as one digit.
+
+    Integer arithmetic is exact in both, so the digits bound the time: ``a * b``
+    has the digits of both, ``a ** n`` n times those of ``a``, ``a << n`` n bits
+    more than ``a``, anything else one more than its largest operand.
+    """
+    depth: dict[int, int] = {}
+    digits: dict[int, int] = {}
+    for node in _post_order(tree):
+        children = [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr)]
+        depth[id(node)] = max((depth[id(c)] for c in children), default=0)
+        operands = node.args if isinstance(node, ast.Call) else children
+        sizes = [digits[id(c)] for c in operands if id(c) in digits]
+        name = ast.unparse(node.func) if isinstance(node, ast.Call) else ""
+        power = _power(node)
+        if power is not None:
+            depth[id(node)] += 1
+            exponent = power[1]
+            if isinstance(exponent, ast.UnaryOp):
+                exponent = exponent.operand
+            value = exponent.value if isinstance(exponent, ast.Constant) else 1
+            n = int(abs(value)) if isinstance(value, (int, float)) else 1
+            base = digits.get(id(power[0]), 1)
+            shift = name == "LShift" or (
+                isinstance(node, ast.BinOp) and isinstance(node.op, ast.LShift)
+            )
+            digits[id(node)] = base + n // 3 + 1 if shift else base * max(1, n)
+        elif isinstance(node, ast.Constant):
+            value = node.value
+            digits[id(node)] = len(str(abs(value))) if type(value) is int else 1
+        elif (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)) or name == "Mul":
+            digits[id(node)] = max(1, sum(sizes))
+        else:
+            digits[id(node)] = max(sizes, default=0) + 1
+    return depth[id(tree)], max(digits.values())
 
 
 def _expression_problem(text: str, *, guard: bool) -> str | None:
@@ -193,12 +238,11 @@ def _expression_problem(text: str, *, guard: bool) -> str | None:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return "does not parse"
-    try:
-        depth = _power_depth(tree)
-    except RecursionError:
-        return "nested too deeply"
+    depth, digits = _size(tree)
     if depth > POWER_DEPTH:
         return f"powers nested {depth} deep (at most {POWER_DEPTH})"
+    if digits > MAX_DIGITS:
+        return f"arithmetic on numbers of up to {digits} digits (at most {MAX_DIGITS})"
     calls = _GUARD_CALLS if guard else _SYMPY_CALLS
     call_args: dict[int, tuple[ast.AST, int]] = {}
     slices: set[int] = set()

@@ -112,7 +112,8 @@ def test_value_name_with_code_runs_in_torch_but_is_refused_by_the_screen(
     "expression",
     ["9**9**9", "Pow(9, Pow(9, 9))", "Integer(9)**Integer(99999999)", "1 << 99999999999",
      "9" * 5000, "s0 + " + "9" * 21, "Float('1.0', 999999999)", "((s0**8)**8)**8",
-     "Symbol('s0') * " * 2000 + "1"],
+     "Symbol('s0') * " * 2000 + "1", "Pow(Pow(99999999999999999999, 64), 64)",
+     "*".join(["Pow(99999999999999999999, 64)"] * 300)],
 )  # fmt: skip
 def test_shape_expression_bombs_are_refused_within_a_second(
     expression: str, small: dict[str, bytes], tmp_path: Path
