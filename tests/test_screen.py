@@ -280,6 +280,29 @@ def test_identifiers_refuse_code_keywords_and_folded_unicode() -> None:
     assert _screen.FQN.check("layers.0.weight')") is not None
 
 
+def test_node_metadata_values_are_checked_by_their_key(
+    small: dict[str, bytes], tmp_path: Path
+) -> None:
+    roles = _screen.NODE_METADATA
+    assert roles["source_fn_stack"].check("linear,torch.nn.modules.linear.Linear") is None
+    assert roles["source_fn_stack"].check("x,__import__('os').system") is not None
+    assert roles["nn_module_stack"].check("L__self__,,m.M;L__self__lin,lin,torch.nn.Linear") is None
+    assert roles["nn_module_stack"].check("k,lin\"),__import__('os')#,T") is not None
+    assert roles["custom"].check('{"tag": ["a", 1]}') is None
+    assert roles["custom"].check('{"tag": "a\\rb"}') is not None
+    assert roles["custom"].check("not json") is not None
+    assert roles["stack_trace"].check('File "a.py", line 1, in f\n    x = 1') is None
+    assert roles["stack_trace"].check("line\rprint(1)") is not None
+    program = _program_of(small)
+    node = program["graph_module"]["graph"]["nodes"][0]
+    node["metadata"]["custom"] = json.dumps({"tag": "kept"})
+    loaded = epass.load(_write(small, tmp_path / "custom.pt2", program))
+    assert any(n.meta.get("custom") == {"tag": "kept"} for n in loaded.graph.nodes)
+    node["metadata"]["custom"] = json.dumps({"tag": "\x1b]0;title\x07"})
+    with pytest.raises(UnsafeArchiveError, match=r"metadata\['custom'\].*JSON data"):
+        epass.load(_write(small, tmp_path / "escape.pt2", program))
+
+
 # --- property: every string leaf of real programs, every payload ------------------------
 
 
