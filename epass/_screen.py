@@ -350,12 +350,16 @@ def _identifier(text: str) -> str | None:
 
 
 def _fqn(text: str) -> str | None:
-    # parameter names such as ``layers.0.weight``: identifiers and list indices
+    # Parameter names and type names: ``layers.0.weight``, ``blocks.conv-1.bias`` (a
+    # ModuleDict key), ``__main__.Point``. fx writes a segment that is not an
+    # identifier as getattr(obj, "segment"), between quotes.
     if not text:
         return "empty"
     for part in text.split("."):
-        if not part.isdigit() and _identifier(part) is not None:
-            return f"segment {part[:40]!r} is neither an identifier nor an index"
+        if not (re.fullmatch(r"[A-Za-z0-9_\-]+", part) or part.isidentifier()):
+            return f"segment {part[:40]!r} is not an identifier, index or plain key"
+        if unicodedata.normalize("NFKC", part) != part:
+            return f"segment {part[:40]!r} would be folded into another name (NFKC)"
     return None
 
 

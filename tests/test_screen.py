@@ -276,7 +276,10 @@ def test_identifiers_refuse_code_keywords_and_folded_unicode() -> None:
     assert check("p_layers_0_weight") is None and check("größe") is None
     for bad in ("x=1", "a b", "for", "__class__", "\uff58", "", "x\n"):
         assert check(bad) is not None, bad
-    assert _screen.FQN.check("layers.0.weight") is None
+    for name in ("layers.0.weight", "blocks.conv-1.bias", "__main__.Point"):
+        assert _screen.FQN.check(name) is None, name
+    for name in ("layers..weight", "a.b c", 'a."b', "a.\uff58"):
+        assert _screen.FQN.check(name) is not None, name
     assert _screen.FQN.check("layers.0.weight')") is not None
 
 
