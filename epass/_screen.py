@@ -912,8 +912,11 @@ def _zip_size(file: IO[bytes], name: str) -> int:
 def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
     """Check every member of a .pt2 archive against :data:`ALLOWLIST` without loading it.
 
+    ``models/model.json`` is walked with torch's schema (:func:`screen_program`):
+    every string is checked by the role of its field (:data:`ROLES`).
+
     This checks the members as Python's zip reader finds them; torch's reader can
-    find others in the same file. :func:`load` therefore screens and loads one
+    find others in the same file. ``epass.load`` therefore screens and loads one
     private copy: screen a file only to report on it, and load it with ``load``.
 
     Args:
