@@ -425,8 +425,8 @@ def _operator(text: str) -> str | None:
         return "not an operator namespace"
     try:
         target: Any = functools.reduce(getattr, parts[1:], torch)
-    except (AttributeError, RuntimeError):
-        return None  # unregistered: torch refuses it and names it
+    except Exception:  # AttributeError, or the dispatcher's RuntimeError
+        return None  # not registered: torch refuses it and names it
     return None if _program.is_operator(target) else "not an operator"
 
 
