@@ -122,6 +122,14 @@ INT_DIGITS = 20
 MAX_EXPONENT = 64
 POWER_DEPTH = 2
 MAX_DIGITS = 10_000
+# sympy's time grows faster than linearly with the terms of one expression (a product
+# of 1,400 symbols takes 30 s, a Max of 80 symbols as long); these bound one
+# expression, and the budget below all of a program's distinct expressions together.
+EXPR_TERMS = 128
+MIN_MAX_ARGS = 8
+PROGRAM_TERMS = 10_000
+PROGRAM_MIN_MAX_ARGS = 128
+PROGRAM_EXPR_CHARS = 1_000_000  # every occurrence: torch parses each one again
 _POWER_CALLS = frozenset(["Pow", "PowByNatural", "FloatPow", "pow", "LShift", "RShift"])
 _FLOAT_TEXT = re.compile(r"[+-]?\d{1,20}(\.\d{0,20})?([eE][+-]?\d{1,3})?|[+-]?(inf|nan)")
 
@@ -221,6 +229,24 @@ def _size(tree: ast.AST) -> tuple[int, int]:
     return depth[id(tree)], max(digits.values())
 
 
+def _expression_cost(tree: ast.AST) -> tuple[int, int]:
+    """(terms, arguments of Max and Min) of a parsed expression: what sympy's time
+    grows with (it compares every pair of Max/Min arguments, and flattens nested
+    ones into one call)."""
+    terms = min_max = 0
+    for node in ast.walk(tree):
+        terms += isinstance(node, ast.expr)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            min_max += len(node.args) if node.func.id in ("Max", "Min", "max", "min") else 0
+    return terms, min_max
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def expression_cost(text: str) -> tuple[int, int]:
+    """:func:`_expression_cost` of an expression that passed its role's check."""
+    return _expression_cost(ast.parse(text, mode="eval"))
+
+
 def _expression_problem(text: str, *, guard: bool) -> str | None:
     """Why ``text`` is not bounded arithmetic on shape symbols, or None when it is.
 
@@ -238,6 +264,11 @@ def _expression_problem(text: str, *, guard: bool) -> str | None:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return "does not parse"
+    terms, min_max = _expression_cost(tree)
+    if terms > EXPR_TERMS:
+        return f"{terms} terms (at most {EXPR_TERMS})"
+    if min_max > MIN_MAX_ARGS:
+        return f"Max/Min over {min_max} arguments (at most {MIN_MAX_ARGS})"
     depth, digits = _size(tree)
     if depth > POWER_DEPTH:
         return f"powers nested {depth} deep (at most {POWER_DEPTH})"
@@ -663,6 +694,7 @@ class _ProgramWalk:
         self.strings = 0
         self.union: type = _program.export_schema()[2]
         self.checked: dict[tuple[str, str], str | None] = {}  # (role, text): why
+        self.terms = self.min_max = self.expression_chars = 0
 
     def refuse(self, path: str, why: str) -> _Refuse:
         return _Refuse(self.member, f"field {path or '<root>'}: {why}")
@@ -674,11 +706,31 @@ class _ProgramWalk:
             raise self.refuse(path, "a string field the screen has no role for")
         self.strings += 1
         key = (role.name, value)
-        if key not in self.checked:  # a program repeats its shape expressions and names
+        seen = key in self.checked
+        if not seen:  # a program repeats its shape expressions and names
             self.checked[key] = role.check(value)
         why = self.checked[key]
         if why is not None:
             raise self.refuse(path, f"not a valid {role.name} ({why}): {value[:80]!r}")
+        if role is SYMBOLIC or role is GUARD:
+            self.budget(value, seen, path)
+
+    def budget(self, expression: str, seen: bool, path: str) -> None:
+        """Bound the time torch spends on all of the program's expressions together."""
+        self.expression_chars += len(expression)
+        if not seen:
+            terms, min_max = expression_cost(expression)
+            self.terms += terms
+            self.min_max += min_max
+        for total, limit, what in (
+            (self.expression_chars, PROGRAM_EXPR_CHARS, "characters"),
+            (self.terms, PROGRAM_TERMS, "terms in distinct expressions"),
+            (self.min_max, PROGRAM_MIN_MAX_ARGS, "Max/Min arguments in distinct expressions"),
+        ):
+            if total > limit:
+                raise self.refuse(
+                    path, f"the program's shape expressions exceed {limit} {what} here"
+                )
 
     def walk(
         self, value: Any, tp: Any, owner: tuple[str, str], path: str, outer: tuple[str, str]

@@ -113,7 +113,9 @@ def test_value_name_with_code_runs_in_torch_but_is_refused_by_the_screen(
     ["9**9**9", "Pow(9, Pow(9, 9))", "Integer(9)**Integer(99999999)", "1 << 99999999999",
      "9" * 5000, "s0 + " + "9" * 21, "Float('1.0', 999999999)", "((s0**8)**8)**8",
      "Symbol('s0') * " * 2000 + "1", "Pow(Pow(99999999999999999999, 64), 64)",
-     "*".join(["Pow(99999999999999999999, 64)"] * 300)],
+     "*".join(["Pow(99999999999999999999, 64)"] * 300),
+     "*".join(f"s{i}" for i in range(1400)), "Max(" + ", ".join(f"s{i}" for i in range(80)) + ")",
+     " + ".join(f"Max(s{i}, s{i + 1})*Min(s{i + 2}, 3)" for i in range(250))],
 )  # fmt: skip
 def test_shape_expression_bombs_are_refused_within_a_second(
     expression: str, small: dict[str, bytes], tmp_path: Path
@@ -129,6 +131,25 @@ def test_shape_expression_bombs_are_refused_within_a_second(
         epass.load(evil)
     assert time.perf_counter() - began < 1.0
     assert "symbolic expression" in str(info.value) and ".expr_str" in str(info.value)
+
+
+def test_many_expressions_together_are_refused_by_the_programs_budget(
+    small: dict[str, bytes], tmp_path: Path
+) -> None:
+    """Each expression is within bounds; together they would keep sympy busy."""
+    program = _program_of(small)
+    values = program["graph_module"]["graph"]["tensor_values"]
+    template = json.dumps(values["x"])
+    for i in range(100):
+        product = "*".join(["s0"] * 60) + f" + {i}"
+        assert _screen.SYMBOLIC.check(product) is None
+        values[f"extra_{i}"] = json.loads(
+            template.replace(values["x"]["sizes"][0]["as_expr"]["expr_str"], product)
+        )
+    began = time.perf_counter()
+    with pytest.raises(UnsafeArchiveError, match="shape expressions exceed 10000 terms"):
+        epass.load(_write(small, tmp_path / "many.pt2", program))
+    assert time.perf_counter() - began < 1.0
 
 
 def test_guard_code_bombs_are_refused(small: dict[str, bytes], tmp_path: Path) -> None:
