@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import operator
 import threading
 from typing import Any
@@ -19,9 +20,12 @@ from torch.export.graph_signature import ExportGraphSignature
 __all__ = [
     "PRIVATE_FIELDS",
     "copy_graph_module",
+    "export_schema",
     "load_pt2",
     "new_program",
     "private_view",
+    "pytree_type_names",
+    "serialized_builtin_targets",
     "copy_meta",
     "set_signature",
     "set_state",
@@ -410,3 +414,36 @@ def load_pt2(f: Any, *, trust: bool = False) -> ExportedProgram:
     if "model" not in programs:
         raise ValueError(f"the archive holds no 'model' program (found {sorted(programs)})")
     return programs["model"]
+
+
+# --- the serialization schema (used by the typed screen of untrusted archives) ------
+
+
+def export_schema() -> tuple[type, tuple[int, int], type]:
+    """torch's serialization schema behind ``models/model.json``: the root dataclass
+    (``torch._export.serde.schema.ExportedProgram``), the schema version this torch
+    writes, and the base class of its tagged unions (one key per JSON object)."""
+    from torch._export.serde import schema
+    from torch._export.serde.union import _Union
+
+    return schema.ExportedProgram, tuple(schema.SCHEMA_VERSION), _Union  # type: ignore[return-value]
+
+
+@functools.cache
+def serialized_builtin_targets() -> frozenset[str]:
+    """Node targets that are not ``torch.ops`` operators, as torch's serializer writes
+    them (``_operator.getitem``, ``torch.sym_max``): the symbolic-shape functions it
+    serializes and the builtins its verifier allows."""
+    from torch._export.serde.serialize import _SYM_OPS
+    from torch._export.verifier import Verifier
+
+    ops = set(_SYM_OPS) | set(Verifier().allowed_builtin_ops())
+    return frozenset(f"{op.__module__}.{op.__name__}" for op in ops)
+
+
+def pytree_type_names() -> frozenset[str]:
+    """The type names a serialized pytree spec may name (``builtins.tuple``...): the
+    node types registered with torch's pytree in this process."""
+    from torch.utils import _pytree
+
+    return frozenset(_pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE)

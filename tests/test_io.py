@@ -321,7 +321,25 @@ def _sample_input_key(src: Path, dest: Path, marker: Path) -> Path:
     )
 
 
+def _value_name(src: Path, dest: Path, marker: Path) -> Path:
+    """A graph value renamed to code: torch writes value names into the ``forward`` it
+    generates while loading."""
+
+    def edit(name: str, data: bytes) -> bytes:
+        if name != "models/model.json":
+            return data
+        program = json.loads(data)
+        calls = program["graph_module"]["module_call_graph"]
+        code = json.dumps(f"y=__import__('pathlib').Path('{marker}').touch()")
+        renamed = json.loads(json.dumps(program).replace('"x"', code))
+        renamed["graph_module"]["module_call_graph"] = calls
+        return json.dumps(renamed).encode()
+
+    return _rewrite(src, dest, edit, {})
+
+
 HOSTILE = {
+    "value-name": _value_name,
     "sample-input-key": _sample_input_key,
     "sympy-line-continuation": _sympy_line_continuation,
     "guard-message": _guard_message,
@@ -368,7 +386,7 @@ def test_hostile_archive_is_refused_before_anything_runs(
 @pytest.mark.parametrize(
     "kind",
     ["uppercase-member", "sample-inputs-pickle", "constants-pickle", "tensor-subclass-weights",
-     "sympy-expression-code"],
+     "sympy-expression-code", "value-name"],
 )  # fmt: skip
 def test_torch_export_load_alone_runs_the_hostile_payload(
     kind: str, program_file: Path, tmp_path: Path
@@ -715,7 +733,7 @@ def test_allowed_shape_functions_cover_torchs_deserializer() -> None:
 
     from torch._export.serde import serialize
 
-    from epass.io import _SYMPY_CALLS
+    from epass._screen import _SYMPY_CALLS
 
     source = Path(serialize.__file__).read_text()
     known = set(re.findall(r'"(\w+)": torch\.utils\._sympy\.functions\.\w+', source))

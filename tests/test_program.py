@@ -285,3 +285,29 @@ def test_is_set_to_never_matches_lazy_views():
 def test_tree_leaves_flattens_nested_outputs():
     a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
     assert _program.tree_leaves((a, [b, {"c": c}])) == [a, b, c]
+
+
+def test_export_schema_is_the_dataclass_tree_behind_model_json() -> None:
+    import dataclasses
+    import typing
+
+    root, version, union = _program.export_schema()
+    assert dataclasses.is_dataclass(root) and root.__name__ == "ExportedProgram"
+    assert {"graph_module", "schema_version", "guards_code"} <= {
+        f.name for f in dataclasses.fields(root)
+    }
+    assert len(version) == 2 and all(isinstance(v, int) for v in version)
+    graph_module = typing.get_type_hints(root)["graph_module"]
+    graph = typing.get_type_hints(graph_module)["graph"]
+    argument = typing.get_args(typing.get_type_hints(graph)["inputs"])[0]
+    assert issubclass(argument, union)  # one key per JSON object
+
+
+def test_serialized_builtin_targets_are_named_as_torch_writes_them() -> None:
+    targets = _program.serialized_builtin_targets()
+    assert {"_operator.getitem", "_operator.add", "torch.sym_max", "math.trunc"} <= targets
+    assert not any(t.startswith("torch.ops.") for t in targets)
+
+
+def test_pytree_type_names_include_the_builtin_containers() -> None:
+    assert {"builtins.tuple", "builtins.list", "builtins.dict"} <= _program.pytree_type_names()
