@@ -5,6 +5,9 @@ library pieces (:mod:`epass.io`, :mod:`epass.instruments`). Every failure exits
 non-zero with one line ``epass: error: <reason>`` on stderr (plus a caret line for
 pipeline syntax errors); ``--debug`` shows the traceback. Exit codes: 0, 1 (a pass
 or a check failed), 2 (bad arguments, files or pipeline text), 130 (interrupted).
+
+Each command imports torch and the library inside the function that runs it, so
+``epass --help``, ``epass passes`` and argument errors start at once.
 """
 
 from __future__ import annotations
@@ -18,20 +21,16 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-import torch
-from torch.export import ExportedProgram
-
-from epass import io
 from epass.errors import CliError, LoadError, PassError, PipelineError, RegistryError, SaveError
-from epass.instruments import NumericsCheck, Progress, Reproducer
-from epass.instruments.numerics import random_inputs
-from epass.manager import PassManager
-from epass.pipeline import create_pass
-from epass.records import flatten
-from epass.registry import list_passes
-from epass.report import build_report, write_report
+from epass.registry import pass_table
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from epass.instruments import NumericsCheck, Reproducer
+    from epass.manager import PassManager
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "build_parser", "main"]
 
@@ -107,6 +106,8 @@ def _state_text(record: Any) -> str:
 
 
 def _summary(out: _Out, result: Any) -> None:
+    from epass.records import flatten
+
     rows = []
     for r in flatten(result.records):
         ops = sum(abs(v) for v in r.op_delta.values())
@@ -132,6 +133,8 @@ def _human(n: float) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
+    from epass import io
+
     ep = io.load(args.input, trust=args.trust, imports=args.imports)
     info = io.inspect(ep)
     if args.json:
@@ -173,6 +176,8 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
 
 
 def _demo_program() -> ExportedProgram:
+    import torch
+
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(
         32, 4, dim_feedforward=64, dropout=0.0, batch_first=True
@@ -183,6 +188,9 @@ def _demo_program() -> ExportedProgram:
 
 def _demo_pipeline() -> tuple[Any, str]:
     """The ``lower`` preset when it is installed, else ``decompose``."""
+    from epass.manager import PassManager
+    from epass.pipeline import create_pass
+
     try:
         create_pass("lower")
         return PassManager.from_text("lower"), "lower"
@@ -191,6 +199,11 @@ def _demo_pipeline() -> tuple[Any, str]:
 
 
 def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
+    import torch
+
+    from epass import io
+    from epass.report import build_report, write_report
+
     if args.report:
         io.check_output_path(args.report, REPORT_SUFFIXES)
     start = time.perf_counter()
@@ -218,6 +231,8 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
 
 
 def _build_manager(text: str, steps: int) -> PassManager:
+    from epass.manager import PassManager
+
     try:
         return PassManager.from_text(text, steps=steps)
     except PipelineError as exc:
@@ -238,6 +253,9 @@ def _tolerance(text: str) -> float:
 
 
 def _numerics_check(args: argparse.Namespace, ep: ExportedProgram) -> NumericsCheck:
+    from epass.instruments import NumericsCheck
+    from epass.instruments.numerics import random_inputs
+
     tolerances = {k: v for k, v in (("atol", args.atol), ("rtol", args.rtol)) if v is not None}
     inputs = None if ep.example_inputs is not None else random_inputs(ep)
     return NumericsCheck(inputs, reference="input", **tolerances)
@@ -266,6 +284,10 @@ def _reproducer_note(reproducer: Reproducer) -> str:
 
 
 def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
+    from epass import io
+    from epass.instruments import Progress, Reproducer
+    from epass.report import build_report, write_report
+
     # Everything that can be checked is checked before the (slow) load and run.
     if args.steps < 1:
         raise CliError(f"--steps must be a positive integer, got {args.steps}")
@@ -359,17 +381,17 @@ def plain_text(text: str) -> str:
 
 
 def _cmd_passes(args: argparse.Namespace, out: _Out) -> int:
-    entries = list_passes()
+    entries = pass_table()
     if args.json:
-        print(json.dumps([e.as_dict() for e in entries], indent=2))
+        print(json.dumps(entries, indent=2))
         return 0
     rows = []
     for e in entries:
-        description = f"ERROR: {e.error}" if e.error else plain_text(e.description)
+        description = f"ERROR: {e['error']}" if e["error"] else plain_text(e["description"])
         options = ", ".join(
-            o.name if o.required else f"{o.name}={o.as_dict()['default']}" for o in e.options
+            o["name"] if o["required"] else f"{o['name']}={o['default']}" for o in e["options"]
         )
-        rows.append([e.name, e.source, description, options])
+        rows.append([e["name"], e["source"], description, options])
     out.table(None, ["pass", "source", "description", "options"], rows)
     return 0
 

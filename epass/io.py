@@ -22,7 +22,6 @@ from typing import IO, Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.pt2_archive import PT2ArchiveReader
 
 from epass import _program
 from epass.errors import ArgumentTypeError, LoadError, SaveError, UnsafeArchiveError
@@ -369,6 +368,9 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
         raise _unsafe(name, refused) from None
     except zipfile.BadZipFile as exc:
         raise LoadError(f"{name}: not a .pt2 archive ({exc})", path=name) from exc
+    # Imported here: torch.export.pt2_archive pulls in torch._dynamo (seconds).
+    from torch.export.pt2_archive import PT2ArchiveReader
+
     file.seek(0)
     # torch's own zip reader must see exactly the members screened above.
     try:

@@ -659,3 +659,28 @@ def test_torchao_pt2e_program_loads_with_import_torchao(tmp_path: Path) -> None:
     loaded = _epass("inspect", str(program), "--import", "torchao", path=tmp_path)
     assert loaded.returncode == 0, loaded.stderr
     assert "quantized_decomposed.quantize_per_tensor.default" in loaded.stdout
+
+
+def _imported_by(*argv: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run ``python -m epass ARGV`` and list every module it imported."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "epass", *argv],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    modules = {line.rsplit("|", 1)[-1].strip() for line in lines[1:]}
+    return proc, modules
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["run", "--help"], ["passes"], ["passes", "--json"], ["bogus"],
+     ["run", "x.pt2"], ["run", "x.pt2", "-p", "dce", "--atol", "nope"]],
+)  # fmt: skip
+def test_help_passes_and_argument_errors_import_no_torch(argv: list[str]) -> None:
+    proc, modules = _imported_by(*argv)
+    assert proc.returncode == (0 if "--help" in argv or argv[0] == "passes" else 2)
+    assert "epass.cli" in modules and "argparse" in modules
+    assert sorted(m for m in modules if m == "torch" or m.startswith("torch.")) == []
+    if argv[0] == "passes":
+        assert "fold-constants" in proc.stdout and "max_growth" in proc.stdout
