@@ -32,7 +32,14 @@ if TYPE_CHECKING:
     from epass.instruments import NumericsCheck, Reproducer
     from epass.manager import PassManager
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "build_parser", "main"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+    "printable",
+]
 
 EXIT_FAILED = 1  # a pass failed, or numerics differ
 EXIT_USAGE = 2  # bad arguments, files or pipeline text
@@ -41,8 +48,33 @@ EXIT_INTERRUPTED = 130
 REPORT_SUFFIXES = (".json", ".html", ".htm")
 
 
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: every non-printable character escaped.
+
+    Names in a .pt2 file are whatever its author wrote. ESC, BEL, CSI, OSC or C1
+    sequences printed raw would set the window title, clear the screen or rewrite
+    what was shown; a newline would forge an output line. Everything the command
+    prints goes through here.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _ESCAPES.get(c) or _escape(ord(c)) for c in text)
+
+
+def _escape(code: int) -> str:
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 class _Out:
-    """Tables and progress with rich, or plain text when rich is missing or --plain."""
+    """Tables and progress with rich, or plain text when rich is missing or --plain.
+
+    Every string is passed through :func:`printable`, and rich reads none as markup.
+    """
 
     def __init__(self, plain: bool, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
@@ -58,10 +90,12 @@ class _Out:
                     file=self.stream,
                     width=None if terminal else 120,
                     highlight=False,
+                    emoji=False,
                     soft_wrap=False,
                 )
 
     def line(self, text: str = "") -> None:
+        text = printable(text)
         if self.rich is not None:
             self.rich.print(text, markup=False)
         else:
@@ -71,14 +105,16 @@ class _Out:
         self, title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]]
     ) -> None:
         right = {"step", "seconds", "nodes", "count", "bytes", "entries", "ops"}
+        rows = [[printable(cell) for cell in row] for row in rows]
         if self.rich is not None:
             from rich.table import Table
+            from rich.text import Text
 
             table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
             for c in columns:
                 table.add_column(c, justify="right" if c in right else "left", overflow="fold")
             for row in rows:
-                table.add_row(*row)
+                table.add_row(*(Text(cell) for cell in row))  # Text: no markup
             self.rich.print(table)
             return
         if title:
@@ -312,7 +348,7 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     except PassError as exc:
         note = _reproducer_note(reproducer) if reproducer is not None else ""
         if note:
-            print(note, file=sys.stderr)
+            print(printable(note), file=sys.stderr)
         raise CliError(str(exc).splitlines()[0], code=EXIT_FAILED) from exc
     elapsed = time.perf_counter() - start
     _summary(out, result)
@@ -454,9 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _error(reason: str, code: int, context: str = "") -> int:
-    print(f"epass: error: {reason}", file=sys.stderr)
+    print(f"epass: error: {printable(reason)}", file=sys.stderr)
     if context:
-        print(context, file=sys.stderr)
+        print("\n".join(printable(line) for line in context.split("\n")), file=sys.stderr)
     return code
 
 

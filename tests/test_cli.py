@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from models import export
 
 import epass
 from epass import FxPass, registry
-from epass.cli import main
+from epass.cli import main, printable
 from epass.io import load, unreferenced
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -684,3 +686,80 @@ def test_help_passes_and_argument_errors_import_no_torch(argv: list[str]) -> Non
     assert sorted(m for m in modules if m == "torch" or m.startswith("torch.")) == []
     if argv[0] == "passes":
         assert "fold-constants" in proc.stdout and "max_growth" in proc.stdout
+
+
+# ESC ] 0 ; ... BEL sets the window title, ESC [ 2 J clears the screen, U+009B is the
+# one-byte CSI, NUL and a newline forge output, U+202E reverses text; [bold] is rich markup.
+HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m\x00\r\nforged\u202e\x85[bold]b[/bold]"
+
+
+def _raw_controls(text: str) -> list[str]:
+    return sorted({c for line in text.split("\n") for c in line if not c.isprintable()})
+
+
+@pytest.fixture(scope="module")
+def hostile_names(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A program whose user input and output names hold terminal escapes."""
+    ep = torch.export.export(AddBias(), (torch.randn(3, 4),))
+    renamed = {}
+    for node in ep.graph.nodes:
+        if node.name in ("x", "add"):  # the user input and the user output
+            renamed[node.name] = node.name + HOSTILE
+            node.name = renamed[node.name]
+    for spec in [*ep.graph_signature.input_specs, *ep.graph_signature.output_specs]:
+        spec.arg.name = renamed.get(spec.arg.name, spec.arg.name)
+    path = tmp_path_factory.mktemp("hostile") / "names.pt2"
+    torch.export.save(ep, path)
+    return path
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "rich"])
+def test_inspect_escapes_control_characters_in_names_from_the_file(
+    hostile_names: Path, plain: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["--plain"] if plain else []
+    assert main([*flags, "inspect", str(hostile_names), "--trust"]) == 0
+    out, err = capsys.readouterr()
+    assert _raw_controls(out + err) == []
+    assert "inputs:  x\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m\\x00\\r\\nforged\\u202e\\x85[bold]b" in out
+    assert "outputs: add\\x1b]0;pwned" in out
+    # Screened (a screen may also refuse such names): nothing raw either way.
+    code = main([*flags, "inspect", str(hostile_names)])
+    out, err = capsys.readouterr()
+    assert code in (0, 2) and _raw_controls(out + err) == []
+    assert "\\x1b]0;pwned\\x07" in out + err
+
+
+def test_inspect_json_keeps_names_exact_and_escaped(
+    hostile_names: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(hostile_names), "--trust", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert _raw_controls(out) == [] and out.isascii()
+    assert json.loads(out)["signature"]["user_inputs"] == ["x" + HOSTILE]
+
+
+def test_errors_naming_files_and_members_escape_control_characters(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A downloaded file's name is the sender's text too (`epass inspect *.pt2`).
+    evil = tmp_path / "named\x1b]0;pwned\x07\x9b2J.pt2"
+    with zipfile.ZipFile(files["mlp"]) as src, zipfile.ZipFile(evil, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info))
+        root = src.namelist()[0].split("/")[0]
+        dst.writestr(f"{root}/code/evil{HOSTILE}.py", b"print('hi')")
+    assert main(["inspect", str(evil)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("epass: error: ") and err.count("\n") == 1
+    assert _raw_controls(err) == [] and "evil\\x1b]0;pwned" in err and "named\\x1b]0;" in err
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF)))
+def test_printable_leaves_no_control_character_and_keeps_printable_text(text: str) -> None:
+    shown = printable(text)
+    assert shown.isprintable()
+    assert printable(shown) == shown
+    if text.isprintable():
+        assert shown == text
