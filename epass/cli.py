@@ -4,7 +4,8 @@ Argument parsing and rendering only: loading, saving, numerics and reproducers a
 library pieces (:mod:`epass.io`, :mod:`epass.instruments`). Every failure exits
 non-zero with one line ``epass: error: <reason>`` on stderr (plus a caret line for
 pipeline syntax errors); ``--debug`` shows the traceback. Exit codes: 0, 1 (a pass
-or a check failed), 2 (bad arguments, files or pipeline text), 130 (interrupted).
+or a check failed), 2 (bad arguments, files or pipeline text), 130 (interrupted,
+SIGINT), 143 (terminated, SIGTERM); both signals clean up as any failure does.
 
 Each command imports torch and the library inside the function that runs it, so
 ``epass --help``, ``epass passes`` and argument errors start at once.
@@ -13,14 +14,16 @@ Each command imports torch and the library inside the function that runs it, so
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from epass.errors import CliError, LoadError, PassError, PipelineError, RegistryError, SaveError
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
     "EXIT_USAGE",
     "build_parser",
     "main",
@@ -43,7 +47,8 @@ __all__ = [
 
 EXIT_FAILED = 1  # a pass failed, or numerics differ
 EXIT_USAGE = 2  # bad arguments, files or pipeline text
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 REPORT_SUFFIXES = (".json", ".html", ".htm")
 
@@ -496,12 +501,34 @@ def _error(reason: str, code: int, context: str = "") -> int:
     return code
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that it cleans up as on Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`_Terminated` while the command runs (main thread only)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: signals are not ours to take
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit code (0, 1, 2 or 130)."""
+    """Run the command; returns the exit code (0, 1, 2, 130 or 143)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        with warnings.catch_warnings():
+        with _sigterm_raises(), warnings.catch_warnings():
             if not debug:
                 # torch's own deprecations and fallbacks: noise for a command-line
                 # user, who cannot act on them (--debug shows them).
@@ -520,6 +547,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("epass: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except _Terminated:
+        print("epass: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except SystemExit as exc:  # argparse's --help; or a plugin calling sys.exit on import
         if exc.code in (0, None):
             return 0

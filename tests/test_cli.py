@@ -6,8 +6,10 @@ import io
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -763,3 +765,106 @@ def test_printable_leaves_no_control_character_and_keeps_printable_text(text: st
     assert printable(shown) == shown
     if text.isprintable():
         assert shown == text
+
+
+SLEEPY_PLUGIN = """
+import os
+import pathlib
+import time
+
+import torch
+
+import epass
+
+MARK = pathlib.Path(os.environ["EPASS_TEST_MARK"])
+
+
+def _stall(stage):
+    MARK.write_text(stage)
+    time.sleep(120)
+
+
+@epass.register_pass("sleep-test")
+def sleep_test(ep):
+    _stall("pass")
+    return epass.PassResult(ep, False)
+
+
+_save = torch.export.save
+
+
+def slow_save(ep, f, **kwargs):
+    _save(ep, f, **kwargs)  # the temporary file is written, not yet renamed
+    if os.environ.get("EPASS_TEST_SLOW_SAVE"):
+        _stall("save")
+
+
+torch.export.save = slow_save
+"""
+
+
+def _wait_for(mark: Path, proc: subprocess.Popen[str]) -> None:
+    for _ in range(3000):
+        if mark.exists():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode} first: {proc.communicate()[1]}")
+        time.sleep(0.1)
+    raise AssertionError("the command never reached the slow step")
+
+
+@pytest.mark.parametrize(
+    ("stage", "sig", "code", "word"),
+    [("pass", signal.SIGTERM, 143, "terminated"), ("save", signal.SIGTERM, 143, "terminated"),
+     ("save", signal.SIGINT, 130, "interrupted")],
+)  # fmt: skip
+def test_a_signal_during_run_cleans_up_and_exits_with_its_code(
+    files: dict[str, Path], tmp_path: Path, stage: str, sig: int, code: int, word: str
+) -> None:
+    (tmp_path / "sleepy_plugin.py").write_text(SLEEPY_PLUGIN)
+    out = tmp_path / "out"
+    out.mkdir()
+    mark = tmp_path / "mark"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
+        "EPASS_TEST_MARK": str(mark),
+        "EPASS_TEST_SLOW_SAVE": "1" if stage == "save" else "",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epass", "--plain", "run", str(files["mlp"]),
+         "-p", "sleep-test" if stage == "pass" else "dce", "-o", str(out / "out.pt2"),
+         "--import", "sleepy_plugin"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        _wait_for(mark, proc)
+        assert mark.read_text() == stage
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert err.splitlines() == [f"epass: {word}"]
+    assert list(out.iterdir()) == []  # no temporary file, no partial output
+
+
+def test_ctrl_c_while_torch_imports_exits_130_without_a_traceback(files: dict[str, Path]) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "epass", "run", str(files["mlp"]), "-p", "dce"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:  # -X importtime reports each module as it finishes
+            if line.rsplit("|", 1)[-1].strip().startswith("torch."):
+                proc.send_signal(signal.SIGINT)  # `import torch` has begun, not finished
+                break
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert [line for line in err.splitlines() if not line.startswith("import time:")] == [
+        "epass: interrupted"
+    ]
