@@ -198,6 +198,18 @@ def test_the_public_api_loads_no_compiler_exporter_or_backend() -> None:
     assert _heavy(everything) == []
 
 
+def test_pipeline_text_works_without_importing_the_text_layer_first() -> None:
+    modules = _modules_after(
+        "from epass import PassManager\n"
+        "import sys\n"
+        "assert 'epass.pipeline' not in sys.modules\n"
+        "assert PassManager.from_text('dce, cse').to_text() == 'dce, cse'\n"
+        "assert PassManager(['fold-constants(max_growth=2.0)']).to_text() == "
+        "'fold-constants(max_growth=2.0)'"
+    )
+    assert "epass.pipeline" in modules
+
+
 def test_every_public_name_resolves_to_its_module_object() -> None:
     assert sorted(name for names in epass._EXPORTS.values() for name in names) == sorted(
         n for n in epass.__all__ if n != "__version__"
