@@ -14,7 +14,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _program, registry
+from epass import _graph, _program
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -80,8 +80,6 @@ def resolve_pass(p: Any, position: int | None = None) -> Any:
     """A pass object for ``p``: registered names and pipeline text through the text
     layer, everything else through :func:`~epass.protocol.adapt`."""
     if isinstance(p, str):
-        if _text_layer is None and registry.NAME_PATTERN.fullmatch(p.strip()):
-            return registry.instantiate(p.strip(), {})
         return _text().create(p)
     return adapt(p, position=position)
 
