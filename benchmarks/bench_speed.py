@@ -1,5 +1,6 @@
-"""Every performance figure in one table: the core figures (bench_core.py), the no-op
-skip, coalescing, pipeline overhead on the zoo, and peak memory on a ~1 GB model.
+"""Every performance figure in one table: start-up of the command and the import, the
+core figures (bench_core.py), the no-op skip, coalescing, pipeline overhead on the
+zoo, and peak memory on a ~1 GB model.
 
 Run from the repository root: ``python benchmarks/bench_speed.py [--quick]``.
 All values are ratios (or microseconds, where marked) measured side by side in one run.
@@ -11,6 +12,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -395,6 +397,35 @@ def bench_memory(layers: int, width: int) -> list[Row]:
     ]
 
 
+def bench_start(repeats: int) -> list[Row]:
+    """Start-up in fresh processes: wall-clock medians, alternating A B C D A B C D..."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    commands = {
+        "torch": ["-c", "import torch"],
+        "help": ["-m", "epass", "--help"],
+        "api": ["-c", "from epass import *"],
+        "epass": ["-c", "import epass"],
+    }
+    times: dict[str, list[float]] = {k: [] for k in commands}
+    for round_ in range(repeats + 1):  # the first round warms the page cache
+        for key, argv in commands.items():
+            start = time.perf_counter()
+            subprocess.run([sys.executable, *argv], env=env, cwd=ROOT, check=True,
+                           stdout=subprocess.DEVNULL)  # fmt: skip
+            if round_:
+                times[key].append(time.perf_counter() - start)
+    median = {k: statistics.median(v) for k, v in times.items()}
+    torch_s = median["torch"]
+    return [
+        ("epass --help / python -c 'import torch' (wall, fresh processes)",
+         median["help"] / torch_s, 0.35, f"{median['help']:.2f}s / {torch_s:.2f}s"),
+        ("from epass import * / import torch (wall, fresh processes)",
+         median["api"] / torch_s, 1.10, f"{median['api']:.2f}s; the whole public API"),
+        ("import epass / import torch (wall, fresh processes)",
+         median["epass"] / torch_s, 1.10, f"{median['epass']:.2f}s; names load on first use"),
+    ]  # fmt: skip
+
+
 def bench_guards(repeats: int) -> list[Row]:
     """What the edge guarantees cost: the before-pass snapshot that tells whether a
     pass edited its view in place, the nested node-meta copy in every graph copy,
@@ -471,7 +502,8 @@ def main() -> None:
         rss_child(*args.rss_child)
         return
     quick = args.quick
-    rows = bench_core.core_rows(quick)
+    rows = bench_start(repeats=3 if quick else 7)
+    rows += bench_core.core_rows(quick)
     rows += bench_skip(repeats=3 if quick else 7)
     rows += bench_coalesce(repeats=2 if quick else 5, layers=2 if quick else 6)
     rows += bench_incremental(repeats=3 if quick else 7, quick=quick)

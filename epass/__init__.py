@@ -1,7 +1,9 @@
 """epass: a pass manager for torch.export.ExportedProgram that keeps state shared.
 
-This module re-exports the public API. The package is layered; each layer imports
-only from the ones below it (``lint-imports`` checks this, see docs/concepts.md)::
+This module re-exports the public API, lazily: a name's module is imported the first
+time the name is used, so ``import epass`` and ``epass --help`` do not wait for torch.
+The package is layered; each layer imports only from the ones below it
+(``lint-imports`` checks this, see docs/concepts.md)::
 
     face         cli, __main__, this module
     tools        report, bisect, onnx, executorch
@@ -13,44 +15,53 @@ only from the ones below it (``lint-imports`` checks this, see docs/concepts.md)
     core         errors, verify, _program, _graph, _version
 """
 
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
 from epass._version import __version__
-from epass.bisect import BisectResult, bisect
-from epass.errors import (
-    CliError,
-    EpassError,
-    HandOffError,
-    InstrumentError,
-    LoadError,
-    OrderingError,
-    PassError,
-    PipelineError,
-    ProgramError,
-    SaveError,
-    StateConflictError,
-    StateMutationError,
-    UnsafeArchiveError,
-    VerificationError,
-)
-from epass.instruments import (
-    Instrument,
-    MemoryAccounting,
-    NumericsCheck,
-    OpCounts,
-    PassInfo,
-    PrintIR,
-    Progress,
-    Reproducer,
-    Timing,
-)
-from epass.io import inspect, load, prune, save
-from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
-from epass.manager import PassManager
-from epass.passes import Decompose
-from epass.pipeline import create_pass
-from epass.protocol import FxPass, Pass, PassResult
-from epass.records import PassRecord, PipelineResult
-from epass.registry import list_passes, register_pass
-from epass.verify import verify_program
+
+if TYPE_CHECKING:
+    from epass.bisect import BisectResult, bisect
+    from epass.errors import (
+        CliError,
+        EpassError,
+        HandOffError,
+        InstrumentError,
+        LoadError,
+        OrderingError,
+        PassError,
+        PipelineError,
+        ProgramError,
+        SaveError,
+        StateConflictError,
+        StateMutationError,
+        UnsafeArchiveError,
+        VerificationError,
+    )
+    from epass.instruments import (
+        Instrument,
+        MemoryAccounting,
+        NumericsCheck,
+        OpCounts,
+        PassInfo,
+        PrintIR,
+        Progress,
+        Reproducer,
+        Timing,
+    )
+    from epass.io import inspect, load, prune, save
+    from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
+    from epass.manager import PassManager
+    from epass.passes import Decompose
+    from epass.pipeline import create_pass
+    from epass.protocol import FxPass, Pass, PassResult
+    from epass.records import PassRecord, PipelineResult
+    from epass.registry import list_passes, register_pass
+    from epass.verify import verify_program
 
 __all__ = [
     "BisectResult",
@@ -99,3 +110,77 @@ __all__ = [
     "__version__",
     "verify_program",
 ]
+
+# Where each public name lives; the modules are imported on first use.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "epass.bisect": ("BisectResult", "bisect"),
+    "epass.errors": (
+        "CliError",
+        "EpassError",
+        "HandOffError",
+        "InstrumentError",
+        "LoadError",
+        "OrderingError",
+        "PassError",
+        "PipelineError",
+        "ProgramError",
+        "SaveError",
+        "StateConflictError",
+        "StateMutationError",
+        "UnsafeArchiveError",
+        "VerificationError",
+    ),
+    "epass.instruments": (
+        "Instrument",
+        "MemoryAccounting",
+        "NumericsCheck",
+        "OpCounts",
+        "PassInfo",
+        "PrintIR",
+        "Progress",
+        "Reproducer",
+        "Timing",
+    ),
+    "epass.io": ("inspect", "load", "prune", "save"),
+    "epass.linker": ("DictReport", "LinkReport", "LinkResult", "StateLinker"),
+    "epass.manager": ("PassManager",),
+    "epass.passes": ("Decompose",),
+    "epass.pipeline": ("create_pass",),
+    "epass.protocol": ("FxPass", "Pass", "PassResult"),
+    "epass.records": ("PassRecord", "PipelineResult"),
+    "epass.registry": ("list_passes", "register_pass"),
+    "epass.verify": ("verify_program",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        # A submodule, such as epass.io: `import epass` used to import them all.
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Importing the submodule epass.bisect binds the package's ``bisect`` to that
+        # module; the public name is the function it defines.
+        if isinstance(value, types.ModuleType) and _MODULE_OF.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

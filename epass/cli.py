@@ -4,46 +4,82 @@ Argument parsing and rendering only: loading, saving, numerics and reproducers a
 library pieces (:mod:`epass.io`, :mod:`epass.instruments`). Every failure exits
 non-zero with one line ``epass: error: <reason>`` on stderr (plus a caret line for
 pipeline syntax errors); ``--debug`` shows the traceback. Exit codes: 0, 1 (a pass
-or a check failed), 2 (bad arguments, files or pipeline text), 130 (interrupted).
+or a check failed), 2 (bad arguments, files or pipeline text), 130 (interrupted,
+SIGINT), 143 (terminated, SIGTERM); both signals clean up as any failure does.
+
+Each command imports torch and the library inside the function that runs it, so
+``epass --help``, ``epass passes`` and argument errors start at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 import warnings
-from collections.abc import Sequence
-from typing import Any, NoReturn, TextIO
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-import torch
-from torch.export import ExportedProgram
-
-from epass import io
 from epass.errors import CliError, LoadError, PassError, PipelineError, RegistryError, SaveError
-from epass.instruments import NumericsCheck, Progress, Reproducer
-from epass.instruments.numerics import random_inputs
-from epass.manager import PassManager
-from epass.pipeline import create_pass
-from epass.records import flatten
-from epass.registry import list_passes
-from epass.report import build_report, write_report
+from epass.registry import pass_table
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "build_parser", "main"]
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from epass.instruments import NumericsCheck, Reproducer
+    from epass.manager import PassManager
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+    "printable",
+]
 
 EXIT_FAILED = 1  # a pass failed, or numerics differ
 EXIT_USAGE = 2  # bad arguments, files or pipeline text
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 REPORT_SUFFIXES = (".json", ".html", ".htm")
 
 
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: every non-printable character escaped.
+
+    Names in a .pt2 file are whatever its author wrote. ESC, BEL, CSI, OSC or C1
+    sequences printed raw would set the window title, clear the screen or rewrite
+    what was shown; a newline would forge an output line. Everything the command
+    prints goes through here.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _ESCAPES.get(c) or _escape(ord(c)) for c in text)
+
+
+def _escape(code: int) -> str:
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 class _Out:
-    """Tables and progress with rich, or plain text when rich is missing or --plain."""
+    """Tables and progress with rich, or plain text when rich is missing or --plain.
+
+    Every string is passed through :func:`printable`, and rich reads none as markup.
+    """
 
     def __init__(self, plain: bool, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
@@ -59,10 +95,12 @@ class _Out:
                     file=self.stream,
                     width=None if terminal else 120,
                     highlight=False,
+                    emoji=False,
                     soft_wrap=False,
                 )
 
     def line(self, text: str = "") -> None:
+        text = printable(text)
         if self.rich is not None:
             self.rich.print(text, markup=False)
         else:
@@ -72,14 +110,16 @@ class _Out:
         self, title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]]
     ) -> None:
         right = {"step", "seconds", "nodes", "count", "bytes", "entries", "ops"}
+        rows = [[printable(cell) for cell in row] for row in rows]
         if self.rich is not None:
             from rich.table import Table
+            from rich.text import Text
 
             table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
             for c in columns:
                 table.add_column(c, justify="right" if c in right else "left", overflow="fold")
             for row in rows:
-                table.add_row(*row)
+                table.add_row(*(Text(cell) for cell in row))  # Text: no markup
             self.rich.print(table)
             return
         if title:
@@ -107,6 +147,8 @@ def _state_text(record: Any) -> str:
 
 
 def _summary(out: _Out, result: Any) -> None:
+    from epass.records import flatten
+
     rows = []
     for r in flatten(result.records):
         ops = sum(abs(v) for v in r.op_delta.values())
@@ -132,6 +174,8 @@ def _human(n: float) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
+    from epass import io
+
     ep = io.load(args.input, trust=args.trust, imports=args.imports)
     info = io.inspect(ep)
     if args.json:
@@ -173,6 +217,8 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
 
 
 def _demo_program() -> ExportedProgram:
+    import torch
+
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(
         32, 4, dim_feedforward=64, dropout=0.0, batch_first=True
@@ -183,6 +229,9 @@ def _demo_program() -> ExportedProgram:
 
 def _demo_pipeline() -> tuple[Any, str]:
     """The ``lower`` preset when it is installed, else ``decompose``."""
+    from epass.manager import PassManager
+    from epass.pipeline import create_pass
+
     try:
         create_pass("lower")
         return PassManager.from_text("lower"), "lower"
@@ -191,6 +240,11 @@ def _demo_pipeline() -> tuple[Any, str]:
 
 
 def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
+    import torch
+
+    from epass import io
+    from epass.report import build_report, write_report
+
     if args.report:
         io.check_output_path(args.report, REPORT_SUFFIXES)
     start = time.perf_counter()
@@ -218,6 +272,8 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
 
 
 def _build_manager(text: str, steps: int) -> PassManager:
+    from epass.manager import PassManager
+
     try:
         return PassManager.from_text(text, steps=steps)
     except PipelineError as exc:
@@ -238,6 +294,9 @@ def _tolerance(text: str) -> float:
 
 
 def _numerics_check(args: argparse.Namespace, ep: ExportedProgram) -> NumericsCheck:
+    from epass.instruments import NumericsCheck
+    from epass.instruments.numerics import random_inputs
+
     tolerances = {k: v for k, v in (("atol", args.atol), ("rtol", args.rtol)) if v is not None}
     inputs = None if ep.example_inputs is not None else random_inputs(ep)
     return NumericsCheck(inputs, reference="input", **tolerances)
@@ -266,6 +325,10 @@ def _reproducer_note(reproducer: Reproducer) -> str:
 
 
 def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
+    from epass import io
+    from epass.instruments import Progress, Reproducer
+    from epass.report import build_report, write_report
+
     # Everything that can be checked is checked before the (slow) load and run.
     if args.steps < 1:
         raise CliError(f"--steps must be a positive integer, got {args.steps}")
@@ -290,7 +353,7 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     except PassError as exc:
         note = _reproducer_note(reproducer) if reproducer is not None else ""
         if note:
-            print(note, file=sys.stderr)
+            print(printable(note), file=sys.stderr)
         raise CliError(str(exc).splitlines()[0], code=EXIT_FAILED) from exc
     elapsed = time.perf_counter() - start
     _summary(out, result)
@@ -359,17 +422,17 @@ def plain_text(text: str) -> str:
 
 
 def _cmd_passes(args: argparse.Namespace, out: _Out) -> int:
-    entries = list_passes()
+    entries = pass_table()
     if args.json:
-        print(json.dumps([e.as_dict() for e in entries], indent=2))
+        print(json.dumps(entries, indent=2))
         return 0
     rows = []
     for e in entries:
-        description = f"ERROR: {e.error}" if e.error else plain_text(e.description)
+        description = f"ERROR: {e['error']}" if e["error"] else plain_text(e["description"])
         options = ", ".join(
-            o.name if o.required else f"{o.name}={o.as_dict()['default']}" for o in e.options
+            o["name"] if o["required"] else f"{o['name']}={o['default']}" for o in e["options"]
         )
-        rows.append([e.name, e.source, description, options])
+        rows.append([e["name"], e["source"], description, options])
     out.table(None, ["pass", "source", "description", "options"], rows)
     return 0
 
@@ -432,18 +495,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _error(reason: str, code: int, context: str = "") -> int:
-    print(f"epass: error: {reason}", file=sys.stderr)
+    print(f"epass: error: {printable(reason)}", file=sys.stderr)
     if context:
-        print(context, file=sys.stderr)
+        print("\n".join(printable(line) for line in context.split("\n")), file=sys.stderr)
     return code
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that it cleans up as on Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`_Terminated` while the command runs (main thread only)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: signals are not ours to take
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit code (0, 1, 2 or 130)."""
+    """Run the command; returns the exit code (0, 1, 2, 130 or 143)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        with warnings.catch_warnings():
+        with _sigterm_raises(), warnings.catch_warnings():
             if not debug:
                 # torch's own deprecations and fallbacks: noise for a command-line
                 # user, who cannot act on them (--debug shows them).
@@ -462,6 +547,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("epass: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except _Terminated:
+        print("epass: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except SystemExit as exc:  # argparse's --help; or a plugin calling sys.exit on import
         if exc.code in (0, None):
             return 0

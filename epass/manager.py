@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import graphlib
 import hashlib
+import importlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,7 +14,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _program, registry
+from epass import _graph, _program
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -55,8 +56,9 @@ class TextLayer(Protocol):
     def print(self, pm: PassManager) -> str: ...
 
 
-# epass.pipeline installs itself here when it is imported (importing epass does),
-# so that PassManager.from_text and string passes need no upward import.
+# epass.pipeline installs itself here when it is imported, so that
+# PassManager.from_text and string passes need no upward import; the first use of
+# pipeline text loads it by name when nothing has yet (`import epass` is lazy).
 _text_layer: TextLayer | None = None
 
 
@@ -67,8 +69,10 @@ def install_text_layer(layer: TextLayer) -> None:
 
 
 def _text() -> TextLayer:
-    if _text_layer is None:  # only when epass.manager is loaded without the package
-        raise EpassError("pipeline text needs epass.pipeline; import epass first")
+    if _text_layer is None:
+        importlib.import_module("epass.pipeline")  # calls install_text_layer
+    if _text_layer is None:
+        raise EpassError("epass.pipeline did not install the pipeline text layer")
     return _text_layer
 
 
@@ -76,8 +80,6 @@ def resolve_pass(p: Any, position: int | None = None) -> Any:
     """A pass object for ``p``: registered names and pipeline text through the text
     layer, everything else through :func:`~epass.protocol.adapt`."""
     if isinstance(p, str):
-        if _text_layer is None and registry.NAME_PATTERN.fullmatch(p.strip()):
-            return registry.instantiate(p.strip(), {})
         return _text().create(p)
     return adapt(p, position=position)
 

@@ -8,7 +8,9 @@ pass itself, taking no options.
 Built-ins are registered lazily by ``"module:attribute"``; third-party passes come
 from the entry-point group ``epass.passes``. Nothing is imported until a pass is
 used (or :func:`list_passes` is asked for its options), so a missing or broken
-module only fails the name that needs it.
+module only fails the name that needs it. :func:`pass_table` describes the built-ins
+from :data:`BUILTIN_CATALOG` without importing them, or torch: ``epass passes``
+starts at once.
 
 Example::
 
@@ -36,7 +38,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, overload
 
 import attrs
-import torch
 
 from epass.errors import (
     ArgumentTypeError,
@@ -58,6 +59,7 @@ __all__ = [
     "get_factory",
     "list_passes",
     "pass_names",
+    "pass_table",
     "refresh_plugins",
     "register_pass",
     "unregister_pass",
@@ -87,6 +89,78 @@ BUILTINS: dict[str, str] = {
 BUILTIN_DESCRIPTIONS = {
     "lower": "Preset: decompose, remove-asserts, fold-constants, cse, dce",
     "cleanup": "Preset: clean a program up without lowering it",
+}
+# What list_passes() reports for each built-in once loaded, so that `epass passes`
+# imports neither the passes nor torch: (description, options as (name, type,
+# default in pipeline text, required)). The passes stay the source of truth:
+# tests/test_layers.py checks this table against them, and prints the table to
+# paste here when a docstring or an option changes.
+BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], ...]]] = {
+    "cast-dtype": (
+        "Convert floating parameters, buffers and constants to ``dtype`` (bf16 or fp16), "
+        "so that the program computes in that dtype.",
+        (
+            ("dtype", "torch.dtype", "bfloat16", False),
+            ("keep_io", "bool", "true", False),
+        ),
+    ),
+    "cleanup": (
+        "Preset: clean a program up without lowering it",
+        (),
+    ),
+    "cse": (
+        "Merge nodes that compute the same operator on the same inputs.",
+        (),
+    ),
+    "dce": (
+        "Remove nodes whose results are never used, and state inputs nothing reads.",
+        (),
+    ),
+    "decompose": (
+        "Lower the program with a decomposition table: the program "
+        "``ExportedProgram.run_decompositions`` returns, usually much faster.",
+        (
+            ("table", "dict[Any, Callable[..., Any]] | None", "none", False),
+            ("keep", "tuple[Any, ...]", "[]", False),
+            ("coalesce", "bool", "false", False),
+            ("method", "Method", '"auto"', False),
+            ("check", "bool | None", "none", False),
+        ),
+    ),
+    "fold-constants": (
+        "Evaluate every subgraph whose inputs are only parameters, buffers or constants "
+        "and replace it with a new lifted constant.",
+        (
+            ("max_growth", "float", "1.0", False),
+            ("fold_views", "bool", "false", False),
+        ),
+    ),
+    "fuse-conv-bn": (
+        "Fold eval-mode BatchNorm into the convolution that feeds it.",
+        (),
+    ),
+    "lift-constants": (
+        "Lift tensor ``get_attr`` nodes to placeholders with ``CONSTANT_TENSOR`` specs.",
+        (("fx", "Callable[[torch.fx.GraphModule], Any] | None", "none", False),),
+    ),
+    "lower": (
+        "Preset: decompose, remove-asserts, fold-constants, cse, dce",
+        (),
+    ),
+    "remove-asserts": (
+        "Remove runtime assertion nodes (``aten._assert_scalar``, "
+        "``aten._assert_tensor_metadata``, ``sym_constrain_range*``, the functional "
+        "``_assert_async`` variants and their kin; see :data:`ASSERTION_OPS`).",
+        (),
+    ),
+    "replace-ops": (
+        "Replace operators by other operators or by traced Python functions, and rewrite "
+        "subgraph patterns.",
+        (
+            ("ops", "dict[Any, Callable[..., Any]]", "{}", False),
+            ("patterns", "tuple[tuple[Callable[..., Any], Callable[..., Any]], ...]", "[]", False),
+        ),
+    ),
 }
 
 
@@ -457,6 +531,37 @@ def describe_pass(name: str) -> PassEntry:
     )
 
 
+def pass_table() -> list[dict[str, Any]]:
+    """Every registered pass as ``PassEntry.as_dict()`` describes it, sorted by name.
+
+    Built-ins come from :data:`BUILTIN_CATALOG` without being imported; other
+    entries are loaded as :func:`list_passes` loads them.
+    """
+    rows = []
+    for name in pass_names():
+        with _lock:
+            entry = _entries.get(name)
+        known = BUILTIN_CATALOG.get(name)
+        if entry is None or entry.kind != "builtin" or known is None:
+            rows.append(describe_pass(name).as_dict())
+            continue
+        description, options = known
+        rows.append(
+            {
+                "name": name,
+                "description": description,
+                "source": entry.source,
+                "kind": entry.kind,
+                "target": entry.target,
+                "options": [
+                    {"name": n, "type": t, "default": d, "required": r} for n, t, d, r in options
+                ],
+                "error": entry.error,
+            }
+        )
+    return rows
+
+
 def list_passes() -> list[PassEntry]:
     """Every registered pass with its description, source distribution and options.
 
@@ -638,6 +743,9 @@ def format_value(value: Any) -> str:
         for raw, esc in (("\n", "\\n"), ("\t", "\\t"), ("\r", "\\r"), ("\0", "\\0")):
             escaped = escaped.replace(raw, esc)
         return f'"{escaped}"'
+    # torch is imported where it is needed: `epass passes` reads the registry without it.
+    import torch
+
     if isinstance(value, torch.dtype):
         return str(value).removeprefix("torch.")
     if isinstance(value, (list, tuple)):
@@ -655,6 +763,8 @@ def lookup_operator(parts: list[str]) -> Any:
     would create (and keep) a namespace for any word. Operator and overload
     lookups below a namespace ask torch's C++ registry and import nothing.
     """
+    import torch
+
     obj: Any = vars(torch.ops).get(parts[0])
     if not isinstance(obj, types.ModuleType):
         return None

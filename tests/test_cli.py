@@ -6,8 +6,10 @@ import io
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,11 +17,13 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from models import export
 
 import epass
 from epass import FxPass, registry
-from epass.cli import main
+from epass.cli import main, printable
 from epass.io import load, unreferenced
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -659,3 +663,208 @@ def test_torchao_pt2e_program_loads_with_import_torchao(tmp_path: Path) -> None:
     loaded = _epass("inspect", str(program), "--import", "torchao", path=tmp_path)
     assert loaded.returncode == 0, loaded.stderr
     assert "quantized_decomposed.quantize_per_tensor.default" in loaded.stdout
+
+
+def _imported_by(*argv: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run ``python -m epass ARGV`` and list every module it imported."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "epass", *argv],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    modules = {line.rsplit("|", 1)[-1].strip() for line in lines[1:]}
+    return proc, modules
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["run", "--help"], ["passes"], ["passes", "--json"], ["bogus"],
+     ["run", "x.pt2"], ["run", "x.pt2", "-p", "dce", "--atol", "nope"]],
+)  # fmt: skip
+def test_help_passes_and_argument_errors_import_no_torch(argv: list[str]) -> None:
+    proc, modules = _imported_by(*argv)
+    assert proc.returncode == (0 if "--help" in argv or argv[0] == "passes" else 2)
+    assert "epass.cli" in modules and "argparse" in modules
+    assert sorted(m for m in modules if m == "torch" or m.startswith("torch.")) == []
+    if argv[0] == "passes":
+        assert "fold-constants" in proc.stdout and "max_growth" in proc.stdout
+
+
+# ESC ] 0 ; ... BEL sets the window title, ESC [ 2 J clears the screen, U+009B is the
+# one-byte CSI, NUL and a newline forge output, U+202E reverses text; [bold] is rich markup.
+HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m\x00\r\nforged\u202e\x85[bold]b[/bold]"
+
+
+def _raw_controls(text: str) -> list[str]:
+    return sorted({c for line in text.split("\n") for c in line if not c.isprintable()})
+
+
+@pytest.fixture(scope="module")
+def hostile_names(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A program whose user input and output names hold terminal escapes."""
+    ep = torch.export.export(AddBias(), (torch.randn(3, 4),))
+    renamed = {}
+    for node in ep.graph.nodes:
+        if node.name in ("x", "add"):  # the user input and the user output
+            renamed[node.name] = node.name + HOSTILE
+            node.name = renamed[node.name]
+    for spec in [*ep.graph_signature.input_specs, *ep.graph_signature.output_specs]:
+        spec.arg.name = renamed.get(spec.arg.name, spec.arg.name)
+    path = tmp_path_factory.mktemp("hostile") / "names.pt2"
+    torch.export.save(ep, path)
+    return path
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "rich"])
+def test_inspect_escapes_control_characters_in_names_from_the_file(
+    hostile_names: Path, plain: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["--plain"] if plain else []
+    assert main([*flags, "inspect", str(hostile_names), "--trust"]) == 0
+    out, err = capsys.readouterr()
+    assert _raw_controls(out + err) == []
+    assert "inputs:  x\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m\\x00\\r\\nforged\\u202e\\x85[bold]b" in out
+    assert "outputs: add\\x1b]0;pwned" in out
+    # Screened (a screen may also refuse such names): nothing raw either way.
+    code = main([*flags, "inspect", str(hostile_names)])
+    out, err = capsys.readouterr()
+    assert code in (0, 2) and _raw_controls(out + err) == []
+    assert "\\x1b]0;pwned\\x07" in out + err
+
+
+def test_inspect_json_keeps_names_exact_and_escaped(
+    hostile_names: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(hostile_names), "--trust", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert _raw_controls(out) == [] and out.isascii()
+    assert json.loads(out)["signature"]["user_inputs"] == ["x" + HOSTILE]
+
+
+def test_errors_naming_files_and_members_escape_control_characters(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A downloaded file's name is the sender's text too (`epass inspect *.pt2`).
+    evil = tmp_path / "named\x1b]0;pwned\x07\x9b2J.pt2"
+    with zipfile.ZipFile(files["mlp"]) as src, zipfile.ZipFile(evil, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info))
+        root = src.namelist()[0].split("/")[0]
+        dst.writestr(f"{root}/code/evil{HOSTILE}.py", b"print('hi')")
+    assert main(["inspect", str(evil)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("epass: error: ") and err.count("\n") == 1
+    assert _raw_controls(err) == [] and "evil\\x1b]0;pwned" in err and "named\\x1b]0;" in err
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF)))
+def test_printable_leaves_no_control_character_and_keeps_printable_text(text: str) -> None:
+    shown = printable(text)
+    assert shown.isprintable()
+    assert printable(shown) == shown
+    if text.isprintable():
+        assert shown == text
+
+
+SLEEPY_PLUGIN = """
+import os
+import pathlib
+import time
+
+import torch
+
+import epass
+
+MARK = pathlib.Path(os.environ["EPASS_TEST_MARK"])
+
+
+def _stall(stage):
+    MARK.write_text(stage)
+    time.sleep(120)
+
+
+@epass.register_pass("sleep-test")
+def sleep_test(ep):
+    _stall("pass")
+    return epass.PassResult(ep, False)
+
+
+_save = torch.export.save
+
+
+def slow_save(ep, f, **kwargs):
+    _save(ep, f, **kwargs)  # the temporary file is written, not yet renamed
+    if os.environ.get("EPASS_TEST_SLOW_SAVE"):
+        _stall("save")
+
+
+torch.export.save = slow_save
+"""
+
+
+def _wait_for(mark: Path, proc: subprocess.Popen[str]) -> None:
+    for _ in range(3000):
+        if mark.exists():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode} first: {proc.communicate()[1]}")
+        time.sleep(0.1)
+    raise AssertionError("the command never reached the slow step")
+
+
+@pytest.mark.parametrize(
+    ("stage", "sig", "code", "word"),
+    [("pass", signal.SIGTERM, 143, "terminated"), ("save", signal.SIGTERM, 143, "terminated"),
+     ("save", signal.SIGINT, 130, "interrupted")],
+)  # fmt: skip
+def test_a_signal_during_run_cleans_up_and_exits_with_its_code(
+    files: dict[str, Path], tmp_path: Path, stage: str, sig: int, code: int, word: str
+) -> None:
+    (tmp_path / "sleepy_plugin.py").write_text(SLEEPY_PLUGIN)
+    out = tmp_path / "out"
+    out.mkdir()
+    mark = tmp_path / "mark"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
+        "EPASS_TEST_MARK": str(mark),
+        "EPASS_TEST_SLOW_SAVE": "1" if stage == "save" else "",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epass", "--plain", "run", str(files["mlp"]),
+         "-p", "sleep-test" if stage == "pass" else "dce", "-o", str(out / "out.pt2"),
+         "--import", "sleepy_plugin"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        _wait_for(mark, proc)
+        assert mark.read_text() == stage
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert err.splitlines() == [f"epass: {word}"]
+    assert list(out.iterdir()) == []  # no temporary file, no partial output
+
+
+def test_ctrl_c_while_torch_imports_exits_130_without_a_traceback(files: dict[str, Path]) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "epass", "run", str(files["mlp"]), "-p", "dce"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:  # -X importtime reports each module as it finishes
+            if line.rsplit("|", 1)[-1].strip().startswith("torch."):
+                proc.send_signal(signal.SIGINT)  # `import torch` has begun, not finished
+                break
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert [line for line in err.splitlines() if not line.startswith("import time:")] == [
+        "epass: interrupted"
+    ]

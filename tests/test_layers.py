@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pkgutil
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +25,7 @@ from epass.report import build_report
 from tests import models
 
 aten = torch.ops.aten
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _epass_modules() -> list[Any]:
@@ -117,6 +123,104 @@ def test_builtin_table_agrees_with_the_pass_names() -> None:
         assert registry.get_factory(name) is pkgutil.resolve_name(target)
         made = factory()
         assert made.name == name, f"{target} makes a pass named {made.name!r}, registered {name!r}"
+
+
+def _catalog_source(entries: list[dict[str, Any]]) -> str:
+    """``BUILTIN_CATALOG``'s source for these ``PassEntry.as_dict()`` entries."""
+    lines = [
+        "BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], ...]]] = {"
+    ]
+    for entry in entries:
+        lines.append(f"    {entry['name']!r}: (")
+        parts = textwrap.wrap(entry["description"], 80, drop_whitespace=False) or [""]
+        lines.extend(f"        {part!r}" for part in parts)
+        lines[-1] += ","
+        lines.append("        (")
+        lines.extend(f"            {tuple(o.values())!r}," for o in entry["options"])
+        lines.append("        ),")
+        lines.append("    ),")
+    return "\n".join([*lines, "}"])
+
+
+def test_builtin_catalog_matches_the_loaded_passes() -> None:
+    """`epass passes` reads the built-ins from a table; loading them must agree with it."""
+    loaded = [
+        registry.describe_pass(name).as_dict()
+        for name in registry.pass_names()
+        if name in registry.BUILTINS
+    ]
+    assert all(entry["error"] is None for entry in loaded)
+    listed = [entry for entry in registry.pass_table() if entry["name"] in registry.BUILTINS]
+    assert listed == loaded, (
+        "the built-ins changed; paste this into epass/registry.py (then ruff format):\n"
+        + _catalog_source(loaded)
+    )
+    assert set(registry.BUILTIN_CATALOG) == set(registry.BUILTINS)
+
+
+# Modules that cost seconds to import (a compiler, an exporter) or that belong to an
+# optional backend: none of them may load with epass's public API.
+HEAVY = (
+    "torch._dynamo", "torch._inductor", "torch.onnx", "torch.export.pt2_archive",
+    "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "torchao", "tvm",
+    "openvino", "coremltools", "sympy",
+)  # fmt: skip
+
+
+def _modules_after(code: str) -> set[str]:
+    """The names in ``sys.modules`` after a fresh interpreter runs ``code``."""
+    script = f"{code}\nimport sys\nprint(*sys.modules, sep='\\n')"
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    return set(proc.stdout.split())
+
+
+def _heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+
+
+def test_import_epass_loads_no_torch_until_a_name_is_used() -> None:
+    assert "torch" not in _modules_after("import epass")
+
+
+def test_the_public_api_loads_no_compiler_exporter_or_backend() -> None:
+    everything = _modules_after(
+        "import pkgutil, epass\n"
+        "from epass import *\n"
+        "for m in pkgutil.walk_packages(epass.__path__, 'epass.'):\n"
+        "    if m.name != 'epass.__main__':\n"
+        "        __import__(m.name)"
+    )
+    assert {"torch", "epass.io", "epass.cli", "epass.onnx", "epass.executorch"} <= everything
+    assert _heavy(everything) == []
+
+
+def test_pipeline_text_works_without_importing_the_text_layer_first() -> None:
+    modules = _modules_after(
+        "from epass import PassManager\n"
+        "import sys\n"
+        "assert 'epass.pipeline' not in sys.modules\n"
+        "assert PassManager.from_text('dce, cse').to_text() == 'dce, cse'\n"
+        "assert PassManager(['fold-constants(max_growth=2.0)']).to_text() == "
+        "'fold-constants(max_growth=2.0)'"
+    )
+    assert "epass.pipeline" in modules
+
+
+def test_every_public_name_resolves_to_its_module_object() -> None:
+    assert sorted(name for names in epass._EXPORTS.values() for name in names) == sorted(
+        n for n in epass.__all__ if n != "__version__"
+    )
+    for module, names in epass._EXPORTS.items():
+        for name in names:
+            assert getattr(epass, name) is getattr(importlib.import_module(module), name)
+    assert epass.io is importlib.import_module("epass.io")
+    assert set(epass.__all__) <= set(dir(epass))
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        epass.no_such_name  # noqa: B018
 
 
 class _Recorder:

@@ -12,9 +12,17 @@ from typing import Any
 import pytest
 import torch
 from fingerprint import fingerprint
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epass import Decompose, FxPass, PassError, PassManager, Reproducer
-from epass.instruments.reproducer import QUALIFIED_HEADER, pipeline_text, qualified_name
+from epass.instruments.reproducer import (
+    QUALIFIED_HEADER,
+    docstring_text,
+    pipeline_text,
+    qualified_name,
+    script,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -293,3 +301,39 @@ def test_reproducer_handles_pass_instances_without_qualname(tmp_path: Path) -> N
     )  # fmt: skip
     assert proc.returncode != 0
     assert "cannot re-import pass" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# NUL, terminal escapes (ESC, CSI, OSC, BEL), C1 controls, line and paragraph
+# separators, lone surrogates, quotes and backslashes that could end the docstring.
+ODD_MESSAGE = (
+    "bad\x00byte \x1b]0;title\x07 \x1b[2J \x9b31m \x85 \u2028 \ud800 \r\x0c "
+    '""" \'\'\' \\N{x} \\ {curly} "'
+)
+
+
+def test_repro_runs_when_the_error_message_holds_odd_characters(
+    user_passes: Any, tmp_path: Path
+) -> None:
+    ep = residual_program()
+    reproducer = Reproducer(tmp_path / "repros")
+    with pytest.raises(PassError):
+        PassManager([user_passes.Explode(message=ODD_MESSAGE)], instruments=[reproducer]).run(ep)
+    (where,) = reproducer.written
+    text = (where / "repro.py").read_text("utf-8")
+    compile(text, "repro.py", "exec")
+    assert "\x00" not in text and "\x1b" not in text
+    assert "bad\\x00byte" in text  # escaped, still readable
+    assert "bad\x00byte" in (where / "error.txt").read_text("utf-8")  # the error as it was
+    done = run_repro(where / "repro.py", tmp_path / "lib")
+    assert done.returncode != 0
+    assert "epass.errors.PassError" in done.stderr and "SyntaxError" not in done.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF)))
+def test_any_error_message_gives_a_repro_script_that_compiles(message: str) -> None:
+    assert eval('"""' + docstring_text(message) + '"""') == message
+    source = script(message, message)
+    code = compile(source, "repro.py", "exec")
+    assert code.co_consts[0].startswith("Reproduce an epass pass failure.")
+    source.encode("utf-8")  # no lone surrogate left to break writing the file

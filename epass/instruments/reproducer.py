@@ -20,7 +20,7 @@ from epass.instrumentation import Instrument
 from epass.pipeline import to_text
 from epass.records import PassInfo
 
-__all__ = ["Reproducer", "pipeline_text", "qualified_name"]
+__all__ = ["Reproducer", "docstring_text", "pipeline_text", "qualified_name", "script"]
 
 logger = logging.getLogger("epass")
 
@@ -213,7 +213,8 @@ class Reproducer(Instrument):
         error: BaseException,
     ) -> None:
         message = str(error)
-        (where / "error.txt").write_text(message + "\n")
+        # A message may hold any character, lone surrogates included: write it losslessly.
+        (where / "error.txt").write_text(message + "\n", "utf-8", "backslashreplace")
         text = _qualified_lines(passes)
         (where / "pipeline.txt").write_text(text)
         torch.export.save(program, where / "program.pt2")
@@ -228,12 +229,37 @@ class Reproducer(Instrument):
                 if why:
                     reasons.append(f"{line} cannot be re-imported: {why}.")
         unimportable = "\n".join(reasons) + ("\n" if reasons else "")
-        # The message goes into repro.py's docstring: keep it a valid string literal.
-        summary = textwrap.indent(message.replace("\\", "\\\\").replace('"""', "'''"), "    ")
-        unimportable = unimportable.replace("\\", "\\\\").replace('"""', "'''")
         verify = bool(getattr(manager, "verify", True))
-        (where / "repro.py").write_text(
-            _REPRO.format(
-                summary=summary, unimportable=unimportable, verify=verify, header=QUALIFIED_HEADER
-            )
-        )
+        (where / "repro.py").write_text(script(message, unimportable, verify=verify), "utf-8")
+
+
+def docstring_text(text: str) -> str:
+    """``text`` as the body of a triple-quoted string literal that reads back as ``text``.
+
+    Printable characters, newlines and tabs stay as they are; quotes, backslashes and
+    every other character (NUL, terminal escapes, line separators, lone surrogates)
+    become escape sequences, so no error message can end the literal or break the file.
+    """
+    out = []
+    for ch in text:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif ch in "\n\t" or ch.isprintable():
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(
+                f"\\x{code:02x}" if code < 0x100 else
+                f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+            )  # fmt: skip
+    return "".join(out)
+
+
+def script(message: str, unimportable: str = "", *, verify: bool = True) -> str:
+    """The text of ``repro.py`` for a failure whose error reads ``message``."""
+    return _REPRO.format(
+        summary=textwrap.indent(docstring_text(message), "    "),
+        unimportable=docstring_text(unimportable),
+        verify=verify,
+        header=QUALIFIED_HEADER,
+    )
