@@ -21,6 +21,7 @@ from epass.errors import (
     HandOffError,
     InstrumentError,
     LoadError,
+    OptionError,
     OrderingError,
     PassError,
     PipelineError,
@@ -49,7 +50,7 @@ from epass.passes import Decompose
 from epass.pipeline import create_pass
 from epass.protocol import FxPass, Pass, PassResult
 from epass.records import PassRecord, PipelineResult
-from epass.registry import list_passes, register_pass
+from epass.registry import list_passes, register_pass, unregister_pass
 from epass.verify import verify_program
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "PassManager",
     "PassRecord",
     "PassResult",
+    "OptionError",
     "PipelineError",
     "PipelineResult",
     "PrintIR",
@@ -95,6 +97,7 @@ __all__ = [
     "load",
     "prune",
     "register_pass",
+    "unregister_pass",
     "save",
     "__version__",
     "verify_program",
