@@ -715,6 +715,8 @@ def annotation_text(tp: Any) -> str:
         return "operator"
     if tp is torch.dtype:
         return "dtype"
+    if _is_abc(origin or tp, "Callable"):
+        return "function"
     if origin is not None:
         name = getattr(origin, "__name__", str(origin))
         inner = ", ".join("..." if a is Ellipsis else annotation_text(a) for a in args)

@@ -72,8 +72,12 @@ NUMBER = re.compile(r"\d+\.\d+")
 
 
 def _normalized(text: str) -> list[str]:
-    """Lines without trailing blanks, timings replaced (they differ from run to run)."""
-    return [NUMBER.sub("#", line.rstrip()) for line in text.strip("\n").splitlines()]
+    """Lines without trailing blanks, timings replaced (they differ from run to run),
+    and the padding around them too (a slow run widens the seconds column)."""
+    return [
+        re.sub(r" *# *", " # ", NUMBER.sub("#", line.rstrip()))
+        for line in text.strip("\n").splitlines()
+    ]
 
 
 def _quoted_runs() -> list[tuple[str, str, str]]:
