@@ -146,7 +146,7 @@ def _normalized(text: str) -> list[str]:
     and the padding around them too (a slow run widens the seconds column)."""
     return [
         re.sub(r" *# *", " # ", NUMBER.sub("#", line.rstrip()))
-        for line in text.strip("\n").splitlines()
+        for line in text.rstrip().lstrip("\n").splitlines()
     ]
 
 
