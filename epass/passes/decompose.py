@@ -201,7 +201,7 @@ class Decompose:
             table.pop(op, None)
         return table  # type: ignore[no-any-return]
 
-    def __call__(self, ep: ExportedProgram) -> PassResult:
+    def __call__(self, ep: ExportedProgram) -> DecomposeResult:
         check = _check_enabled(self.check)
         fast: ExportedProgram | None = None
         rewritten: int | None = None
