@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         HandOffError,
         InstrumentError,
         LoadError,
+        OptionError,
         OrderingError,
         PassError,
         PipelineError,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from epass.pipeline import create_pass
     from epass.protocol import FxPass, Pass, PassResult
     from epass.records import PassRecord, PipelineResult
-    from epass.registry import list_passes, register_pass
+    from epass.registry import list_passes, register_pass, unregister_pass
     from epass.verify import verify_program
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "MemoryAccounting",
     "NumericsCheck",
     "OpCounts",
+    "OptionError",
     "OrderingError",
     "Pass",
     "PassError",
@@ -107,6 +109,7 @@ __all__ = [
     "prune",
     "register_pass",
     "save",
+    "unregister_pass",
     "__version__",
     "verify_program",
 ]
@@ -120,6 +123,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "HandOffError",
         "InstrumentError",
         "LoadError",
+        "OptionError",
         "OrderingError",
         "PassError",
         "PipelineError",
@@ -148,7 +152,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "epass.pipeline": ("create_pass",),
     "epass.protocol": ("FxPass", "Pass", "PassResult"),
     "epass.records": ("PassRecord", "PipelineResult"),
-    "epass.registry": ("list_passes", "register_pass"),
+    "epass.registry": ("list_passes", "register_pass", "unregister_pass"),
     "epass.verify": ("verify_program",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

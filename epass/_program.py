@@ -276,6 +276,16 @@ def is_op_packet(value: Any) -> bool:
     return isinstance(value, torch._ops.OpOverloadPacket)
 
 
+def overload_of(value: Any) -> Any:
+    """``value`` as an operator overload: an overload itself, a packet's ``default``
+    overload (``aten.relu`` -> ``aten.relu.default``), or None."""
+    if isinstance(value, torch._ops.OpOverload):
+        return value
+    if isinstance(value, torch._ops.OpOverloadPacket) and "default" in value.overloads():
+        return value.default
+    return None
+
+
 def is_operator(value: Any) -> bool:
     """True for any torch operator object (``torch._ops.OperatorBase``): ATen
     overloads and higher-order operators, the keys of a decomposition table."""

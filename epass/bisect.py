@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 from torch.export import ExportedProgram
@@ -112,7 +112,7 @@ def bisect(
     passes: Sequence[Any],
     predicate: Predicate,
     *,
-    method: str = "auto",
+    method: Literal["auto", "binary", "linear"] = "auto",
     recursive: bool = True,
     verify: bool = True,
 ) -> BisectResult | None:

@@ -46,6 +46,7 @@ __all__ = [
     "InstrumentError",
     "LoadError",
     "NumericsDriftError",
+    "OptionError",
     "OrderingError",
     "PassError",
     "PipelineError",
@@ -277,6 +278,38 @@ class PipelineError(EpassError, ValueError):
         self.reason = f"{message} at {where}{hint}"
         self.context = f"  {text[line_start:line_end]}\n  {' ' * (pos - line_start)}^"
         super().__init__(f"{self.reason}\n{self.context}")
+
+
+class OptionError(PipelineError, ArgumentTypeError):
+    """A pass option whose value does not fit the type the pass declares.
+
+    Raised when a pipeline is built, before anything runs, for options given in
+    text and as Python keywords alike. It is a :class:`PipelineError` (the caret
+    points at the value; for keywords the text is the call written out) and an
+    :class:`ArgumentTypeError`.
+
+    Attributes:
+        pass_name: the registry name of the pass.
+        option: the option's name.
+        expected: the declared type, as text.
+        message: the reason without the location.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        text: str,
+        pos: int,
+        *,
+        pass_name: str,
+        option: str,
+        expected: str,
+    ) -> None:
+        self.pass_name = pass_name
+        self.option = option
+        self.expected = expected
+        self.message = message
+        super().__init__(message, text, pos)
 
 
 class DecompositionError(EpassError, RuntimeError):

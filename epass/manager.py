@@ -30,7 +30,7 @@ from epass.instrumentation import HOOKS, Dispatch
 from epass.linker import STORE_LOCK, Journal, StateLinker
 from epass.protocol import FxPass, PassResult, adapt, ordering_names, pass_name
 from epass.records import PassInfo, PassRecord, PipelineResult, op_delta, op_histogram
-from epass.verify import check_state_writes, verify_program
+from epass.verify import check_arguments, check_state_writes, verify_program
 
 __all__ = [
     "PassManager",
@@ -531,6 +531,7 @@ class PassManager:
             try:
                 verify_program(program)
                 check_state_writes(program, current)
+                check_arguments(program, current)
             except Exception as exc:
                 detail = (
                     str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"

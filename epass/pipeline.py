@@ -9,6 +9,7 @@ Grammar (whitespace and ``# comments`` are ignored between tokens)::
     option   := IDENT "=" value
     value    := INT | FLOAT | STRING | "true" | "false" | "none"
               | "[" [value ("," value)*] "]"
+              | "{" [value ":" value ("," value ":" value)*] "}"
               | dtype      (bfloat16, float32, torch.float16, ...)
               | operator   (aten.gelu.default, aten.relu, ...)
               | WORD       (any other bare word is a string)
@@ -33,7 +34,7 @@ import attrs
 import torch
 
 from epass import manager, registry
-from epass.errors import ArgumentTypeError, ArgumentValueError, PipelineError
+from epass.errors import ArgumentTypeError, ArgumentValueError, OptionError, PipelineError
 from epass.manager import PassManager
 from epass.protocol import pass_name
 from epass.registry import format_value
@@ -72,6 +73,7 @@ class PassSpec:
     options: tuple[tuple[str, Any], ...] = ()
     pos: int = attrs.field(default=0, eq=False)
     option_pos: tuple[int, ...] = attrs.field(default=(), eq=False)
+    value_pos: tuple[int, ...] = attrs.field(default=(), eq=False)
 
 
 @attrs.frozen
@@ -94,7 +96,7 @@ _TOKEN = re.compile(
   | (?P<number>[-+]?(?:(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|inf(?![\w.-])|nan(?![\w.-])))
   | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
   | (?P<word>[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
-  | (?P<punct>[(),=\[\]])
+  | (?P<punct>[(),=\[\]{}:])
     """,
     re.X,
 )
@@ -215,6 +217,7 @@ class _Parser:
             return self.fixpoint(tok)
         options: list[tuple[str, Any]] = []
         positions: list[int] = []
+        value_positions: list[int] = []
         if self.at("("):
             self.i += 1
             seen: set[str] = set()
@@ -230,12 +233,13 @@ class _Parser:
                 seen.add(key.text)
                 self.i += 1
                 self.expect("=", f"'=' after option {key.text!r}")
+                value_positions.append(self.tok.pos)
                 options.append((key.text, self.value()))
                 positions.append(key.pos)
                 if not self.at(")"):
                     self.expect(",", "',' or ')'")
             self.i += 1
-        return PassSpec(tok.text, tuple(options), tok.pos, tuple(positions))
+        return PassSpec(tok.text, tuple(options), tok.pos, tuple(positions), tuple(value_positions))
 
     def count(self, what: str) -> int:
         tok = self.tok
@@ -296,6 +300,25 @@ class _Parser:
             self.i += 1
             self.depth -= 1
             return items
+        if tok.kind == "punct" and tok.text == "{":
+            self.enter(tok)
+            mapping: dict[Any, Any] = {}
+            while not self.at("}"):
+                key_tok = self.tok
+                key = self.value()
+                try:
+                    hash(key)
+                except TypeError:
+                    raise self.error("a mapping key must be a single value", key_tok) from None
+                if key in mapping:
+                    raise self.error(f"key {format_value(key)} given twice", key_tok)
+                self.expect(":", "':' after a mapping key")
+                mapping[key] = self.value()
+                if not self.at("}"):
+                    self.expect(",", "',' or '}' in a mapping")
+            self.i += 1
+            self.depth -= 1
+            return mapping
         if tok.kind == "word":
             return self.word(tok)
         raise self.error(f"expected a value, found {self.describe(tok)}", tok)
@@ -367,6 +390,17 @@ def build(items: Sequence[Item], text: str) -> list[Any]:
             raise PipelineError(
                 f"cannot load pass {item.name!r}", text, item.pos, f": {exc}"
             ) from exc
+        except OptionError as exc:
+            keys = [key for key, _ in item.options]
+            pos = item.value_pos[keys.index(exc.option)] if exc.option in keys else item.pos
+            raise OptionError(
+                exc.message,
+                text,
+                pos,
+                pass_name=exc.pass_name,
+                option=exc.option,
+                expected=exc.expected,
+            ) from None
         except (TypeError, ValueError) as exc:
             pos = item.pos
             message = registry.reason(exc)
@@ -467,6 +501,8 @@ def create_pass(spec: str, /, **options: Any) -> Any:
     if registry.NAME_PATTERN.fullmatch(spec.strip()):
         try:
             return registry.instantiate(spec.strip(), options)
+        except OptionError:
+            raise
         except (TypeError, ValueError) as exc:
             error = ArgumentTypeError if isinstance(exc, TypeError) else ArgumentValueError
             raise error(f"bad options for pass {spec.strip()!r}: {registry.reason(exc)}") from exc

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import enum
 import importlib
 import importlib.metadata
 import inspect
@@ -33,15 +34,18 @@ import pkgutil
 import re
 import threading
 import types
+import typing
 import weakref
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, overload
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, TypeVar, Union, overload
 
 import attrs
 
+from epass import _program
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
+    OptionError,
     PluginError,
     RegistryError,
     UnknownPassError,
@@ -609,12 +613,245 @@ def instantiate(name: str, options: Mapping[str, Any], *, declared_only: bool = 
                 if not names and declared_only:
                     valid = f" ({name!r} takes no options in pipeline text)"
                 raise ArgumentTypeError(f"no option {key!r}{hint}{valid}")
+        options = convert_options(name, entry.factory, options)
         obj = entry.factory(**options)
     obj = _named(obj, name)
     # Objects that are not weak-referenceable print from their attrs fields instead.
     with contextlib.suppress(TypeError):
         _origin[obj] = (name, options)
     return obj
+
+
+# --- option types ------------------------------------------------------------------
+# A factory's annotations say what each option takes. Values are checked and
+# converted before the factory is called, so a wrong type is refused when the
+# pipeline is built, naming the option, and never reaches a program.
+
+
+class _Mismatch(Exception):
+    """``value`` does not fit the annotation (internal to the option conversion)."""
+
+
+_NONE_TYPE = type(None)
+
+
+def option_types(factory: Any) -> dict[str, Any]:
+    """Each option's declared type, resolved; options without one are left out.
+
+    For an attrs class this is what its ``__init__`` takes: a field's converter's
+    parameter type when it has a converter, else the field's type.
+    """
+    out: dict[str, Any] = {}
+    if isinstance(factory, type) and attrs.has(factory):
+        try:
+            hints = typing.get_type_hints(factory)
+        except Exception:
+            hints = {}
+        for f in attrs.fields(factory):
+            if not f.init:
+                continue
+            name = getattr(f, "alias", None) or f.name.lstrip("_")
+            converter = f.converter
+            if converter is not None:
+                out[name] = _first_parameter_type(converter)
+            elif f.name in hints:
+                out[name] = hints[f.name]
+        return {k: v for k, v in out.items() if v is not None}
+    try:
+        hints = typing.get_type_hints(factory)
+    except Exception:
+        return {}
+    return {k: v for k, v in hints.items() if k != "return"}
+
+
+def _first_parameter_type(converter: Any) -> Any:
+    fn = getattr(converter, "converter", converter)  # attrs.Converter wraps the callable
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        return None
+    return hints.get(params[0].name) if params else None
+
+
+def convert_options(name: str, factory: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` checked against ``factory``'s annotations and converted.
+
+    Conversions: an int where a float is declared becomes a float; an operator
+    packet becomes its ``default`` overload where an overload is declared; a
+    single value where a list is declared becomes a one-item list; a dtype or
+    enum member may be given by name.
+
+    Raises:
+        OptionError: a value does not fit its option's declared type.
+    """
+    types_ = option_types(factory)
+    out = dict(options)
+    for key, value in options.items():
+        tp = types_.get(key)
+        if tp is None:
+            continue
+        try:
+            out[key] = _convert(value, tp)
+        except _Mismatch:
+            expected = annotation_text(tp)
+            try:
+                shown = format_value(value)
+            except ValueError:
+                shown = repr(value)
+            text = f"{name}({key}={shown})"
+            raise OptionError(
+                f"option {key!r} of pass {name!r} takes {expected}, "
+                f"got {shown} ({type(value).__name__})",
+                text,
+                len(name) + len(key) + 2,
+                pass_name=name,
+                option=key,
+                expected=expected,
+            ) from None
+    return out
+
+
+def _convert(value: Any, tp: Any) -> Any:
+    """``value`` as type ``tp``, or raise :class:`_Mismatch`. Unknown annotations
+    (``Any``, protocols, generics this does not understand) accept anything."""
+    if tp is Any or tp is object:
+        return value
+    if tp is None or tp is _NONE_TYPE:
+        if value is None:
+            return None
+        raise _Mismatch
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Union or origin is types.UnionType:
+        if value is None and _NONE_TYPE in args:
+            return None
+        for arm in args:  # an exact fit first: 1 stays an int in ``int | float``
+            if isinstance(arm, type) and type(value) is arm:
+                return value
+        for arm in args:
+            if arm is _NONE_TYPE:
+                continue
+            try:
+                return _convert(value, arm)
+            except _Mismatch:
+                continue
+        raise _Mismatch
+    if origin is Literal:
+        for allowed in args:
+            if type(allowed) is type(value) and allowed == value:
+                return allowed
+        raise _Mismatch
+    if origin in (list, tuple, set, frozenset, Sequence, Iterable, typing.Collection):
+        return _convert_collection(value, origin, args)
+    if origin in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise _Mismatch
+        key_tp, value_tp = args if len(args) == 2 else (Any, Any)
+        return {_convert(k, key_tp): _convert(v, value_tp) for k, v in value.items()}
+    if origin is not None:
+        if _is_abc(origin, "Callable") and not callable(value):
+            raise _Mismatch
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _Mismatch
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch
+    if tp is torch.dtype:
+        if isinstance(value, torch.dtype):
+            return value
+        if isinstance(value, str):
+            found = vars(torch).get(value.removeprefix("torch."))
+            if isinstance(found, torch.dtype):
+                return found
+        raise _Mismatch
+    if tp is torch._ops.OpOverload:
+        overload = _program.overload_of(value)
+        if overload is None:
+            raise _Mismatch
+        return overload
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, str):
+            for member in tp:
+                if value in (member.name, member.name.lower()) or member.value == value:
+                    return member
+        with contextlib.suppress(ValueError, TypeError):
+            return tp(value)
+        raise _Mismatch
+    if tp is Callable or _is_abc(tp, "Callable"):
+        if callable(value):
+            return value
+        raise _Mismatch
+    if isinstance(tp, type) and not getattr(tp, "_is_protocol", False):
+        if isinstance(value, tp):
+            return value
+        raise _Mismatch
+    return value
+
+
+def annotation_text(tp: Any) -> str:
+    """A declared option type as a reader would write it: ``float``,
+    ``list[operator]``, ``"fast" | "exact"``, ``dtype | none``."""
+    if tp is None or tp is _NONE_TYPE:
+        return "none"
+    if tp is Any:
+        return "any"
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Literal:
+        return " | ".join(format_value(a) for a in args)
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(annotation_text(a) for a in args)
+    if tp is torch._ops.OpOverload:
+        return "operator"
+    if tp is torch.dtype:
+        return "dtype"
+    if _is_abc(origin or tp, "Callable"):
+        return "function"
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        inner = ", ".join("..." if a is Ellipsis else annotation_text(a) for a in args)
+        return f"{name}[{inner}]" if args else name
+    return str(getattr(tp, "__name__", tp)).replace("typing.", "")
+
+
+def _is_abc(tp: Any, name: str) -> bool:
+    return getattr(tp, "__module__", None) == "collections.abc" and (
+        getattr(tp, "__name__", None) == name
+    )
+
+
+def _convert_collection(value: Any, origin: Any, args: tuple[Any, ...]) -> Any:
+    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise _Mismatch
+        return tuple(_convert(v, t) for v, t in zip(value, args, strict=True))
+    item_tp = args[0] if args else Any
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_convert(v, item_tp) for v in value]
+    elif isinstance(value, (str, bytes, Mapping)) and item_tp not in (str, Any):
+        raise _Mismatch
+    else:
+        items = [_convert(value, item_tp)]  # one value where a list is declared
+    if origin is tuple:
+        return tuple(items)
+    if origin in (set, frozenset):
+        return origin(items)
+    return items
 
 
 class NamedPass:
@@ -750,6 +987,10 @@ def format_value(value: Any) -> str:
         return str(value).removeprefix("torch.")
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return (
+            "{" + ", ".join(f"{format_value(k)}: {format_value(v)}" for k, v in value.items()) + "}"
+        )
     op = operator_text(value)
     if op is not None:
         return op

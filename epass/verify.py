@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import attrs
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
@@ -12,7 +13,14 @@ from torch.export.graph_signature import InputKind, OutputKind
 from epass import _program
 from epass.errors import ArgumentTypeError, ProgramError
 
-__all__ = ["check_state_writes", "state_problems", "state_writes", "verify_program"]
+__all__ = [
+    "argument_problems",
+    "check_arguments",
+    "check_state_writes",
+    "state_problems",
+    "state_writes",
+    "verify_program",
+]
 
 _STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 _MUTATION_KINDS = tuple(
@@ -195,6 +203,162 @@ def check_state_writes(output: ExportedProgram, source: ExportedProgram) -> None
             "its signature does not declare; outputs share the caller's tensors, so "
             "running it would change them",
             [f"undeclared in-place write into state {k!r}" for k in bad],
+        )
+
+
+# --- operator arguments against their schemas -----------------------------------
+# torch's verifier checks call targets but not the values passed to them: a pass
+# that writes ``clamp_min(x, "x")`` makes a program that verifies and fails only
+# when it runs. A literal argument must fit its schema type.
+
+_NUMBER = (bool, int, float, complex)
+_INT_LIKE = (int, torch.dtype, torch.layout, torch.memory_format)
+# What a literal may be for each schema type kind; kinds not listed accept anything.
+_LITERALS: dict[str, tuple[type, ...]] = {
+    "StringType": (str,),
+    "TensorType": _NUMBER,
+    "NumberType": _NUMBER,
+    "FloatType": _NUMBER,
+    "SymFloatType": _NUMBER,
+    "ComplexType": _NUMBER,
+    "IntType": _INT_LIKE,
+    "SymIntType": _INT_LIKE,
+    "BoolType": (bool, int),
+    "SymBoolType": (bool, int),
+    "DeviceObjType": (torch.device, str, int),
+}
+
+
+@attrs.frozen
+class _Type:
+    """A schema argument type reduced to what the literal check needs."""
+
+    kind: str
+    optional: bool = False
+    element: _Type | None = None  # for lists
+    text: str = ""
+
+
+def _reduce(jit_type: Any) -> _Type:
+    kind = jit_type.kind()
+    if kind == "OptionalType":
+        inner = _reduce(jit_type.getElementType())
+        return attrs.evolve(inner, optional=True, text=str(jit_type))
+    if kind == "ListType":
+        return _Type(kind, element=_reduce(jit_type.getElementType()), text=str(jit_type))
+    return _Type(kind, text=str(jit_type))
+
+
+@attrs.frozen
+class _Argument:
+    name: str
+    type: _Type
+    kwarg_only: bool
+    required: bool
+
+
+_SCHEMAS: dict[Any, tuple[_Argument, ...]] = {}
+
+
+def _arguments(target: Any, schema: Any) -> tuple[_Argument, ...]:
+    """The schema's arguments, reduced once per operator (overloads live for the
+    whole process, so holding them as keys frees nothing that could be reused)."""
+    found = _SCHEMAS.get(target)
+    if found is None:
+        arguments = tuple(
+            _Argument(
+                a.name,
+                _reduce(a.type),
+                a.kwarg_only,
+                not a.has_default_value() and a.type.kind() != "OptionalType",
+            )
+            for a in schema.arguments
+        )
+        found = _SCHEMAS[target] = arguments
+    return found
+
+
+def _fits(value: Any, t: _Type) -> bool:
+    """Whether a literal ``value`` may be passed where the schema says ``t``.
+
+    Graph values (nodes) and types this does not model are accepted: the check
+    is for literals a pass wrote, and errs on the side of accepting.
+    """
+    if isinstance(value, torch.fx.Node):
+        return True
+    if value is None:
+        return t.optional or t.kind in ("NoneType", "AnyType")
+    if t.element is not None:
+        if isinstance(value, (list, tuple)):
+            return all(_fits(v, t.element) for v in value)
+        # int[2] stride=1: a single int stands for the list in ATen's schemas.
+        return t.element.kind in ("IntType", "SymIntType") and _fits(value, t.element)
+    allowed = _LITERALS.get(t.kind)
+    return allowed is None or isinstance(value, allowed)
+
+
+def _node_argument_problems(node: torch.fx.Node, schema: Any) -> list[str]:
+    arguments = _arguments(node.target, schema)
+    problems: list[str] = []
+    where = f"node {node.name!r} ({node.target})"
+    positional = [a for a in arguments if not a.kwarg_only]
+    if len(node.args) > len(positional):
+        return [
+            f"{where} gets {len(node.args)} positional arguments, its schema takes "
+            f"{len(positional)}"
+        ]
+    for key in node.kwargs:
+        if all(a.name != key for a in arguments):
+            problems.append(f"{where} gets an unknown keyword argument {key!r}")
+    for i, arg in enumerate(arguments):
+        if i < len(node.args) and not arg.kwarg_only:
+            value = node.args[i]
+        elif arg.name in node.kwargs:
+            value = node.kwargs[arg.name]
+        else:
+            if arg.required:
+                problems.append(f"{where} is missing its argument {arg.name!r}")
+            continue
+        if not _fits(value, arg.type):
+            problems.append(
+                f"{where} passes {value!r} ({type(value).__name__}) as {arg.name!r}, "
+                f"which its schema types {arg.type.text}"
+            )
+    return problems
+
+
+def argument_problems(ep: ExportedProgram) -> list[str]:
+    """Every call of an ATen operator in ``ep`` (nested graphs included) whose
+    literal arguments do not fit the operator's schema, as readable lines."""
+    problems: list[str] = []
+    for gm in ep.graph_module.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            schema = _program.op_schema(node.target)
+            if schema is not None:
+                problems += _node_argument_problems(node, schema)
+    return problems
+
+
+def check_arguments(output: ExportedProgram, source: ExportedProgram) -> None:
+    """Raise when ``output`` calls an operator with literal arguments its schema
+    does not take, and ``source`` (the pass's input) did not already do so.
+
+    Raises:
+        ProgramError: listing each bad call (node, operator, argument, value).
+    """
+    problems = argument_problems(output)
+    if not problems:
+        return
+    before = set(argument_problems(source))
+    new = [p for p in problems if p not in before]
+    if new:
+        raise ProgramError(
+            "it calls operators with arguments their schemas do not take:\n  " + "\n  ".join(new),
+            new,
         )
 
 

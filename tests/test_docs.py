@@ -1,10 +1,26 @@
-"""Every Python code block in README.md, docs/ and examples/ runs."""
+"""Every Python code block in README.md, docs/ and examples/ runs, and every output
+a page shows is what the code prints today.
+
+Conventions a page may use:
+
+* ```` ```python ```` blocks run in order, in one namespace per page;
+* an ```` ```output ```` block right after a Python block is that block's
+  printed output (compared with timings and padding normalized);
+* a ```` ```python file=NAME.py ```` block is a file the page's reader saves: it is
+  written to the working folder (importable) before the page's code and quoted
+  commands run;
+* a plain block starting with ``$ epass ...`` is a command and its output.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import re
 import runpy
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +50,52 @@ def _blocks(page: Path) -> list[str]:
     return FENCE.findall(page.read_text())
 
 
+ANY_FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
+
+
+def _runs(page: Path) -> list[tuple[str, str | None]]:
+    """The page's Python blocks in order, each with the output shown after it."""
+    fences = ANY_FENCE.findall(page.read_text())
+    runs: list[tuple[str, str | None]] = []
+    for i, (info, body) in enumerate(fences):
+        if info.strip() != "python":
+            continue
+        following = fences[i + 1] if i + 1 < len(fences) else None
+        shown = following[1] if following is not None and following[0] == "output" else None
+        runs.append((body, shown))
+    return runs
+
+
+def _files(page: Path) -> dict[str, str]:
+    """The ``python file=NAME`` blocks of a page."""
+    return {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^```python file=(\S+)\n(.*?)^```", page.read_text(), re.S | re.M)
+    }
+
+
+def _write_files(page: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = _files(page)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+        monkeypatch.delitem(sys.modules, Path(name).stem, raising=False)
+    if files:
+        monkeypatch.syspath_prepend(str(folder))
+
+
+@contextlib.contextmanager
+def _registry_restored() -> Iterator[None]:
+    """Names a page registers (through its files or code) are removed afterwards."""
+    from epass import registry
+
+    before = set(registry.pass_names())
+    try:
+        yield
+    finally:
+        for name in set(registry.pass_names()) - before:
+            registry.unregister_pass(name)
+
+
 @pytest.mark.parametrize("page", [_page_param(p) for p in PAGES])
 def test_markdown_code_blocks_run(
     page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -45,11 +107,19 @@ def test_markdown_code_blocks_run(
     if missing:
         pytest.skip(f"{page.name} needs {', '.join(missing)} (not installed)")
     monkeypatch.chdir(tmp_path)
+    _write_files(page, tmp_path, monkeypatch)
     namespace: dict[str, object] = {"__name__": f"doc_{page.stem}"}
     # Blocks on one page share a namespace, in order, like a reader pasting them.
-    for i, block in enumerate(blocks):
-        code = compile(block, f"{page.name}[block {i}]", "exec")
-        exec(code, namespace)
+    with _registry_restored():
+        for i, (block, shown) in enumerate(_runs(page)):
+            code = compile(block, f"{page.name}[block {i}]", "exec")
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(code, namespace)
+            if shown is not None:
+                assert _normalized(printed.getvalue()) == _normalized(shown), (
+                    f"{page.name}[block {i}]: the output shown differs from a real run"
+                )
 
 
 def test_every_page_has_a_block() -> None:
@@ -72,8 +142,12 @@ NUMBER = re.compile(r"\d+\.\d+")
 
 
 def _normalized(text: str) -> list[str]:
-    """Lines without trailing blanks, timings replaced (they differ from run to run)."""
-    return [NUMBER.sub("#", line.rstrip()) for line in text.strip("\n").splitlines()]
+    """Lines without trailing blanks, timings replaced (they differ from run to run),
+    and the padding around them too (a slow run widens the seconds column)."""
+    return [
+        re.sub(r" *# *", " # ", NUMBER.sub("#", line.rstrip()))
+        for line in text.rstrip().lstrip("\n").splitlines()
+    ]
 
 
 def _quoted_runs() -> list[tuple[str, str, str]]:
@@ -112,7 +186,11 @@ def test_quoted_cli_output_matches_a_real_run(
         pytest.skip("the docs quote torch 2.13's node counts")
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("EPASS_PLAIN", raising=False)
+    _write_files(
+        ROOT / ("README.md" if page == "README.md" else f"docs/{page}"), tmp_path, monkeypatch
+    )
     torch.export.save(_demo_program(), "tf.pt2")  # the file the pages run on
     argv = shlex.split(command)[1:]
-    assert main(argv) == 0
+    with _registry_restored():
+        assert main(argv) == 0
     assert _normalized(capsys.readouterr().out) == _normalized(output), f"{page}: $ {command}"

@@ -179,10 +179,10 @@ class ConstantFold:
     max_growth: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
     fold_views: bool = False
 
-    def __call__(self, ep: ExportedProgram) -> PassResult:
+    def __call__(self, ep: ExportedProgram) -> ConstantFoldResult:
         plan, evaluated = self._plan(ep)
         if not plan:
-            return PassResult(ep, False)
+            return ConstantFoldResult(ep, False)
         return self._apply(ep, plan, evaluated)
 
     def _plan(self, ep: ExportedProgram) -> tuple[dict[str, tuple[str, torch.Tensor]], set[str]]:

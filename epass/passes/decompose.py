@@ -52,15 +52,21 @@ def _table(value: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
     return table
 
 
-def _ops(value: Iterable[Any]) -> tuple[Any, ...]:
-    ops = tuple(value)
-    for op in ops:
-        if not _program.is_operator(op):
+def _ops(value: Iterable[Any] | Any) -> tuple[Any, ...]:
+    # One operator stands for a list of one; a packet for its default overload.
+    items = (value,) if _program.is_operator(value) or _program.is_op_packet(value) else value
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        items = (items,)
+    ops = []
+    for op in items:
+        overload = op if _program.is_operator(op) else _program.overload_of(op)
+        if overload is None:
             raise ArgumentTypeError(
                 "Decompose(keep=...) takes ATen operators such as "
                 f"torch.ops.aten.linear.default, got {op!r}"
             )
-    return ops
+        ops.append(overload)
+    return tuple(ops)
 
 
 # Call targets that retracing reproduces unchanged: Python arithmetic on sizes and
@@ -195,7 +201,7 @@ class Decompose:
             table.pop(op, None)
         return table  # type: ignore[no-any-return]
 
-    def __call__(self, ep: ExportedProgram) -> PassResult:
+    def __call__(self, ep: ExportedProgram) -> DecomposeResult:
         check = _check_enabled(self.check)
         fast: ExportedProgram | None = None
         rewritten: int | None = None

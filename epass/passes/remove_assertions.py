@@ -70,9 +70,9 @@ class RemoveAssertions:
     name: ClassVar[str] = "remove-asserts"
     changes_input: ClassVar[bool] = False
 
-    def __call__(self, ep: ExportedProgram) -> PassResult:
+    def __call__(self, ep: ExportedProgram) -> RemoveAssertionsResult:
         if not any(_is_assertion(n) for n in ep.graph.nodes):
-            return PassResult(ep, False)
+            return RemoveAssertionsResult(ep, False)
         gm = _graph.copy_graph(ep)
         removed = 0
         # Newest first: a functional assertion's token is used only by later ones.
@@ -84,7 +84,7 @@ class RemoveAssertions:
             removed += 1
             _erase_dead_producers(gm, inputs)
         if not removed:
-            return PassResult(ep, False)
+            return RemoveAssertionsResult(ep, False)
         logger.info("remove-asserts: %d assertion nodes removed", removed)
         return RemoveAssertionsResult(_graph.build_program(ep, gm), True, removed=removed)
 

@@ -1,0 +1,258 @@
+"""Pass options are checked against their declared types when a pipeline is built,
+and verification checks the operator arguments that passes write."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from typing import Any, ClassVar, Literal
+
+import attrs
+import pytest
+import torch
+from torch.export import ExportedProgram
+
+import epass
+from epass import OptionError, PassManager, PassResult, PipelineError, VerificationError, registry
+from epass.passes import Decompose, ReplaceOps, presets
+from epass.verify import argument_problems
+from tests import models
+
+aten = torch.ops.aten
+
+
+class Mode(enum.Enum):
+    FAST = "fast"
+    EXACT = "exact"
+
+
+def typed(
+    *,
+    floor: float = 0.0,
+    count: int = 1,
+    flag: bool = False,
+    label: str = "x",
+    dtype: torch.dtype = torch.float32,
+    mode: Mode = Mode.FAST,
+    style: Literal["plain", "fancy"] = "plain",
+    ops: list[torch._ops.OpOverload] | None = None,
+    op: torch._ops.OpOverload | None = None,
+    table: dict[torch._ops.OpOverload, torch._ops.OpOverload] | None = None,
+) -> Any:
+    """A factory with one option of every declared kind; its pass keeps the options."""
+
+    def typed_pass(ep: ExportedProgram) -> PassResult:
+        return PassResult(ep, False)
+
+    typed_pass.options = dict(  # type: ignore[attr-defined]
+        floor=floor,
+        count=count,
+        flag=flag,
+        label=label,
+        dtype=dtype,
+        mode=mode,
+        style=style,
+        ops=ops,
+        op=op,
+        table=table,
+    )
+    return typed_pass
+
+
+@attrs.define(eq=False)
+class TypedClass:
+    """An attrs pass with declared field types."""
+
+    name: ClassVar[str] = "typed-class"
+    scale: float = 1.0
+    sizes: tuple[int, ...] = ()
+
+    def __call__(self, ep: ExportedProgram) -> PassResult:
+        return PassResult(ep, False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def typed_passes() -> Iterator[None]:
+    registry.register_pass("typed", typed)
+    registry.register_pass("typed-class", TypedClass)
+    yield
+    registry.unregister_pass("typed")
+    registry.unregister_pass("typed-class")
+
+
+def options_of(text: str) -> dict[str, Any]:
+    (p,) = PassManager.from_text(text).passes
+    return p.options  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("text", "option", "expected"),
+    [
+        ("typed(floor=x)", "floor", "float"),
+        ('typed(floor="1.5")', "floor", "float"),
+        ("typed(count=1.5)", "count", "int"),
+        ("typed(count=true)", "count", "int"),
+        ("typed(flag=1)", "flag", "bool"),
+        ("typed(label=3)", "label", "str"),
+        ("typed(dtype=3)", "dtype", "dtype"),
+        ("typed(mode=slow)", "mode", "Mode"),
+        ("typed(style=bold)", "style", '"plain" | "fancy"'),
+        ("typed(ops=[aten.relu.default, 3])", "ops", "list[operator] | none"),
+        ('typed(op="aten.relu.default")', "op", "operator | none"),
+        ("typed(table={aten.relu.default: 1})", "table", "dict[operator, operator] | none"),
+        ("typed-class(scale=x)", "scale", "float"),
+        ("typed-class(sizes=[1, x])", "sizes", "tuple[int, ...]"),
+    ],
+)
+def test_a_wrong_option_type_is_an_option_error_with_a_caret_under_the_value(
+    text: str, option: str, expected: str
+) -> None:
+    full = f"dce, {text}"
+    with pytest.raises(OptionError) as info:
+        PassManager.from_text(full)
+    err = info.value
+    assert isinstance(err, PipelineError) and isinstance(err, TypeError)
+    assert (err.option, err.expected) == (option, expected)
+    value_at = full.index(f"{option}=") + len(option) + 1
+    assert err.pos == value_at
+    assert err.context.splitlines()[1].index("^") == value_at + 2
+    assert f"option {option!r} of pass" in err.reason
+
+
+def test_python_keywords_get_the_same_check_and_name_pass_and_option() -> None:
+    with pytest.raises(OptionError) as info:
+        epass.create_pass("typed", floor="x")
+    err = info.value
+    assert isinstance(err, TypeError)
+    assert err.pass_name == "typed" and err.option == "floor"
+    assert err.text == 'typed(floor="x")'
+    assert err.text[err.pos :] == '"x")'
+
+
+def test_values_are_converted_to_the_declared_types() -> None:
+    opts = options_of(
+        "typed(floor=2, dtype=bfloat16, mode=exact, style=fancy, ops=aten.linear, "
+        "op=aten.relu, table={aten.relu: aten.gelu.default})"
+    )
+    assert opts["floor"] == 2.0 and type(opts["floor"]) is float
+    assert opts["dtype"] is torch.bfloat16
+    assert opts["mode"] is Mode.EXACT
+    assert opts["style"] == "fancy"
+    assert opts["ops"] == [aten.linear.default]  # one operator stands for a list of one
+    assert opts["op"] is aten.relu.default  # a packet becomes its default overload
+    assert opts["table"] == {aten.relu.default: aten.gelu.default}
+    assert epass.create_pass("typed", mode="FAST", dtype="float16").options["mode"] is Mode.FAST
+    assert epass.create_pass("typed-class", sizes=[1, 2]).sizes == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "keep",
+    ["aten.linear.default", "aten.linear", "[aten.linear]", "[aten.linear.default]"],
+)
+def test_decompose_keep_takes_one_operator_or_a_packet(keep: str) -> None:
+    (p,) = PassManager.from_text(f"decompose(keep={keep})").passes
+    assert p.keep == (aten.linear.default,)
+    assert PassManager.from_text(f"decompose(keep={keep})").to_text() == (
+        "decompose(keep=[aten.linear.default])"
+    )
+    assert Decompose(keep=aten.linear).keep == (aten.linear.default,)
+
+
+def test_decompose_keep_still_refuses_what_is_not_an_operator() -> None:
+    with pytest.raises(TypeError, match="takes ATen operators"):
+        Decompose(keep=["linear"])
+    with pytest.raises(PipelineError, match="bad options for pass 'decompose'"):
+        PassManager.from_text('decompose(keep=["linear"])')
+
+
+def test_replace_ops_takes_a_mapping_from_text_and_runs_it() -> None:
+    text = "replace-ops(ops={aten.relu.default: aten.gelu.default})"
+    pm = PassManager.from_text(text)
+    (p,) = pm.passes
+    assert isinstance(p, ReplaceOps) and p.ops == {aten.relu.default: aten.gelu.default}
+    assert pm.to_text() == text
+    _, ep, _ = models.export("mlp")
+    out = pm.run(Decompose()(ep).program)
+    targets = {n.target for n in out.graph.nodes if n.op == "call_function"}
+    assert aten.gelu.default in targets and aten.relu.default not in targets
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("typed(table={[1]: 2})", "a mapping key must be a single value"),
+        ("typed(table={1: 2, 1: 3})", "key 1 given twice"),
+        ("typed(table={1 2})", "':' after a mapping key"),
+        ("typed(table={1: 2", "',' or '}' in a mapping"),
+    ],
+)
+def test_mapping_literal_syntax_errors_name_the_column(text: str, message: str) -> None:
+    with pytest.raises(PipelineError, match=message):
+        PassManager.from_text(text)
+
+
+def test_options_of_unknown_or_any_type_pass_unchanged() -> None:
+    def loose(*, anything: Any = None, untyped=None):  # type: ignore[no-untyped-def]
+        return lambda ep: ep
+
+    converted = registry.convert_options("loose", loose, {"anything": "x", "untyped": [1]})
+    assert converted == {"anything": "x", "untyped": [1]}
+
+
+# --- verification of operator arguments ----------------------------------------
+
+
+@attrs.define(eq=False)
+class BadClamp:
+    """Rewrites relu(x) as clamp_min(x, "x"): an argument its schema does not take."""
+
+    name: ClassVar[str] = "bad-clamp"
+
+    def __call__(self, ep: ExportedProgram) -> ExportedProgram:
+        for node in ep.graph.nodes:
+            if node.target is aten.relu.default:
+                node.target = aten.clamp_min.default
+                node.args = (node.args[0], "x")
+        ep.graph_module.recompile()
+        return ep
+
+
+@attrs.define(eq=False)
+class ExtraArgument:
+    """Gives relu a second positional argument."""
+
+    name: ClassVar[str] = "extra-argument"
+
+    def __call__(self, ep: ExportedProgram) -> ExportedProgram:
+        for node in ep.graph.nodes:
+            if node.target is aten.relu.default:
+                node.args = (*node.args, 1)
+        ep.graph_module.recompile()
+        return ep
+
+
+def test_a_pass_writing_a_string_where_a_number_belongs_fails_at_that_pass() -> None:
+    _, ep, _ = models.export("mlp")
+    lowered = Decompose()(ep).program
+    with pytest.raises(VerificationError) as info:
+        PassManager(["dce", BadClamp()]).run(lowered)
+    err = info.value
+    assert err.pass_name == "bad-clamp" and err.index == 1
+    assert "'min'" in str(err) and "'x'" in str(err) and "aten.clamp_min.default" in str(err)
+
+
+def test_a_pass_giving_an_operator_too_many_arguments_fails_at_that_pass() -> None:
+    _, ep, _ = models.export("mlp")
+    with pytest.raises(VerificationError, match="positional arguments") as info:
+        PassManager([ExtraArgument()]).run(Decompose()(ep).program)
+    assert info.value.pass_name == "extra-argument"
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("name", sorted(models.CASES))
+def test_exported_and_lowered_zoo_programs_have_no_argument_problems(
+    name: str, dynamic: bool
+) -> None:
+    _, ep, _ = models.export(name, dynamic=dynamic)
+    assert argument_problems(ep) == []
+    assert argument_problems(presets.lower().run(ep)) == []
