@@ -236,11 +236,13 @@ def example_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     src = tmp_path_factory.mktemp("plugin") / "plugin"
     shutil.copytree(ROOT / "examples" / "plugin", src)  # keep build files out of the tree
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
-        [*pip, "install", "--no-deps", "--no-build-isolation", "--no-index", str(src)],
-        check=True,
-        capture_output=True,
+    # Offline, so no build isolation: the environment's own setuptools builds the
+    # wheel, and pip checks that it is the one the plugin's pyproject.toml asks for.
+    install = [*pip, "install", "--no-deps", "--no-build-isolation", "--check-build-dependencies"]
+    proc = subprocess.run(
+        [*install, "--no-index", str(src)], capture_output=True, text=True, check=False
     )
+    assert proc.returncode == 0, proc.stderr
     importlib.invalidate_caches()
     registry.refresh_plugins()
     yield
@@ -248,6 +250,19 @@ def example_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         subprocess.run([*pip, "uninstall", "-y", PLUGIN_DIST], check=False, capture_output=True)
     importlib.invalidate_caches()
     registry.refresh_plugins()
+
+
+def test_test_extra_brings_the_backend_that_builds_the_example_plugin() -> None:
+    # The fixture above builds offline, without isolation, with the environment's
+    # setuptools. A fresh venv on Python 3.11 has setuptools 65, which cannot build a
+    # wheel without the separate `wheel` package ("invalid command 'bdist_wheel'");
+    # 70.1 is the first with bdist_wheel built in.
+    tomllib = pytest.importorskip("tomllib")
+    plugin = tomllib.loads((ROOT / "examples" / "plugin" / "pyproject.toml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    needed = plugin["build-system"]["requires"]
+    assert needed == ["setuptools>=70.1"]
+    assert set(needed) <= set(project["project"]["optional-dependencies"]["test"])
 
 
 def test_installed_plugin_runs_by_name(example_plugin: None) -> None:

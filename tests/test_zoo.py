@@ -133,31 +133,3 @@ def test_gpt2_sdpa_decompose_error_names_node_and_suggests_keep():
     )
     _assert_close(out.module()(ids), model(ids))
     assert fingerprint(ep) == before
-
-
-# Zoo programs the incremental path does not take, and why (the fallback is
-# deliberate: matching torch there is not promised).
-EXPECTED_FALLBACKS = {
-    ("cond", False): "get_attr",
-    ("cond", True): "get_attr",
-    ("running_mean", False): "mutat",
-    ("running_mean", True): "mutat",
-}
-
-
-@pytest.mark.parametrize(("name", "dynamic"), _cases())
-def test_zoo_decompose_check_mode_matches_retrace(name: str, dynamic: bool):
-    _, ep, args = hf_models.export(name, dynamic=dynamic)
-    before = fingerprint(ep)
-    result = Decompose(check=True)(ep)
-    expected = EXPECTED_FALLBACKS.get((name, dynamic))
-    if expected is None:
-        assert result.notes["method"] == "incremental", result.notes
-        assert result.notes["checked"] is True
-    else:
-        assert result.notes["method"] == "retrace"
-        assert expected in (result.notes["fallback"] or "")
-    assert fingerprint(ep) == before
-    inputs = hf_models.other_inputs(name) if dynamic else args
-    if not hf_models.ZOO[name].mutates_buffers:
-        _assert_close(result.program.module()(*inputs), hf_models.build(name)(*inputs))
