@@ -70,6 +70,7 @@ INTERNALS = (
     "torch._export.passes._node_metadata_hook._set_node_metadata_hook",
     "torch._export.passes._node_metadata_hook._node_metadata_hook",
     "torch._dynamo.config.do_not_emit_runtime_asserts",
+    "torch.fx.proxy._COPY_META_FIELDS",
 )
 
 # The stack trace the retrace gives the nodes its runtime-assertion pass adds
@@ -93,7 +94,37 @@ _SYM_FUNCTIONS = frozenset(
     if hasattr(torch, name)
 )
 # Node meta the retrace carries from an original node onto the nodes it becomes.
-_CARRIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "custom")
+_CARRIED_META = ("stack_trace", "nn_module_stack", "custom")
+# The retrace runs each node under a copy of that node's meta, and the tracer copies
+# these fields from it onto every node it creates; the tracer itself may overwrite
+# them meanwhile (``original_aten`` is set around each ATen call and reset to None
+# after it). ``custom`` is merged and ``nn_module_stack`` follows its own rule.
+_INHERITED_META = tuple(
+    f
+    for f in torch.fx.proxy._COPY_META_FIELDS
+    if f not in ("from_node", "custom", "nn_module_stack")
+)
+
+
+class _Inherited:
+    """Template meta value standing for "the rewritten node's own value, if any"."""
+
+    __slots__ = ("field",)
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __copy__(self) -> _Inherited:
+        return self  # the tracer copies meta values; the marker must stay itself
+
+    def __deepcopy__(self, memo: Any) -> _Inherited:
+        return self
+
+    def __repr__(self) -> str:
+        return f"<the rewritten node's {self.field}>"
+
+
+_MARKERS = {f: _Inherited(f) for f in _INHERITED_META}
 
 
 class Fallback(Exception):
@@ -305,8 +336,32 @@ def normalize(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[A
 
 @attrs.frozen(eq=False)
 class _Template:
+    """A traced decomposition. ``inherited`` maps each node to the meta fields it takes
+    from the node being rewritten; ``own`` to the fields the tracer set itself."""
+
     graph: torch.fx.Graph
     n_inputs: int
+    inherited: Mapping[torch.fx.Node, tuple[str, ...]]
+    own: Mapping[torch.fx.Node, Mapping[str, Any]]
+
+
+def _split_meta(
+    graph: torch.fx.Graph,
+) -> tuple[dict[torch.fx.Node, tuple[str, ...]], dict[torch.fx.Node, dict[str, Any]]]:
+    inherited: dict[torch.fx.Node, tuple[str, ...]] = {}
+    own: dict[torch.fx.Node, dict[str, Any]] = {}
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        inherited[node] = tuple(
+            f for f in _INHERITED_META if isinstance(node.meta.get(f), _Inherited)
+        )
+        own[node] = {
+            f: node.meta[f]
+            for f in _INHERITED_META
+            if f in node.meta and not isinstance(node.meta[f], _Inherited)
+        }
+    return inherited, own
 
 
 _CACHE: collections.OrderedDict[Any, _Template] = collections.OrderedDict()
@@ -393,6 +448,7 @@ def _trace(
     flat, spec = pytree.tree_flatten((args, kwargs))
     blank = torch.fx.Graph().placeholder("blank")
     blank.meta["custom"] = {}
+    blank.meta.update(_MARKERS)
 
     def fn(*xs: Any) -> Any:
         if True:
@@ -444,7 +500,7 @@ def _trace(
                 raise Fallback(f"the decomposition of {op} leaves {node.target} behind")
         elif node.op == "call_function" and not _plain(node.target):
             raise Fallback(f"the decomposition of {op} calls {node.target!r}")
-    return _Template(gm.graph, len(inputs))
+    return _Template(gm.graph, len(inputs), *_split_meta(gm.graph))
 
 
 def _template(
@@ -636,8 +692,11 @@ class _Builder:
                         local[t] = existing
                         continue
                 new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
-                if "original_aten" in t.meta:
-                    new.meta["original_aten"] = t.meta["original_aten"]
+                for field in template.inherited[t]:
+                    if field in node.meta:
+                        new.meta[field] = node.meta[field]
+                for field, value in template.own[t].items():
+                    new.meta[field] = value if field == "original_aten" else copy.copy(value)
                 if t.meta.get("custom"):
                     # Annotations made while the decomposition ran (torch's dynamo
                     # guard on a decomposition records itself here).
