@@ -10,6 +10,7 @@ import collections
 import copy
 import operator
 import re
+import struct
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "Fallback",
     "Tables",
     "cache_info",
+    "const_key",
     "clear_cache",
     "decompose",
     "first_difference",
@@ -155,7 +157,26 @@ class Tables:
 
 
 _LOCK = threading.RLock()
-_DEFAULT: dict[Any, Tables] = {}
+_SPLITS: collections.OrderedDict[Any, Tables] = collections.OrderedDict()
+
+
+class _Same:
+    """A key part standing for one object: equal only to a part holding that same
+    object, which it keeps alive for as long as the key lives."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __repr__(self) -> str:
+        return f"_Same({self.obj!r})"
 
 
 def _cia_registrations() -> frozenset[str]:
@@ -170,36 +191,42 @@ def split_table(
     """Split ``table`` (``None``: torch's default table less ``keep``) like
     ``run_decompositions``.
 
-    The default table's split is cached for the process, keyed by ``keep`` and the set
-    of CompositeImplicitAutograd registrations, so a newly registered op invalidates it.
+    Splits are cached for the process (the last 32), keyed by the set of
+    CompositeImplicitAutograd registrations (a newly registered op invalidates them)
+    and by ``keep`` for the default table, or by the table's operators and callables
+    for an explicit one. The key holds the callables themselves, never their ``id()``:
+    a freed table's address can go to another function, which must not be served this
+    table's templates. The key is the split's ``token``.
     """
     from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
 
+    regs = _cia_registrations()
+    key: tuple[Any, ...]
     if table is None:
-        regs = _cia_registrations()
-        key = (regs, frozenset(keep))
-        with _LOCK:
-            cached = _DEFAULT.get(key)
-            if cached is not None:
-                return cached
+        key = ("default", regs, frozenset(keep))
+    else:
+        key = ("explicit", regs, frozenset((op, _Same(fn)) for op, fn in table.items()))
+    with _LOCK:
+        cached = _SPLITS.get(key)
+        if cached is not None:
+            _SPLITS.move_to_end(key)
+            return cached
+    if table is None:
         full = torch.export.default_decompositions()
         for op in keep:
             full.pop(op, None)
-        cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(full.materialize()))
-        tables = Tables(cia, python, ("default", key))
-        with _LOCK:
-            if len(_DEFAULT) >= 16 or any(k[0] != regs for k in _DEFAULT):
-                _DEFAULT.clear()
-            _DEFAULT[key] = tables
-        return tables
-    cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(table))
-    token = (
-        "explicit",
-        frozenset((k, id(v)) for k, v in cia.items()),
-        frozenset((k, id(v)) for k, v in python.items()),
-        _cia_registrations(),
-    )
-    return Tables(cia, python, token)
+        materialized = dict(full.materialize())
+    else:
+        materialized = dict(table)
+    cia, python = _split_decomp_table_to_cia_and_python_decomp(materialized)
+    tables = Tables(cia, python, key)
+    with _LOCK:
+        if any(k[1] != regs for k in _SPLITS):
+            _SPLITS.clear()
+        _SPLITS[key] = tables
+        while len(_SPLITS) > 32:
+            _SPLITS.popitem(last=False)
+    return tables
 
 
 def rewrites(op: Any, tables: Tables) -> bool:
@@ -376,10 +403,10 @@ def cache_info() -> dict[str, int]:
 
 
 def clear_cache() -> None:
-    """Forget every cached template (and the default table's split)."""
+    """Forget every cached template and table split."""
     with _LOCK:
         _CACHE.clear()
-        _DEFAULT.clear()
+        _SPLITS.clear()
         _STATS.update(hits=0, misses=0)
 
 
@@ -389,16 +416,48 @@ def _sym_key(value: Any) -> Any:
     return value
 
 
+# Constants are keyed by exact type and, for floats, by bit pattern: ``True == 1 == 1.0``
+# hash alike, ``-0.0 == 0.0``, and NaN equals nothing (each NaN payload is its own key).
+_BY_VALUE = (bool, int, str, type(None))
+_BY_NAME = (torch.dtype, torch.layout, torch.memory_format)
+
+
+def const_key(value: Any) -> Any:
+    """The template key of a constant argument (or a size); equal keys are the same
+    constant to every decomposition.
+
+    Raises:
+        Fallback: for a constant of a type the key cannot tell apart.
+    """
+    kind = type(value)
+    if kind in _BY_VALUE:
+        return (kind.__name__, value)
+    if kind is float:
+        return ("float", struct.pack("<d", value))
+    if kind is complex:
+        return ("complex", struct.pack("<dd", value.real, value.imag))
+    if kind in _BY_NAME:
+        return (kind.__name__, str(value))
+    if kind is torch.device:
+        return ("device", value.type, value.index)
+    if kind in (torch.SymInt, torch.SymFloat, torch.SymBool):
+        return _sym_key(value)
+    raise Fallback(f"a constant argument of type {kind.__name__}")
+
+
 def _tensor_key(t: torch.Tensor) -> Any:
     return (
         "tensor",
-        tuple(_sym_key(s) for s in t.shape),
-        tuple(_sym_key(s) for s in t.stride()),
-        _sym_key(t.storage_offset()),
-        t.dtype,
-        str(t.device),
-        t.layout,
+        type(t).__name__,
+        tuple(const_key(s) for s in t.shape),
+        tuple(const_key(s) for s in t.stride()),
+        const_key(t.storage_offset()),
+        const_key(t.dtype),
+        const_key(t.device),
+        const_key(t.layout),
         t.requires_grad,
+        t.is_conj(),
+        t.is_neg(),
     )
 
 
@@ -517,9 +576,9 @@ def _template(
     for a in flat:
         if isinstance(a, torch.fx.Node):
             v = a.meta["val"]
-            key_parts.append(_tensor_key(v) if isinstance(v, torch.Tensor) else _sym_key(v))
+            key_parts.append(_tensor_key(v) if isinstance(v, torch.Tensor) else const_key(v))
         else:
-            key_parts.append((type(a), _sym_key(a) if not isinstance(a, torch.dtype) else a))
+            key_parts.append(const_key(a))
     # Template values are fake tensors of one program's fake mode (and its symbols):
     # the mode is part of the key, and the cache keeps it alive while the entry lives.
     key = (op, str(spec), tuple(key_parts), tables.token, fake_mode)
@@ -561,7 +620,12 @@ def _same_meta(a: Any, b: Any) -> bool:
             and isinstance(b, torch.SymInt)
             and (a.node.expr == b.node.expr)
         )
-    return type(a) is type(b) and a == b
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(const_key(a) == const_key(b))  # -0.0 is not 0.0; a NaN is itself
+    except Fallback:
+        return bool(a == b)
 
 
 def _symbolic(v: Any) -> bool:
