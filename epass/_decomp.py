@@ -10,6 +10,7 @@ import collections
 import copy
 import operator
 import re
+import struct
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "Fallback",
     "Tables",
     "cache_info",
+    "const_key",
     "clear_cache",
     "decompose",
     "first_difference",
@@ -70,6 +72,7 @@ INTERNALS = (
     "torch._export.passes._node_metadata_hook._set_node_metadata_hook",
     "torch._export.passes._node_metadata_hook._node_metadata_hook",
     "torch._dynamo.config.do_not_emit_runtime_asserts",
+    "torch.fx.proxy._COPY_META_FIELDS",
 )
 
 # The stack trace the retrace gives the nodes its runtime-assertion pass adds
@@ -93,7 +96,37 @@ _SYM_FUNCTIONS = frozenset(
     if hasattr(torch, name)
 )
 # Node meta the retrace carries from an original node onto the nodes it becomes.
-_CARRIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "custom")
+_CARRIED_META = ("stack_trace", "nn_module_stack", "custom")
+# The retrace runs each node under a copy of that node's meta, and the tracer copies
+# these fields from it onto every node it creates; the tracer itself may overwrite
+# them meanwhile (``original_aten`` is set around each ATen call and reset to None
+# after it). ``custom`` is merged and ``nn_module_stack`` follows its own rule.
+_INHERITED_META = tuple(
+    f
+    for f in torch.fx.proxy._COPY_META_FIELDS
+    if f not in ("from_node", "custom", "nn_module_stack")
+)
+
+
+class _Inherited:
+    """Template meta value standing for "the rewritten node's own value, if any"."""
+
+    __slots__ = ("field",)
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __copy__(self) -> _Inherited:
+        return self  # the tracer copies meta values; the marker must stay itself
+
+    def __deepcopy__(self, memo: Any) -> _Inherited:
+        return self
+
+    def __repr__(self) -> str:
+        return f"<the rewritten node's {self.field}>"
+
+
+_MARKERS = {f: _Inherited(f) for f in _INHERITED_META}
 
 
 class Fallback(Exception):
@@ -124,7 +157,26 @@ class Tables:
 
 
 _LOCK = threading.RLock()
-_DEFAULT: dict[Any, Tables] = {}
+_SPLITS: collections.OrderedDict[Any, Tables] = collections.OrderedDict()
+
+
+class _Same:
+    """A key part standing for one object: equal only to a part holding that same
+    object, which it keeps alive for as long as the key lives."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __repr__(self) -> str:
+        return f"_Same({self.obj!r})"
 
 
 def _cia_registrations() -> frozenset[str]:
@@ -139,36 +191,42 @@ def split_table(
     """Split ``table`` (``None``: torch's default table less ``keep``) like
     ``run_decompositions``.
 
-    The default table's split is cached for the process, keyed by ``keep`` and the set
-    of CompositeImplicitAutograd registrations, so a newly registered op invalidates it.
+    Splits are cached for the process (the last 32), keyed by the set of
+    CompositeImplicitAutograd registrations (a newly registered op invalidates them)
+    and by ``keep`` for the default table, or by the table's operators and callables
+    for an explicit one. The key holds the callables themselves, never their ``id()``:
+    a freed table's address can go to another function, which must not be served this
+    table's templates. The key is the split's ``token``.
     """
     from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
 
+    regs = _cia_registrations()
+    key: tuple[Any, ...]
     if table is None:
-        regs = _cia_registrations()
-        key = (regs, frozenset(keep))
-        with _LOCK:
-            cached = _DEFAULT.get(key)
-            if cached is not None:
-                return cached
+        key = ("default", regs, frozenset(keep))
+    else:
+        key = ("explicit", regs, frozenset((op, _Same(fn)) for op, fn in table.items()))
+    with _LOCK:
+        cached = _SPLITS.get(key)
+        if cached is not None:
+            _SPLITS.move_to_end(key)
+            return cached
+    if table is None:
         full = torch.export.default_decompositions()
         for op in keep:
             full.pop(op, None)
-        cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(full.materialize()))
-        tables = Tables(cia, python, ("default", key))
-        with _LOCK:
-            if len(_DEFAULT) >= 16 or any(k[0] != regs for k in _DEFAULT):
-                _DEFAULT.clear()
-            _DEFAULT[key] = tables
-        return tables
-    cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(table))
-    token = (
-        "explicit",
-        frozenset((k, id(v)) for k, v in cia.items()),
-        frozenset((k, id(v)) for k, v in python.items()),
-        _cia_registrations(),
-    )
-    return Tables(cia, python, token)
+        materialized = dict(full.materialize())
+    else:
+        materialized = dict(table)
+    cia, python = _split_decomp_table_to_cia_and_python_decomp(materialized)
+    tables = Tables(cia, python, key)
+    with _LOCK:
+        if any(k[1] != regs for k in _SPLITS):
+            _SPLITS.clear()
+        _SPLITS[key] = tables
+        while len(_SPLITS) > 32:
+            _SPLITS.popitem(last=False)
+    return tables
 
 
 def rewrites(op: Any, tables: Tables) -> bool:
@@ -305,8 +363,32 @@ def normalize(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[A
 
 @attrs.frozen(eq=False)
 class _Template:
+    """A traced decomposition. ``inherited`` maps each node to the meta fields it takes
+    from the node being rewritten; ``own`` to the fields the tracer set itself."""
+
     graph: torch.fx.Graph
     n_inputs: int
+    inherited: Mapping[torch.fx.Node, tuple[str, ...]]
+    own: Mapping[torch.fx.Node, Mapping[str, Any]]
+
+
+def _split_meta(
+    graph: torch.fx.Graph,
+) -> tuple[dict[torch.fx.Node, tuple[str, ...]], dict[torch.fx.Node, dict[str, Any]]]:
+    inherited: dict[torch.fx.Node, tuple[str, ...]] = {}
+    own: dict[torch.fx.Node, dict[str, Any]] = {}
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        inherited[node] = tuple(
+            f for f in _INHERITED_META if isinstance(node.meta.get(f), _Inherited)
+        )
+        own[node] = {
+            f: node.meta[f]
+            for f in _INHERITED_META
+            if f in node.meta and not isinstance(node.meta[f], _Inherited)
+        }
+    return inherited, own
 
 
 _CACHE: collections.OrderedDict[Any, _Template] = collections.OrderedDict()
@@ -321,10 +403,10 @@ def cache_info() -> dict[str, int]:
 
 
 def clear_cache() -> None:
-    """Forget every cached template (and the default table's split)."""
+    """Forget every cached template and table split."""
     with _LOCK:
         _CACHE.clear()
-        _DEFAULT.clear()
+        _SPLITS.clear()
         _STATS.update(hits=0, misses=0)
 
 
@@ -334,16 +416,48 @@ def _sym_key(value: Any) -> Any:
     return value
 
 
+# Constants are keyed by exact type and, for floats, by bit pattern: ``True == 1 == 1.0``
+# hash alike, ``-0.0 == 0.0``, and NaN equals nothing (each NaN payload is its own key).
+_BY_VALUE = (bool, int, str, type(None))
+_BY_NAME = (torch.dtype, torch.layout, torch.memory_format)
+
+
+def const_key(value: Any) -> Any:
+    """The template key of a constant argument (or a size); equal keys are the same
+    constant to every decomposition.
+
+    Raises:
+        Fallback: for a constant of a type the key cannot tell apart.
+    """
+    kind = type(value)
+    if kind in _BY_VALUE:
+        return (kind.__name__, value)
+    if kind is float:
+        return ("float", struct.pack("<d", value))
+    if kind is complex:
+        return ("complex", struct.pack("<dd", value.real, value.imag))
+    if kind in _BY_NAME:
+        return (kind.__name__, str(value))
+    if kind is torch.device:
+        return ("device", value.type, value.index)
+    if kind in (torch.SymInt, torch.SymFloat, torch.SymBool):
+        return _sym_key(value)
+    raise Fallback(f"a constant argument of type {kind.__name__}")
+
+
 def _tensor_key(t: torch.Tensor) -> Any:
     return (
         "tensor",
-        tuple(_sym_key(s) for s in t.shape),
-        tuple(_sym_key(s) for s in t.stride()),
-        _sym_key(t.storage_offset()),
-        t.dtype,
-        str(t.device),
-        t.layout,
+        type(t).__name__,
+        tuple(const_key(s) for s in t.shape),
+        tuple(const_key(s) for s in t.stride()),
+        const_key(t.storage_offset()),
+        const_key(t.dtype),
+        const_key(t.device),
+        const_key(t.layout),
         t.requires_grad,
+        t.is_conj(),
+        t.is_neg(),
     )
 
 
@@ -393,6 +507,7 @@ def _trace(
     flat, spec = pytree.tree_flatten((args, kwargs))
     blank = torch.fx.Graph().placeholder("blank")
     blank.meta["custom"] = {}
+    blank.meta.update(_MARKERS)
 
     def fn(*xs: Any) -> Any:
         if True:
@@ -444,7 +559,7 @@ def _trace(
                 raise Fallback(f"the decomposition of {op} leaves {node.target} behind")
         elif node.op == "call_function" and not _plain(node.target):
             raise Fallback(f"the decomposition of {op} calls {node.target!r}")
-    return _Template(gm.graph, len(inputs))
+    return _Template(gm.graph, len(inputs), *_split_meta(gm.graph))
 
 
 def _template(
@@ -461,9 +576,9 @@ def _template(
     for a in flat:
         if isinstance(a, torch.fx.Node):
             v = a.meta["val"]
-            key_parts.append(_tensor_key(v) if isinstance(v, torch.Tensor) else _sym_key(v))
+            key_parts.append(_tensor_key(v) if isinstance(v, torch.Tensor) else const_key(v))
         else:
-            key_parts.append((type(a), _sym_key(a) if not isinstance(a, torch.dtype) else a))
+            key_parts.append(const_key(a))
     # Template values are fake tensors of one program's fake mode (and its symbols):
     # the mode is part of the key, and the cache keeps it alive while the entry lives.
     key = (op, str(spec), tuple(key_parts), tables.token, fake_mode)
@@ -505,7 +620,12 @@ def _same_meta(a: Any, b: Any) -> bool:
             and isinstance(b, torch.SymInt)
             and (a.node.expr == b.node.expr)
         )
-    return type(a) is type(b) and a == b
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(const_key(a) == const_key(b))  # -0.0 is not 0.0; a NaN is itself
+    except Fallback:
+        return bool(a == b)
 
 
 def _symbolic(v: Any) -> bool:
@@ -636,8 +756,11 @@ class _Builder:
                         local[t] = existing
                         continue
                 new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
-                if "original_aten" in t.meta:
-                    new.meta["original_aten"] = t.meta["original_aten"]
+                for field in template.inherited[t]:
+                    if field in node.meta:
+                        new.meta[field] = node.meta[field]
+                for field, value in template.own[t].items():
+                    new.meta[field] = value if field == "original_aten" else copy.copy(value)
                 if t.meta.get("custom"):
                     # Annotations made while the decomposition ran (torch's dynamo
                     # guard on a decomposition records itself here).

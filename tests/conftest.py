@@ -1,12 +1,27 @@
-"""Shared fixtures: program fingerprints that prove a program was left untouched."""
+"""Shared fixtures: program fingerprints that prove a program was left untouched, and
+the hypothesis profiles (``ci``: the same examples on every machine; ``fuzz``: new
+random examples, run by ``benchmarks/fuzz.sh``)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fingerprint import fingerprint
 
 __all__ = ["fingerprint"]
+
+# CI runs a fixed set of examples, and keeps no example database between runs: a
+# submission passes or fails on its own code, never on a random draw or on what an
+# earlier run on the same machine found. New examples are explored by
+# benchmarks/fuzz.sh; what it finds becomes an explicit @example.
+# (hypothesis has a "ci" profile of its own; this one does not depend on its version.)
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("fuzz", derandomize=False, database=None, print_blob=True)
+if "CI" in os.environ and settings.get_current_profile_name() == "default":
+    settings.load_profile("ci")  # unless --hypothesis-profile chose another

@@ -229,3 +229,32 @@ def test_runtime_assert_pass_binds_a_new_size_after_the_placeholders():
     nodes = [n for n in fast.graph.nodes if n.op != "placeholder"]
     assert nodes[0].target is aten.sym_size.int
     assert nodes[0].args[0].op == "placeholder"
+
+
+def test_tracer_copies_meta_fields_from_the_node_being_run():
+    # The retrace runs each node under a copy of its meta; the tracer copies these
+    # fields onto every node it creates, and resets original_aten to None after each
+    # ATen call. A size computed before the first call keeps the node's value.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fields = torch.fx.proxy._COPY_META_FIELDS
+    assert {"original_aten", "custom", "nn_module_stack", "from_node"} <= set(fields)
+    assert set(_decomp._INHERITED_META) <= set(fields)
+    carrier = torch.fx.Graph().placeholder("carrier")
+    carrier.meta["original_aten"] = "the node's own"
+
+    def f(x):
+        with torch.fx.traceback.set_current_meta(carrier):
+            a = aten.view.default(x, [x.shape[0] * 2])
+            return aten.view.default(a, [x.shape[0] * 3 - x.shape[0]])
+
+    with torch.fx.traceback.preserve_node_meta():
+        gm = make_fx(f, tracing_mode="symbolic")(torch.randn(4, 2))
+    seen = [
+        (str(n.target), str(n.meta.get("original_aten")))
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+    ]
+    assert seen[1] == ("<built-in function mul>", "the node's own")
+    assert seen[2] == ("aten.view.default", "aten.view.default")
+    assert seen[3] == ("<built-in function mul>", "None")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import models
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_properties import LAYERS, Drawn
 from torch import nn
@@ -220,6 +220,9 @@ _TABLES = {
     twice=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+# A size computed before the decomposition's first ATen call keeps the rewritten node's
+# own original_aten, which a node of the ATen dialect has.
+@example(spec=["linear"], table="default", dynamic=True, twice=True, seed=0)
 def test_random_modules_and_tables_match_torch(spec, table, dynamic, twice, seed):
     torch.manual_seed(seed)
     module = Drawn(spec).eval()
@@ -231,6 +234,23 @@ def test_random_modules_and_tables_match_torch(spec, table, dynamic, twice, seed
     result = Decompose(check=True, **_TABLES[table])(ep)
     if result.notes["method"] == "incremental":
         torch.testing.assert_close(result.program.module()(x), module(x), rtol=1e-4, atol=1e-5)
+
+
+def test_ci_profile_runs_the_same_examples_everywhere():
+    import os
+    from pathlib import Path
+
+    ci = settings.get_profile("ci")
+    assert ci.derandomize is True
+    assert ci.database is None
+    assert settings.get_profile("fuzz").derandomize is False
+    if "CI" in os.environ:
+        assert settings.get_current_profile_name() == "ci"
+        assert settings.default.derandomize is True
+        assert settings.default.database is None
+    fuzz = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz.sh"
+    assert os.access(fuzz, os.X_OK)
+    assert "--hypothesis-profile=fuzz" in fuzz.read_text()
 
 
 class _Diff(nn.Module):
@@ -278,6 +298,23 @@ def test_nodes_without_module_stack_get_the_retraces_empty_one():
     cast = PassManager([CastDtype(dtype=torch.float16)]).run(ep)
     assert any("nn_module_stack" not in n.meta for n in cast.graph.nodes if n.op == "call_function")
     assert _assert_same_as_torch(cast).notes["method"] == "incremental"
+
+
+def test_sizes_computed_before_the_first_aten_call_keep_the_nodes_original_aten():
+    # The retrace runs each node under a copy of its meta: the symbolic `mul` that
+    # linear's decomposition computes first inherits the node's original_aten, which a
+    # node already in the ATen dialect has (aten.linear.default).
+    x = torch.randn(2, 3, 8)
+    ep = torch.export.export(nn.Linear(8, 9), (x,), dynamic_shapes=({0: Dim("b")},))
+    kept = Decompose(keep=[aten.linear.default])(ep).program
+    (linear,) = [n for n in kept.graph.nodes if n.target is aten.linear.default]
+    assert linear.meta["original_aten"] is aten.linear.default
+    result = _assert_same_as_torch(kept)
+    assert result.notes["method"] == "incremental"
+    first = next(n for n in result.program.graph.nodes if n.op == "call_function")
+    second = first.next
+    assert str(second.target) == "<built-in function mul>"
+    assert second.meta["original_aten"] is aten.linear.default
 
 
 def test_lifted_constants_fall_back_because_the_retrace_reorders_them():
