@@ -276,6 +276,10 @@ def is_op_packet(value: Any) -> bool:
     return isinstance(value, torch._ops.OpOverloadPacket)
 
 
+# The type of an operator overload, for annotations such as a pass option's.
+OpOverload = torch._ops.OpOverload
+
+
 def overload_of(value: Any) -> Any:
     """``value`` as an operator overload: an overload itself, a packet's ``default``
     overload (``aten.relu`` -> ``aten.relu.default``), or None."""

@@ -41,7 +41,6 @@ from typing import Any, Literal, TypeVar, Union, overload
 
 import attrs
 
-from epass import _program
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -715,6 +714,11 @@ def convert_options(name: str, factory: Any, options: Mapping[str, Any]) -> dict
 def _convert(value: Any, tp: Any) -> Any:
     """``value`` as type ``tp``, or raise :class:`_Mismatch`. Unknown annotations
     (``Any``, protocols, generics this does not understand) accept anything."""
+    # Imported here: the registry answers ``epass passes`` and --help without torch.
+    import torch
+
+    from epass import _program
+
     if tp is Any or tp is object:
         return value
     if tp is None or tp is _NONE_TYPE:
@@ -777,7 +781,7 @@ def _convert(value: Any, tp: Any) -> Any:
             if isinstance(found, torch.dtype):
                 return found
         raise _Mismatch
-    if tp is torch._ops.OpOverload:
+    if tp is _program.OpOverload:
         overload = _program.overload_of(value)
         if overload is None:
             raise _Mismatch
@@ -806,6 +810,10 @@ def _convert(value: Any, tp: Any) -> Any:
 def annotation_text(tp: Any) -> str:
     """A declared option type as a reader would write it: ``float``,
     ``list[operator]``, ``"fast" | "exact"``, ``dtype | none``."""
+    import torch
+
+    from epass import _program
+
     if tp is None or tp is _NONE_TYPE:
         return "none"
     if tp is Any:
@@ -816,7 +824,7 @@ def annotation_text(tp: Any) -> str:
         return " | ".join(format_value(a) for a in args)
     if origin is Union or origin is types.UnionType:
         return " | ".join(annotation_text(a) for a in args)
-    if tp is torch._ops.OpOverload:
+    if tp is _program.OpOverload:
         return "operator"
     if tp is torch.dtype:
         return "dtype"

@@ -42,9 +42,12 @@ CONFIG = "[mypy]\nstrict = True\n\n[mypy-torch.*]\nfollow_imports = skip\n"
 
 @pytest.mark.slow
 def test_mypy_strict_sees_the_installed_package_and_its_result_types(tmp_path: Path) -> None:
-    if shutil.which("mypy") is None and subprocess.run(
-        [sys.executable, "-m", "mypy", "--version"], capture_output=True
-    ).returncode:
+    if (
+        shutil.which("mypy") is None
+        and subprocess.run(
+            [sys.executable, "-m", "mypy", "--version"], capture_output=True
+        ).returncode
+    ):
         pytest.skip("mypy is not installed (it comes with the dev extra)")
     (tmp_path / "good.py").write_text(GOOD)
     (tmp_path / "bad.py").write_text(BAD)
