@@ -24,8 +24,6 @@ from typing import IO, Any
 
 import attrs
 import torch
-from torch.export.pt2_archive import PT2ArchiveReader
-from torch.export.pt2_archive import constants as archive_constants
 
 from epass import _program
 from epass.errors import LoadError, UnsafeArchiveError
@@ -68,11 +66,19 @@ ALLOWLIST: tuple[tuple[str, str, str], ...] = (
 # arbitrary objects (pickle.loads, TorchScript's unpickler).
 TRUST_ONLY = (r"data/constants/opaque_obj_\d+", r"data/constants/custom_obj_\d+")
 
+
 # The archive's own version tags: a version this torch does not write is refused.
-_ARCHIVE_TAGS = {
-    archive_constants.ARCHIVE_FORMAT_PATH: archive_constants.ARCHIVE_FORMAT_VALUE,
-    archive_constants.ARCHIVE_VERSION_PATH: archive_constants.ARCHIVE_VERSION_VALUE,
-}
+# (torch.export.pt2_archive pulls in torch._dynamo, seconds of import: it is imported
+# when an archive is screened, not with this module.)
+def _archive_tags() -> dict[str, str]:
+    from torch.export.pt2_archive import constants
+
+    return {
+        constants.ARCHIVE_FORMAT_PATH: constants.ARCHIVE_FORMAT_VALUE,
+        constants.ARCHIVE_VERSION_PATH: constants.ARCHIVE_VERSION_VALUE,
+    }
+
+
 _TEXT_LIMIT = 1 << 20
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _SYMBOL = re.compile(r"[a-z]{1,4}\d+")
@@ -987,6 +993,8 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
         raise _unsafe(name, refused) from None
     except zipfile.BadZipFile as exc:
         raise LoadError(f"{name}: not a .pt2 archive ({exc})", path=name) from exc
+    from torch.export.pt2_archive import PT2ArchiveReader
+
     file.seek(0)
     # torch's own zip reader must see exactly the members screened above.
     try:
@@ -1080,11 +1088,12 @@ def _screen_members(archive: zipfile.ZipFile, size: int, name: str) -> None:
                 text = archive.read(full).decode()
             except UnicodeDecodeError as exc:
                 raise _Refuse(full, "a text member that is not UTF-8") from exc
-            if short in _ARCHIVE_TAGS and text != _ARCHIVE_TAGS[short]:
+            tags = _archive_tags()
+            if short in tags and text != tags[short]:
                 raise _Refuse(
                     full,
                     f"{short} {text[:20]!r}, which torch {torch.__version__} does not read "
-                    f"(it reads {_ARCHIVE_TAGS[short]!r})",
+                    f"(it reads {tags[short]!r})",
                 )
         elif kind == "program":
             screen_program(full, archive.read(full))
