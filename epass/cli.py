@@ -327,6 +327,7 @@ def _reproducer_note(reproducer: Reproducer) -> str:
 def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     from epass import io
     from epass.instruments import Progress, Reproducer
+    from epass.records import count_text
     from epass.report import build_report, write_report
 
     # Everything that can be checked is checked before the (slow) load and run.
@@ -360,8 +361,7 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     prog = result.program
     out.line()
     out.line(
-        f"{len(result.records)} pass{'' if len(result.records) == 1 else 'es'} in "
-        f"{elapsed:.2f}s; nodes "
+        f"{count_text(result.records)} in {elapsed:.2f} s; nodes "
         f"{len(ep.graph.nodes)} -> {len(prog.graph.nodes)}; "
         f"state_dict shared: {'yes' if prog.state_dict is ep.state_dict else 'no'}, "
         f"constants shared: {'yes' if prog.constants is ep.constants else 'no'}"

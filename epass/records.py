@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -17,6 +17,7 @@ __all__ = [
     "PassRecord",
     "PipelineResult",
     "flatten",
+    "count_text",
     "op_delta",
     "op_histogram",
     "op_name",
@@ -142,6 +143,18 @@ def flatten(records: Iterable[PassRecord]) -> Iterable[PassRecord]:
         yield from flatten(r.children)
 
 
+def count_text(records: Sequence[PassRecord]) -> str:
+    """How many passes a run ran, the one way every view counts them: each row of
+    the records (nested pipelines and skipped passes included), and how many of
+    those rows are pipelines: ``6 passes (1 pipeline)``."""
+    rows = list(flatten(records))
+    pipelines = sum(1 for r in rows if r.children)
+    text = f"{len(rows)} pass{'' if len(rows) == 1 else 'es'}"
+    if pipelines:
+        text += f" ({pipelines} pipeline{'' if pipelines == 1 else 's'})"
+    return text
+
+
 @attrs.frozen
 class PipelineResult(PassResult):
     """A pipeline's output program, whether anything changed, and one record per pass run."""
@@ -164,7 +177,7 @@ class PipelineResult(PassResult):
         return {"state_dict": "user", "constants": "user"}
 
     def summary(self) -> str:
-        """A plain-text table of the records."""
+        """A plain-text table of the records, and a total line."""
         lines = [f"{'pass':<24} {'step':>4} {'seconds':>9} {'nodes':>13}  state"]
         for r in flatten(self.records):
             if r.skipped:
@@ -176,4 +189,6 @@ class PipelineResult(PassResult):
             nodes = f"{r.nodes_before}->{r.nodes_after}"
             name = "  " * r.depth + r.name
             lines.append(f"{name:<24} {r.step:>4} {r.seconds:>9.4f} {nodes:>13}  {state}")
+        seconds = sum(r.seconds for r in self.records)
+        lines.append(f"{count_text(self.records)} in {seconds:.2f} s")
         return "\n".join(lines)

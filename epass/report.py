@@ -41,7 +41,7 @@ from epass.io import atomic_write
 from epass.linker import owners_text
 from epass.manager import PassManager
 from epass.pipeline import PassSpec, format_item
-from epass.records import PassRecord, PipelineResult
+from epass.records import PassRecord, PipelineResult, count_text
 from epass.registry import format_value, spec_of
 
 __all__ = ["SCHEMA", "build_report", "render_html", "write_report"]
@@ -147,6 +147,7 @@ def build_report(
         "shared": result.shared,
         "owners": result.owners,
         "seconds": sum(r.seconds for r in records),
+        "count": count_text(records),
         "nodes_before": records[0].nodes_before if records else len(result.program.graph.nodes),
         "nodes_after": len(result.program.graph.nodes),
         "numerics": dict(numerics) if numerics is not None else None,
@@ -298,7 +299,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         f" &middot; output <code>{_esc(report['output'] or '-')}</code>"
         f" &middot; torch {_esc(report['torch_version'])}"
         f" &middot; epass {_esc(report['epass_version'])} &middot; {_esc(report['created'])}</p>",
-        f"<p>{len(everything)} pass runs in {report['seconds']:.3f}s; nodes "
+        f"<p>{_esc(report['count'])} in {report['seconds']:.2f} s; nodes "
         f"{report['nodes_before']} &rarr; {report['nodes_after']}; output state "
         f'<span class="badge {owners_cls}">{_esc(owners_label)}</span></p>',
     ]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -252,3 +254,26 @@ def test_report_says_which_dicts_are_the_users_and_which_the_outputs_own() -> No
     page = render_html(report)
     assert page.count('class="state own"') == 1 and page.count('class="state shared"') == 1
     assert "user&#x27;s state_dict, own constants" in page
+
+
+def test_every_view_counts_a_run_the_same_way(tmp_path: Path) -> None:
+    from epass.passes import presets
+
+    ep = torch.export.export(
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (torch.randn(2, 4),)
+    )
+    result = PassManager([presets.lower()])(ep)  # as "-p lower" builds it
+    want = "6 passes (1 pipeline)"  # lower and the five passes inside it
+    assert re.search(rf"^{re.escape(want)} in \d+\.\d\d s$", result.summary(), re.M)
+    report = build_report(result, pipeline="lower")
+    assert report["count"] == want
+    assert f"<p>{want} in " in render_html(report)
+    torch.export.save(ep, tmp_path / "in.pt2")
+    out_path = tmp_path / "out.pt2"
+    printed = subprocess.run(
+        [sys.executable, "-m", "epass", "--plain", "run", str(tmp_path / "in.pt2"), "-p", "lower",
+         "-o", str(out_path)],
+        capture_output=True, text=True, timeout=300, check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    ).stdout  # fmt: skip
+    assert f"{want} in " in printed
