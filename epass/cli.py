@@ -247,9 +247,14 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
 
     if args.report:
         io.check_output_path(args.report, REPORT_SUFFIXES)
+    if args.save:
+        io.check_output_path(args.save, (".pt2",))
     start = time.perf_counter()
     ep = _demo_program()
     out.line(f"exported a 2-layer TransformerEncoder in {time.perf_counter() - start:.2f}s")
+    if args.save:
+        io.save(ep, args.save)
+        out.line(f"wrote {args.save} (the exported program, before any pass)")
     pm, text = _demo_pipeline()
     if text != "lower":
         out.line("the 'lower' preset is not available here; running 'decompose'")
@@ -268,6 +273,12 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     if args.report:
         write_report(args.report, build_report(result, manager=pm, pipeline=text))
         out.line(f"wrote {args.report}")
+    out.line()
+    if args.save:
+        out.line(f"next: epass run {args.save} -p lower -o lowered.pt2 --report report.html")
+    else:
+        then = "epass run demo.pt2 -p lower --report report.html"
+        out.line(f"next: epass demo --save demo.pt2, then {then}")
     return 0
 
 
@@ -487,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="export a small transformer, lower it, show what happened")
     demo.add_argument("--report", help="write a report (.html or .json)")
+    demo.add_argument("--save", metavar="PATH", help="write the exported program (.pt2) to PATH")
     demo.set_defaults(func=_cmd_demo)
     for p in (run, passes, inspect, demo):
         for flag, text in (("--debug", "show tracebacks"), ("--plain", "no rich tables")):

@@ -385,6 +385,29 @@ def test_demo_runs_and_writes_a_report(tmp_path: Path) -> None:
     assert (tmp_path / "demo.html").read_text().count('class="bar') >= 1
 
 
+def test_demo_save_writes_the_program_and_its_last_line_is_the_next_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "demo.pt2"
+    code, out, _ = _run(capsys, "demo", "--save", str(saved))
+    assert code == 0
+    assert f"wrote {saved}" in out
+    program = load(saved)
+    assert len(program.graph.nodes) == 96  # the exported program, before any pass
+    last = out.strip().splitlines()[-1]
+    assert last == f"next: epass run {saved} -p lower -o lowered.pt2 --report report.html"
+    code, out, _ = _run(capsys, *last.removeprefix("next: epass ").split()[:2], "-p", "dce")
+    assert code == 0
+
+
+def test_demo_refuses_a_save_path_that_is_not_pt2_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run(capsys, "demo", "--save", str(tmp_path / "demo.txt"))
+    assert code != 0 and "demo.txt" in err
+    assert not (tmp_path / "demo.txt").exists()
+
+
 def test_run_result_is_unchanged_by_a_noop_pipeline(
     files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
