@@ -183,8 +183,8 @@ class Journal:
             self._orders.clear()
 
     def rollback(self) -> None:
-        """Undo every recorded write that is still in place, newest first; the keys
-        end in their original order, and keys added by others follow them."""
+        """Undo every recorded write that is still in place, newest first; a key
+        deleted and put back returns to its original position."""
         with STORE_LOCK:
             while self._entries:
                 store, key, old, new = self._entries.pop()
