@@ -353,7 +353,7 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     io.import_modules(io.declared_imports(pm.passes))
     ep = io.load(args.input, trust=args.trust)
     check = _numerics_check(args, ep) if args.check_numerics else None
-    reproducer = Reproducer(args.repro_dir) if args.repro_dir else None
+    reproducer = Reproducer(args.repro_dir, imports=args.imports) if args.repro_dir else None
     for instrument in (check, reproducer):
         if instrument is not None:
             pm.instruments.append(instrument)

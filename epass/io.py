@@ -10,6 +10,7 @@ import collections
 import contextlib
 import importlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -57,14 +58,42 @@ def _root_cause(exc: BaseException) -> BaseException:
 def import_modules(modules: Iterable[str]) -> None:
     """Import modules that register custom ops (``--import``), before a program loads.
 
+    A module that is not on the import path but sits in the current folder
+    (``mymodule.py`` or a package folder) is imported from there, as
+    ``python -m epass`` would find it; the ``epass`` script does not put the
+    current folder on the path by itself.
+
     Raises:
         LoadError: a module does not import; the message names it.
     """
     for module in modules:
         try:
-            importlib.import_module(module)
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                top = module.split(".")[0]
+                here = os.getcwd()
+                local = os.path.exists(os.path.join(here, top + ".py")) or os.path.isdir(
+                    os.path.join(here, top)
+                )
+                if exc.name != top or not local or here in sys.path:
+                    raise
+                sys.path.append(here)
+                importlib.import_module(module)
         except Exception as exc:
             raise LoadError(f"--import {module}: {_first_line(exc)}") from exc
+
+
+def module_origin(module: str) -> str | None:
+    """The folder to put on ``sys.path`` to import ``module`` as it was imported
+    here, or None for a module without a file (built in, or not imported)."""
+    found = sys.modules.get(module)
+    file = getattr(found, "__file__", None)
+    if not isinstance(file, str):
+        return None
+    path = Path(file).resolve()
+    levels = module.count(".") + (1 if path.name == "__init__.py" else 0)
+    return str(path.parents[levels])
 
 
 def declared_imports(passes: Iterable[Any]) -> list[str]:

@@ -891,3 +891,89 @@ def test_ctrl_c_while_torch_imports_exits_130_without_a_traceback(files: dict[st
     assert [line for line in err.splitlines() if not line.startswith("import time:")] == [
         "epass: interrupted"
     ]
+
+
+PLUGIN = """\
+import torch
+
+import epass
+
+aten = torch.ops.aten
+
+
+@epass.register_pass("relu-twice")
+def relu_twice(ep):
+    for node in ep.graph.nodes:
+        if node.target is aten.relu.default:
+            raise RuntimeError("relu-twice cannot handle relu yet")
+    return ep
+"""
+
+
+def _as_console_script(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as the ``epass`` script does: the current folder is not on the path."""
+    runner = cwd.parent / "runner" / "epass_script.py"
+    runner.parent.mkdir(exist_ok=True)
+    runner.write_text("import sys\nfrom epass.cli import main\nsys.exit(main())\n")
+    return subprocess.run(
+        [sys.executable, str(runner), "--plain", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+
+
+def test_import_finds_a_module_in_the_current_folder_and_the_reproducer_imports_it(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "my_passes.py").write_text(PLUGIN)
+    proc = _as_console_script(
+        "run", str(files["mlp"]), "--import", "my_passes", "-p", "decompose, relu-twice",
+        "--repro-dir", "repros", cwd=work,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "relu-twice cannot handle relu yet" in proc.stderr
+    (repro,) = (work / "repros").glob("*/repro.py")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    again = subprocess.run(
+        [sys.executable, str(repro)],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+    assert again.returncode != 0
+    assert "relu-twice cannot handle relu yet" in again.stderr, again.stderr
+    assert "unknown pass" not in again.stderr
+
+
+def test_a_reproducer_whose_module_is_gone_says_what_to_set(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "my_passes.py").write_text(PLUGIN)
+    proc = _as_console_script(
+        "run", str(files["mlp"]), "--import", "my_passes", "-p", "relu-twice",
+        "--repro-dir", "repros", cwd=work,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    (repro,) = (work / "repros").glob("*/repro.py")
+    (work / "my_passes.py").unlink()
+    again = subprocess.run(
+        [sys.executable, str(repro)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+    assert again.returncode != 0
+    assert "cannot import my_passes" in again.stderr
+    assert f"put the folder {work.resolve()} on PYTHONPATH" in again.stderr

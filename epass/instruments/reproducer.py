@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import pickle
 import re
@@ -17,6 +18,7 @@ from torch.export import ExportedProgram
 
 from epass.errors import InstrumentError
 from epass.instrumentation import Instrument
+from epass.io import module_origin
 from epass.pipeline import to_text
 from epass.records import PassInfo
 
@@ -76,6 +78,7 @@ _REPRO = '''\
 Run: python repro.py    (exits with the pass's error; 0 means it did not fail)
 """
 
+import importlib
 import pickle
 import pkgutil
 import sys
@@ -87,6 +90,22 @@ import epass
 
 HERE = Path(__file__).resolve().parent
 VERIFY = {verify}
+# Modules that define or register the passes, and the folder each was imported from.
+IMPORTS = {imports}
+
+
+def import_modules():
+    for module, folder in IMPORTS:
+        if folder is not None and folder not in sys.path:
+            sys.path.append(folder)
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            where = f"the folder {{folder}}" if folder else "its folder"
+            sys.exit(
+                f"cannot import {{module}} ({{exc!r}}), which the passes need; "
+                f"put {{where}} on PYTHONPATH or install the package that provides it"
+            )
 
 
 def load_passes():
@@ -113,6 +132,7 @@ def load_passes():
 
 
 def main():
+    import_modules()
     program = torch.export.load(HERE / "program.pt2")
     passes = load_passes()
     print("running", [epass.protocol.pass_name(p) for p in passes], file=sys.stderr)
@@ -153,8 +173,9 @@ class Reproducer(Instrument):
         #   reproducer: repros/000-my-pass/repro.py
     """
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, *, imports: Sequence[str] = ()) -> None:
         self.directory = Path(directory)
+        self.imports = tuple(imports)
         self.written: list[Path] = []
         self.write_errors: list[str] = []
 
@@ -230,7 +251,30 @@ class Reproducer(Instrument):
                     reasons.append(f"{line} cannot be re-imported: {why}.")
         unimportable = "\n".join(reasons) + ("\n" if reasons else "")
         verify = bool(getattr(manager, "verify", True))
-        (where / "repro.py").write_text(script(message, unimportable, verify=verify), "utf-8")
+        imports = [(m, module_origin(m)) for m in self._modules(passes)]
+        (where / "repro.py").write_text(
+            script(message, unimportable, verify=verify, imports=imports), "utf-8"
+        )
+
+    def _modules(self, passes: Sequence[Any]) -> list[str]:
+        """The modules to import before the passes are rebuilt: those given as
+        ``imports`` (``--import``), then those defining the passes' classes and
+        functions, nested pipelines included (epass's and torch's own left out)."""
+        found = list(self.imports)
+        stack = list(passes)
+        while stack:
+            p = stack.pop(0)
+            stack.extend(getattr(p, "passes", ()) or ())
+            inner = getattr(p, "inner", p)  # a registered function under its name
+            owner = inner if inspect.isroutine(inner) or isinstance(inner, type) else type(inner)
+            module = getattr(owner, "__module__", None)
+            if (
+                isinstance(module, str)
+                and module.split(".")[0] not in ("epass", "torch", "builtins", "__main__")
+                and module not in found
+            ):
+                found.append(module)
+        return found
 
 
 def docstring_text(text: str) -> str:
@@ -255,11 +299,19 @@ def docstring_text(text: str) -> str:
     return "".join(out)
 
 
-def script(message: str, unimportable: str = "", *, verify: bool = True) -> str:
-    """The text of ``repro.py`` for a failure whose error reads ``message``."""
+def script(
+    message: str,
+    unimportable: str = "",
+    *,
+    verify: bool = True,
+    imports: Sequence[tuple[str, str | None]] = (),
+) -> str:
+    """The text of ``repro.py`` for a failure whose error reads ``message``; it
+    imports ``imports`` (module, folder to put on ``sys.path``) first."""
     return _REPRO.format(
         summary=textwrap.indent(docstring_text(message), "    "),
         unimportable=docstring_text(unimportable),
         verify=verify,
+        imports=repr([(str(m), None if f is None else str(f)) for m, f in imports]),
         header=QUALIFIED_HEADER,
     )
