@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -323,6 +324,10 @@ def _numerics_summary(check: NumericsCheck) -> dict[str, Any]:
         "atol": check.atol,
         "rtol": check.rtol,
         "first_drift": None if first is None else str(first),
+        "passes": [
+            {"pass": d.path, "max_abs": d.max_abs, "max_rel": d.max_rel, "ok": d.ok}
+            for d in check.checks
+        ],
     }
 
 
@@ -339,7 +344,7 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     from epass import io
     from epass.instruments import Progress, Reproducer
     from epass.records import count_text
-    from epass.report import build_report, write_report
+    from epass.report import RunLog, build_report, verdict, write_report
 
     # Everything that can be checked is checked before the (slow) load and run.
     if args.steps < 1:
@@ -359,6 +364,25 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
             pm.instruments.append(instrument)
     if sys.stderr.isatty() and not args.plain:
         pm.instruments.append(Progress())
+    log = RunLog() if report_path is not None else None
+    if log is not None:
+        pm.instruments.append(log)
+
+    def report_unfinished(outcome: dict[str, Any]) -> None:
+        # A run that got past loading is reported whatever happened to it.
+        if log is None or report_path is None or log.program is None:
+            return
+        report = build_report(
+            log.result(),
+            manager=pm,
+            pipeline=_canonical(pm, args.pipeline),
+            input_path=str(args.input),
+            numerics=_numerics_summary(check) if check is not None else None,
+            outcome=outcome,
+        )
+        write_report(report_path, report)
+        print(f"epass: wrote {printable(args.report)}", file=sys.stderr)
+
     start = time.perf_counter()
     try:
         result = pm(ep)
@@ -366,7 +390,35 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
         note = _reproducer_note(reproducer) if reproducer is not None else ""
         if note:
             print(printable(note), file=sys.stderr)
+        failure = (log.failure if log is not None else None) or {}
+        repro = (
+            str(reproducer.written[-1] / "repro.py")
+            if reproducer is not None and reproducer.written
+            else None
+        )
+        again = f"epass run {args.input} -p {shlex.quote(args.pipeline)} --repro-dir repros"
+        report_unfinished(
+            verdict(
+                "pass failed",
+                summary=f"pass {failure.get('pass', exc.pass_name)!r} failed",
+                pass_path=failure.get("pass", exc.pass_name),
+                error=failure.get("error", str(exc).splitlines()[0]),
+                traceback_lines=failure.get("traceback", ()),
+                reproducer=repro,
+                next_step=f"python {repro}" if repro else again,
+            )
+        )
         raise CliError(str(exc).splitlines()[0], code=EXIT_FAILED) from exc
+    except (KeyboardInterrupt, _Terminated) as exc:
+        done = count_text(log.records) if log is not None else "no pass"
+        report_unfinished(
+            verdict(
+                "interrupted",
+                summary=f"{'terminated' if isinstance(exc, _Terminated) else 'interrupted'} "
+                f"after {done} finished",
+            )
+        )
+        raise
     elapsed = time.perf_counter() - start
     _summary(out, result)
     prog = result.program
@@ -380,10 +432,10 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     numerics = _numerics_summary(check) if check is not None else None
     failed = check is not None and check.first_drift is not None
     if check is not None and numerics is not None:
-        verdict = "ok" if numerics["ok"] else "FAILED"
+        word = "ok" if numerics["ok"] else "FAILED"
         out.line(
             f"numerics: max abs diff {numerics['max_abs_diff']:.3g} "
-            f"(atol {check.atol:g}, rtol {check.rtol:g}) {verdict}"
+            f"(atol {check.atol:g}, rtol {check.rtol:g}) {word}"
         )
         if check.first_drift is not None:
             out.line(f"numerics: first drifting pass: {check.first_drift}")
@@ -392,6 +444,17 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
         note = f" (pruned {len(pruned)} unreferenced state entries)" if pruned else ""
         out.line(f"wrote {args.output}{note}")
     if report_path is not None:
+        drift = check.first_drift if check is not None else None
+        outcome = None
+        if drift is not None and check is not None:
+            outcome = verdict(
+                "numerics drift",
+                summary=f"outputs drift after pass {drift.path!r}: max_abs {drift.max_abs:.3g}, "
+                f"max_rel {drift.max_rel:.3g} (atol {check.atol:g}, rtol {check.rtol:g})",
+                pass_path=drift.path,
+                next_step=f"epass run {args.input} -p {shlex.quote(args.pipeline)} "
+                "--check-numerics, with the passes up to that one",
+            )
         report = build_report(
             result,
             manager=pm,
@@ -399,6 +462,7 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
             input_path=str(args.input),
             output_path=str(args.output) if output is not None and not failed else None,
             numerics=numerics,
+            outcome=outcome,
         )
         write_report(report_path, report)
         out.line(f"wrote {args.report}")

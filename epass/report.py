@@ -15,7 +15,11 @@ whether each of the output's dicts is the user's dict object or the output's own
 ``options`` (JSON values; dtypes and operators as their text) and ``memory``
 (null unless a :class:`~epass.instruments.MemoryAccounting` measured the run, else
 ``{"bytes", "new_bytes", "released_bytes", "duplicate_bytes"}`` of the pass's
-output state).
+output state), and ``verdict``: ``{"status", "summary", "pass", "error",
+"traceback", "reproducer", "next"}``, where ``status`` is ``"ok"``,
+``"pass failed"``, ``"numerics drift"`` or ``"interrupted"``. A run that failed or
+was interrupted is reported too (from a :class:`RunLog`): ``passes`` then holds the
+passes that finished, and ``verdict`` names the one that did not.
 
 Example::
 
@@ -28,23 +32,26 @@ from __future__ import annotations
 import datetime
 import html
 import json
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.export import ExportedProgram
 
 from epass._version import __version__
 from epass.errors import ArgumentValueError
+from epass.instrumentation import Instrument
 from epass.instruments import MemoryAccounting, MemoryEntry
 from epass.io import atomic_write
 from epass.linker import owners_text
 from epass.manager import PassManager
 from epass.pipeline import PassSpec, format_item
-from epass.records import PassRecord, PipelineResult, count_text
+from epass.records import PassInfo, PassRecord, PipelineResult, count_text
 from epass.registry import format_value, spec_of
 
-__all__ = ["SCHEMA", "build_report", "render_html", "write_report"]
+__all__ = ["SCHEMA", "VERDICTS", "RunLog", "build_report", "render_html", "verdict", "write_report"]
 
 SCHEMA = "epass.report/1"
 
@@ -121,12 +128,16 @@ def build_report(
     output_path: str | None = None,
     numerics: Mapping[str, Any] | None = None,
     memory: MemoryAccounting | None = None,
+    outcome: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready report of one pipeline run (see the module docstring for keys).
 
     Give the run's :class:`~epass.instruments.MemoryAccounting` as ``memory`` to
-    fill each pass's ``memory`` key.
+    fill each pass's ``memory`` key, and a :func:`verdict` as ``outcome`` for a run
+    that did not succeed (the default verdict is ``"ok"``).
     """
+    if outcome is None:
+        outcome = verdict("ok", summary=f"{count_text(result.records)} ran")
     measured = _Memory(memory)
     passes = manager.passes if manager is not None else []
     if pipeline is None and manager is not None:
@@ -151,10 +162,79 @@ def build_report(
         "nodes_before": records[0].nodes_before if records else len(result.program.graph.nodes),
         "nodes_after": len(result.program.graph.nodes),
         "numerics": dict(numerics) if numerics is not None else None,
+        "verdict": dict(outcome),
         "passes": [
             _record_dict(r, passes[r.index] if r.index < len(passes) else None, "", measured)
             for r in records
         ],
+    }
+
+
+class RunLog(Instrument):
+    """Keeps a run's top-level records as they finish, and the first failure.
+
+    A run that fails or is interrupted returns no :class:`PipelineResult`; with a
+    ``RunLog`` among the instruments, :meth:`result` still gives the passes that
+    finished, so the run can be reported.
+    """
+
+    def __init__(self) -> None:
+        self.records: list[PassRecord] = []
+        self.input: ExportedProgram | None = None
+        self.program: ExportedProgram | None = None
+        self.failure: dict[str, Any] | None = None
+
+    def before_pipeline(
+        self, manager: Any, program: ExportedProgram, parent: PassInfo | None = None
+    ) -> None:
+        if parent is None:
+            self.records, self.input, self.program, self.failure = [], program, program, None
+
+    def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
+        if info.depth == 0:
+            self.records.append(record)
+            self.program = program
+
+    def pass_failed(self, info: PassInfo, program: ExportedProgram, error: BaseException) -> None:
+        if self.failure is None:  # the innermost pass comes first
+            cause = error.__cause__ or error
+            frames = traceback.extract_tb(cause.__traceback__)[-3:]
+            self.failure = {
+                "pass": info.path,
+                "error": str(error).splitlines()[0] if str(error) else type(error).__name__,
+                "traceback": [f"{f.filename}:{f.lineno} in {f.name}" for f in frames]
+                + [f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"],
+            }
+
+    def result(self) -> PipelineResult:
+        """What the run produced up to now, as a result of the passes that finished."""
+        if self.program is None:
+            raise ArgumentValueError("RunLog.result(): the log has seen no run")
+        modified = any(r.modified for r in self.records)
+        return PipelineResult(self.program, modified, tuple(self.records))
+
+
+def verdict(
+    status: str,
+    *,
+    summary: str,
+    pass_path: str | None = None,
+    error: str | None = None,
+    traceback_lines: Sequence[str] = (),
+    reproducer: str | None = None,
+    next_step: str | None = None,
+) -> dict[str, Any]:
+    """The report's ``verdict`` entry: what happened, where, and what to run next."""
+    if status not in VERDICTS:
+        raise ArgumentValueError(f"verdict status must be one of {VERDICTS}, got {status!r}")
+    return {
+        "status": status,
+        "summary": summary,
+        "pass": pass_path,
+        "error": error,
+        "traceback": list(traceback_lines),
+        "reproducer": reproducer,
+        "next": next_step,
     }
 
 
@@ -203,7 +283,11 @@ def _keys(link: Mapping[str, Any] | None, field: str) -> list[str]:
     return [f"{label}:{k}" for label in ("state_dict", "constants") for k in link[label][field]]
 
 
-_CSS = """
+VERDICTS = ("ok", "pass failed", "numerics drift", "interrupted")
+
+_CSS = """.verdict{border:2px solid #ccc;border-radius:6px;padding:4px 12px;margin:8px 0}
+.verdict.shared{border-color:#2a7}.verdict.diverged{border-color:#c33}
+
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;
 max-width:1100px;color:#1d2330;padding:0 1em}
 h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:2em;
@@ -278,6 +362,29 @@ def _node_line(leaves: Sequence[Mapping[str, Any]], start: int) -> str:
     return "".join(parts)
 
 
+def _verdict_html(v: Mapping[str, Any] | None) -> list[str]:
+    """The first thing on the page: what happened, where, and what to run next."""
+    if not v:
+        return []
+    cls = "shared" if v["status"] == "ok" else "diverged"
+    out = [
+        f'<div class="verdict {cls}"><p><strong>{_esc(v["status"].upper())}</strong>: '
+        f"{_esc(v['summary'])}</p>"
+    ]
+    if v.get("pass"):
+        out.append(f"<p>pass <code>{_esc(v['pass'])}</code></p>")
+    if v.get("error"):
+        out.append(f"<p>error: <code>{_esc(v['error'])}</code></p>")
+    if v.get("traceback"):
+        out.append("<pre>" + _esc("\n".join(v["traceback"])) + "</pre>")
+    if v.get("reproducer"):
+        out.append(f"<p>reproducer: <code>{_esc(v['reproducer'])}</code></p>")
+    if v.get("next"):
+        out.append(f"<p>next: <code>{_esc(v['next'])}</code></p>")
+    out.append("</div>")
+    return out
+
+
 def render_html(report: Mapping[str, Any]) -> str:
     """One self-contained HTML page (inline CSS and SVG, no scripts, no external assets)."""
     everything = flatten(report["passes"])
@@ -294,6 +401,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
         "<h1>epass report</h1>",
+        *_verdict_html(report.get("verdict")),
         f'<p class="meta">pipeline <code>{_esc(report["pipeline"] or "(no text form)")}</code>'
         f" &middot; input <code>{_esc(report['input'] or '-')}</code>"
         f" &middot; output <code>{_esc(report['output'] or '-')}</code>"

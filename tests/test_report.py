@@ -27,6 +27,7 @@ RECORD_KEYS = {
 TOP_KEYS = {
     "schema", "epass_version", "torch_version", "created", "pipeline", "input", "output",
     "modified", "shared", "owners", "seconds", "nodes_before", "nodes_after", "numerics", "passes",
+    "count", "verdict",
 }  # fmt: skip
 
 
@@ -277,3 +278,128 @@ def test_every_view_counts_a_run_the_same_way(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
     ).stdout  # fmt: skip
     assert f"{want} in " in printed
+
+
+FAILING_PLUGIN = """\
+import time
+
+import epass
+
+
+@epass.register_pass("explode")
+def explode(ep):
+    raise ValueError("explode always fails")
+
+
+@epass.register_pass("nap")
+def nap(ep):
+    open("napping", "w").close()
+    time.sleep(60)
+    return ep
+"""
+
+
+def _epass(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "epass", "--plain", *argv],
+        cwd=cwd, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )  # fmt: skip
+
+
+@pytest.fixture
+def mlp_file(tmp_path: Path) -> Path:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    path = tmp_path / "mlp.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(2, 4),)), path)
+    (tmp_path / "failing.py").write_text(FAILING_PLUGIN)
+    return path
+
+
+def test_a_failed_pass_is_reported_with_what_ran_the_error_and_the_reproducer(
+    mlp_file: Path,
+) -> None:
+    work = mlp_file.parent
+    proc = _epass(
+        "run", str(mlp_file), "--import", "failing", "-p", "decompose, dce, explode",
+        "--report", "r.json", "--repro-dir", "repros", cwd=work,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    report = json.loads((work / "r.json").read_text())
+    v = report["verdict"]
+    assert v["status"] == "pass failed" and v["pass"] == "explode"
+    assert "explode always fails" in v["error"]
+    assert any("explode always fails" in line for line in v["traceback"])
+    assert v["reproducer"].endswith("repro.py") and v["next"] == f"python {v['reproducer']}"
+    assert [p["name"] for p in report["passes"]] == ["decompose", "dce"]
+    assert report["output"] is None
+
+
+def test_a_failed_run_html_report_leads_with_the_verdict(mlp_file: Path) -> None:
+    work = mlp_file.parent
+    proc = _epass(
+        "run", str(mlp_file), "--import", "failing", "-p", "decompose, explode",
+        "--report", "r.html", cwd=work,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    page = (work / "r.html").read_text()
+    body = page[page.index("<h1>") :]
+    assert body.index('class="verdict diverged"') < body.index("<table")
+    assert "PASS FAILED" in page and "explode always fails" in page
+
+
+def test_an_interrupted_run_is_reported(mlp_file: Path) -> None:
+    import signal
+    import time
+
+    work = mlp_file.parent
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epass", "--plain", "run", str(mlp_file), "--import", "failing",
+         "-p", "decompose, nap", "--report", "r.json"],
+        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (work / "napping").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    report = json.loads((work / "r.json").read_text())
+    assert report["verdict"]["status"] == "interrupted"
+    assert [p["name"] for p in report["passes"]] == ["decompose"]
+
+
+def test_a_numerics_drift_report_names_the_drifting_pass_with_its_errors(tmp_path: Path) -> None:
+    (tmp_path / "drift.py").write_text(
+        "import torch\nimport epass\n\n\n"
+        "@epass.register_pass('flip-relu')\n"
+        "def flip_relu(ep):\n"
+        "    for n in ep.graph.nodes:\n"
+        "        if n.target is torch.ops.aten.relu.default:\n"
+        "            n.target = torch.ops.aten.neg.default\n"
+        "    ep.graph_module.recompile()\n"
+        "    return ep\n"
+    )
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    torch.export.save(torch.export.export(model, (torch.randn(2, 4),)), tmp_path / "m.pt2")
+    proc = _epass(
+        "run", "m.pt2", "--import", "drift", "-p", "decompose, flip-relu", "--check-numerics",
+        "--report", "r.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    v = report["verdict"]
+    assert v["status"] == "numerics drift" and v["pass"] == "flip-relu"
+    per_pass = {p["pass"]: p for p in report["numerics"]["passes"]}
+    assert per_pass["flip-relu"]["ok"] is False and per_pass["flip-relu"]["max_abs"] > 0
+    assert per_pass["decompose"]["ok"] is True
+
+
+def test_pipeline_result_writes_its_own_report(tmp_path: Path) -> None:
+    ep = torch.export.export(torch.nn.Linear(3, 2), (torch.randn(1, 3),))
+    result = PassManager([Decompose()])(ep)
+    path = result.write_report(tmp_path / "r.json")
+    report = json.loads(path.read_text())
+    assert report["verdict"]["status"] == "ok"
+    assert [p["name"] for p in report["passes"]] == ["decompose"]
