@@ -379,6 +379,7 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
             input_path=str(args.input),
             numerics=_numerics_summary(check) if check is not None else None,
             outcome=outcome,
+            diffs=log.diffs,
         )
         write_report(report_path, report)
         print(f"epass: wrote {printable(args.report)}", file=sys.stderr)
@@ -463,6 +464,7 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
             output_path=str(args.output) if output is not None and not failed else None,
             numerics=numerics,
             outcome=outcome,
+            diffs=log.diffs if log is not None else None,
         )
         write_report(report_path, report)
         out.line(f"wrote {args.report}")

@@ -48,7 +48,7 @@ from epass.io import atomic_write
 from epass.linker import owners_text
 from epass.manager import PassManager
 from epass.pipeline import PassSpec, format_item
-from epass.records import PassInfo, PassRecord, PipelineResult, count_text
+from epass.records import PassInfo, PassRecord, PipelineResult, count_text, op_name
 from epass.registry import format_value, spec_of
 
 __all__ = ["SCHEMA", "VERDICTS", "RunLog", "build_report", "render_html", "verdict", "write_report"]
@@ -102,20 +102,23 @@ class _Memory:
         }
 
 
-def _record_dict(record: PassRecord, p: Any, prefix: str, memory: _Memory) -> dict[str, Any]:
+def _record_dict(
+    record: PassRecord, p: Any, prefix: str, memory: _Memory, diffs: Mapping[str, Any]
+) -> dict[str, Any]:
     out: dict[str, Any] = _json_value(record.as_dict())  # tuples become lists, as in JSON
     path = f"{prefix}{record.name}"
     spec, options = _pass_spec(p) if p is not None else (None, {})
     inner = p.passes if isinstance(p, PassManager) else []
     # MemoryAccounting records a nested pipeline's passes before the pipeline itself.
     out["children"] = [
-        _record_dict(c, inner[c.index] if c.index < len(inner) else None, f"{path}/", memory)
+        _record_dict(c, inner[c.index] if c.index < len(inner) else None, f"{path}/", memory, diffs)
         for c in record.children
     ]
     out["path"] = path
     out["spec"] = spec
     out["options"] = options
     out["memory"] = memory.take(path, record)
+    out["diff"] = diffs.get(f"{path}@{record.step}")
     return out
 
 
@@ -129,6 +132,7 @@ def build_report(
     numerics: Mapping[str, Any] | None = None,
     memory: MemoryAccounting | None = None,
     outcome: Mapping[str, Any] | None = None,
+    diffs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready report of one pipeline run (see the module docstring for keys).
 
@@ -164,7 +168,9 @@ def build_report(
         "numerics": dict(numerics) if numerics is not None else None,
         "verdict": dict(outcome),
         "passes": [
-            _record_dict(r, passes[r.index] if r.index < len(passes) else None, "", measured)
+            _record_dict(
+                r, passes[r.index] if r.index < len(passes) else None, "", measured, diffs or {}
+            )
             for r in records
         ],
     }
@@ -178,19 +184,32 @@ class RunLog(Instrument):
     finished, so the run can be reported.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, diffs: bool = True) -> None:
         self.records: list[PassRecord] = []
         self.input: ExportedProgram | None = None
         self.program: ExportedProgram | None = None
         self.failure: dict[str, Any] | None = None
+        self.keep_diffs = diffs
+        # "path@step" -> the pass's node diff (see graph_diff).
+        self.diffs: dict[str, dict[str, Any]] = {}
+        self._before: dict[str, list[tuple[str, str, str]]] = {}
 
     def before_pipeline(
         self, manager: Any, program: ExportedProgram, parent: PassInfo | None = None
     ) -> None:
         if parent is None:
             self.records, self.input, self.program, self.failure = [], program, program, None
+            self.diffs, self._before = {}, {}
+
+    def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
+        if self.keep_diffs:
+            self._before[f"{info.path}@{info.step}"] = _calls(program)
 
     def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
+        key = f"{info.path}@{info.step}"
+        before = self._before.pop(key, None)
+        if before is not None and record.modified:
+            self.diffs[key] = graph_diff(before, _calls(program))
         if info.depth == 0:
             self.records.append(record)
             self.program = program
@@ -212,6 +231,46 @@ class RunLog(Instrument):
             raise ArgumentValueError("RunLog.result(): the log has seen no run")
         modified = any(r.modified for r in self.records)
         return PipelineResult(self.program, modified, tuple(self.records))
+
+
+# A pass's node diff lists at most this many nodes on each side.
+DIFF_CAP = 60
+
+
+def _calls(program: ExportedProgram) -> list[tuple[str, str, str]]:
+    """(node name, op, source line) of each call in the program's graph."""
+    out = []
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        trace = node.meta.get("stack_trace") or ""
+        lines = [line.strip() for line in str(trace).strip().splitlines() if line.strip()]
+        source = ""
+        if len(lines) >= 2 and lines[-2].startswith("File "):
+            source = f"{lines[-2].removeprefix('File ')}: {lines[-1]}"
+        elif lines:
+            source = lines[-1]
+        out.append((node.name, op_name(node.target), source))
+    return out
+
+
+def graph_diff(
+    before: Sequence[tuple[str, str, str]], after: Sequence[tuple[str, str, str]]
+) -> dict[str, Any]:
+    """The calls a pass added and removed, grouped by op: a node that keeps its name
+    but calls another op counts as removed and added. At most :data:`DIFF_CAP`
+    nodes are listed on each side; ``capped`` says how many more there were."""
+    old = {(n, op): src for n, op, src in before}
+    new = {(n, op): src for n, op, src in after}
+    out: dict[str, Any] = {"capped": 0}
+    for side, mine, theirs in (("added", new, old), ("removed", old, new)):
+        keys = [k for k in mine if k not in theirs]
+        groups: dict[str, list[dict[str, str]]] = {}
+        for name, op in keys[:DIFF_CAP]:
+            groups.setdefault(op, []).append({"node": name, "source": mine[(name, op)]})
+        out[side] = groups
+        out["capped"] += max(0, len(keys) - DIFF_CAP)
+    return out
 
 
 def verdict(
@@ -293,9 +352,11 @@ max-width:1100px;color:#1d2330;padding:0 1em}
 h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:2em;
 border-bottom:1px solid #dde;padding-bottom:.2em}
 code{background:#f2f3f7;padding:1px 4px;border-radius:3px}
-table{border-collapse:collapse;width:100%;margin-top:.5em}
+table{border-collapse:collapse;width:100%;margin-top:.5em;table-layout:fixed}
+td{overflow-wrap:anywhere}.axis{font-size:11px}.src{color:#666;font-size:.9em}
+details.pass-diff{margin:.3em 0}details.pass-diff summary{cursor:pointer}
 th,td{border-bottom:1px solid #e4e6ee;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f6f7fb}td.pass{white-space:nowrap}td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f6f7fb}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .meta{color:#555}.badge{display:inline-block;padding:0 6px;border-radius:8px;font-size:.9em}
 .shared{background:#dff3e4;color:#176a2c}.diverged{background:#fde2e1;color:#9b1c1c}
 .own{background:#e1ecfd;color:#1c4b9b}.same{background:#eef0f5;color:#444}.skip{background:#fff4d6;color:#7a5a00}
@@ -347,7 +408,7 @@ def _node_line(leaves: Sequence[Mapping[str, Any]], start: int) -> str:
 
     points = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(i, v) for i, v in enumerate(values)))
     parts = [
-        f'<svg class="chart nodes" width="{w}" height="{h}" role="img" '
+        f'<svg class="chart nodes" width="{w}" height="{h + 90}" role="img" '
         f'aria-label="node count across the pipeline">',
         f'<text x="4" y="{pad - 20}">{hi} nodes</text><text x="4" y="{h - pad + 16}">{lo}</text>',
         f'<polyline class="nodes" points="{points}"/>',
@@ -357,6 +418,8 @@ def _node_line(leaves: Sequence[Mapping[str, Any]], start: int) -> str:
         parts.append(
             f'<circle class="node" cx="{x:.1f}" cy="{y:.1f}" r="3.5">'
             f"<title>{_esc(label)}: {v} nodes</title></circle>"
+            f'<text class="axis" x="{x:.1f}" y="{h - pad + 14}" text-anchor="end" '
+            f'transform="rotate(-35 {x:.1f} {h - pad + 14})">{_esc(label)}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -426,11 +489,13 @@ def render_html(report: Mapping[str, Any]) -> str:
         "<th>whose dicts</th><th>added</th><th>removed</th><th>changed</th><th>notes</th></tr>"
         "</thead><tbody>",
     ]
-    for p in everything:
+    for i, p in enumerate(everything):
         cls, text = _state_status(p)
         if p["skipped"] and p["skip_reason"]:
             text += f": {p['skip_reason']}"
-        name = "&nbsp;&nbsp;" * p["depth"] + _esc(p["spec"] or p["name"])
+        name = (
+            "&nbsp;&nbsp;" * p["depth"] + f'<a href="#pass-{i}">{_esc(p["spec"] or p["name"])}</a>'
+        )
         cells = [
             f'<td class="pass">{name}</td>',
             f'<td class="num">{p["step"]}</td>',
@@ -462,8 +527,46 @@ def render_html(report: Mapping[str, Any]) -> str:
             )
     if not any_delta:
         out.append('<tr><td colspan="3">no pass changed the op histogram</td></tr>')
-    out.append("</tbody></table></body></html>")
+    out.append("</tbody></table>")
+    out += ["<h2>What each pass changed</h2>", *_pass_sections(everything)]
+    out.append("</body></html>")
     return "\n".join(out)
+
+
+def _pass_sections(everything: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One collapsible section per pass: its op delta and the calls it added and
+    removed, grouped by op, with the source line each came from."""
+    out = []
+    for i, p in enumerate(everything):
+        delta = ", ".join(f"{op} {d:+d}" for op, d in sorted(p["op_delta"].items()))
+        head = f"{_esc(p['path'])} (step {p['step']})"
+        summary = f"{head}: {_esc(delta) if delta else 'no op count changed'}"
+        if p["skipped"]:
+            summary = f"{head}: skipped"
+        out.append(f'<details id="pass-{i}" class="pass-diff"><summary>{summary}</summary>')
+        diff = p.get("diff")
+        if not diff:
+            why = "it did not change the program" if not p["modified"] else "not recorded"
+            out.append(f"<p>No node diff: {why}.</p></details>")
+            continue
+        for side, sign in (("added", "+"), ("removed", "-")):
+            groups = diff.get(side) or {}
+            if not groups:
+                continue
+            out.append(f"<h3>{side}</h3><ul>")
+            for op, nodes in sorted(groups.items()):
+                items = "".join(
+                    f"<li><code>{sign} {_esc(n['node'])}</code>"
+                    + (f' <span class="src">{_esc(n["source"])}</span>' if n["source"] else "")
+                    + "</li>"
+                    for n in nodes
+                )
+                out.append(f"<li><code>{_esc(op)}</code> ({len(nodes)})<ul>{items}</ul></li>")
+            out.append("</ul>")
+        if diff.get("capped"):
+            out.append(f'<p class="meta">{diff["capped"]} more nodes not listed (capped).</p>')
+        out.append("</details>")
+    return out
 
 
 def write_report(path: str | Path, report: Mapping[str, Any]) -> Path:

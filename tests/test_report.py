@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -22,7 +23,7 @@ from epass.report import SCHEMA, build_report, render_html, write_report
 RECORD_KEYS = {
     "name", "index", "step", "seconds", "modified", "nodes_before", "nodes_after", "op_delta",
     "link", "skipped", "skip_reason", "depth", "children", "path", "spec", "options", "memory",
-    "notes",
+    "notes", "diff",
 }  # fmt: skip
 TOP_KEYS = {
     "schema", "epass_version", "torch_version", "created", "pipeline", "input", "output",
@@ -403,3 +404,65 @@ def test_pipeline_result_writes_its_own_report(tmp_path: Path) -> None:
     report = json.loads(path.read_text())
     assert report["verdict"]["status"] == "ok"
     assert [p["name"] for p in report["passes"]] == ["decompose"]
+
+
+CHECK_SCRIPT = """<script>
+const w = window.innerWidth, out = {};
+const v = document.querySelector('.verdict');
+out.verdict_top = v ? v.getBoundingClientRect().top : null;
+out.columns = [...document.querySelectorAll('th')].map(th => {
+  const b = th.getBoundingClientRect();
+  return [th.textContent, b.width > 0 && b.left >= 0 && b.right <= w + 1];
+});
+out.axis = [...document.querySelectorAll('svg.nodes text.axis')].map(
+  t => [t.textContent, t.getBBox().width > 0]);
+out.page_fits = document.documentElement.scrollWidth <= w + 1;
+out.sections = document.querySelectorAll('details.pass-diff').length;
+out.links = [...document.querySelectorAll('td.pass a')].every(
+  a => document.getElementById(a.getAttribute('href').slice(1)) !== null);
+document.body.setAttribute('data-check', JSON.stringify(out));
+</script>"""
+
+
+def test_html_report_fits_1280_pixels_in_chromium_with_verdict_axis_and_every_column(
+    tmp_path: Path,
+) -> None:
+    from epass.passes import presets
+    from epass.report import RunLog, verdict
+
+    browser = _browser()
+    if browser is None:
+        pytest.skip("chromium is not installed (.ci/run installs it with apt-get)")
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0)
+    model = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval()
+    ep = torch.export.export(model, (torch.randn(3, 2, 16),))
+    log = RunLog()
+    pm = PassManager([presets.lower()], instruments=[log])
+    result = pm(ep)
+    outcome = verdict(
+        "pass failed", summary="pass 'lower/dce' failed", pass_path="lower/dce",
+        error="ValueError: " + "a long error message " * 12, next_step="python repros/repro.py",
+    )  # fmt: skip
+    report = build_report(result, manager=pm, pipeline="lower", outcome=outcome, diffs=log.diffs)
+    assert any(p["diff"] for p in report["passes"][0]["children"])
+    page = write_report(tmp_path / "report.html", report)
+    checked = tmp_path / "checked.html"
+    checked.write_text(page.read_text().replace("</body>", CHECK_SCRIPT + "</body>"))
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", f"--user-data-dir={tmp_path / 'profile'}",
+         "--window-size=1280,2000", "--virtual-time-budget=3000", "--dump-dom",
+         checked.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    found = re.search(r"data-check=\"([^\"]*)\"", dom)
+    assert found, dom[:2000]
+    out = json.loads(html.unescape(found.group(1)))
+    assert out["verdict_top"] is not None and out["verdict_top"] < 200
+    hidden = [name for name, visible in out["columns"] if not visible]
+    assert not hidden and len(out["columns"]) >= 9, out["columns"]
+    assert [name for name, _ in out["axis"]][:2] == ["input", "lower/decompose"]
+    assert all(visible for _, visible in out["axis"])
+    assert out["page_fits"] and out["links"]
+    assert out["sections"] == len(report["passes"]) + len(report["passes"][0]["children"])
