@@ -278,6 +278,11 @@ def unsafe_reason(ep: ExportedProgram, tables: Tables) -> str | None:
     for node in ep.graph.nodes:
         if node.op in ("get_attr", "call_module"):
             return f"a {node.op} node ({node.name})"
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and (val.is_conj() or val.is_neg()):
+            # The retrace resolves such a view (a clone) before any op that cannot
+            # read the bit, a list kept in torch's C++ fallback.
+            return f"a conjugate or negative view ({node.name})"
         if node.op == "placeholder" and not isinstance(
             node.meta.get("val"), (torch.Tensor, torch.SymInt, int, float, bool, type(None))
         ):
@@ -682,6 +687,14 @@ class _Builder:
             new.meta = copy.copy(node.meta)
         else:
             new = self.graph.node_copy(node, lambda n: self.env[n])
+            if node.target is operator.getitem and isinstance(new.args[0], torch.fx.Node):
+                # The tracer unpacks a multi-output op's result inside that op's call:
+                # each getitem records the producer's original_aten.
+                producer = new.args[0].meta
+                if "original_aten" in producer:
+                    new.meta["original_aten"] = producer["original_aten"]
+                else:
+                    new.meta.pop("original_aten", None)
         if node.op == "call_function":
             if isinstance(node.target, torch._ops.OpOverload):
                 new.args, new.kwargs = normalize(node.target, new.args, dict(new.kwargs))
