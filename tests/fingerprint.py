@@ -59,3 +59,20 @@ def only_added(before: dict[str, Any], after: dict[str, Any]) -> bool:
         elif after[field] != value:
             return False
     return True
+
+
+def _meta_value(value: Any) -> Any:
+    if isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("value", id(value))
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return ("values", id(value), tuple(_meta_value(v) for v in value))
+    return (id(value) if isinstance(value, (dict, list)) else None, repr(value))
+
+
+def node_meta_fingerprint(ep: ExportedProgram) -> list[Any]:
+    """Every node's meta in ``ep``: each key, the identity of each value container and
+    of each fake value, and the text of everything else."""
+    return [
+        (node.name, id(node.meta), [(k, _meta_value(v)) for k, v in node.meta.items()])
+        for node in ep.graph.nodes
+    ]
