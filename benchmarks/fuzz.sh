@@ -15,6 +15,7 @@ shift || true
 if [ "$#" -eq 0 ]; then
     set -- \
         tests/test_decompose_incremental.py::test_random_modules_and_tables_match_torch \
+        tests/test_decompose_incremental.py::test_random_multi_output_and_complex_ops_match_torch \
         tests/test_properties.py \
         tests/test_properties_guarantees.py
 fi

@@ -7,12 +7,13 @@ Every torch internal it leans on is listed in ``INTERNALS`` and pinned by
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import operator
 import re
 import struct
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -33,6 +34,7 @@ from torch.utils import _pytree as pytree
 __all__ = [
     "INTERNALS",
     "COMPARED_META",
+    "LOCK",
     "Fallback",
     "Tables",
     "cache_info",
@@ -40,7 +42,9 @@ __all__ = [
     "clear_cache",
     "decompose",
     "first_difference",
+    "run_decompositions",
     "split_table",
+    "torch_state",
     "unsafe_reason",
 ]
 
@@ -73,6 +77,10 @@ INTERNALS = (
     "torch._export.passes._node_metadata_hook._node_metadata_hook",
     "torch._dynamo.config.do_not_emit_runtime_asserts",
     "torch.fx.proxy._COPY_META_FIELDS",
+    "torch._ops.OpOverload.py_kernels",
+    "torch._ops.OpOverload._dispatch_cache",
+    "torch._subclasses.fake_impls.op_implementations_dict",
+    "torch._subclasses.fake_impls.op_implementations_checks",
 )
 
 # The stack trace the retrace gives the nodes its runtime-assertion pass adds
@@ -156,7 +164,61 @@ class Tables:
     token: Any
 
 
-_LOCK = threading.RLock()
+# --- torch's global state -------------------------------------------------------------
+
+LOCK = threading.RLock()
+"""The process-wide lock around torch's global state. Tracing a decomposition (which
+overrides the CompositeImplicitAutograd kernels of every such operator and registers
+fake tensor rules, for the whole process) and every ``run_decompositions`` epass calls
+hold it, as does a whole incremental decomposition (templates are traced and values
+propagated in the program's fake mode and shape environment, shared by every thread
+working on that program). It also guards the caches of this module. Reentrant."""
+
+
+@contextlib.contextmanager
+def torch_state(ops: Iterable[Any]) -> Iterator[None]:
+    """Hold :data:`LOCK`, and on the way out, whatever happened, put back the Python
+    kernels of ``ops`` and torch's fake tensor rules as they were.
+
+    torch's own CompositeImplicitAutograd override restores the kernels it patched
+    only once it is fully set up, and drops the fake tensor rule of every op it
+    patched, including rules that were there before (``aten.item``, for one).
+    """
+    from torch._subclasses import fake_impls
+
+    with LOCK:
+        kernels = [(op, op.py_kernels.copy()) for op in ops]
+        rules = fake_impls.op_implementations_dict.copy()
+        checks = list(fake_impls.op_implementations_checks)
+        try:
+            yield
+        finally:
+            for op, saved in kernels:
+                if op.py_kernels != saved:
+                    op.py_kernels.clear()
+                    op.py_kernels.update(saved)
+                    op._dispatch_cache.clear()
+            if fake_impls.op_implementations_dict != rules:
+                fake_impls.op_implementations_dict.clear()
+                fake_impls.op_implementations_dict.update(rules)
+            if fake_impls.op_implementations_checks != checks:
+                fake_impls.op_implementations_checks[:] = checks
+
+
+def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgram:
+    """``ep.run_decompositions(table)``, under :func:`torch_state` for every operator its
+    CompositeImplicitAutograd override can patch. The only way epass calls it."""
+    ops = set(split_table(None).cia)
+    if table is not None:
+        # keys(): a CustomDecompTable is a dict whose entries live elsewhere
+        keys = table.keys()
+        ops.update(op for op in keys if isinstance(op, torch._ops.OpOverload))
+    with torch_state(ops):
+        return ep.run_decompositions(table)
+
+
+# --- the table, split the way run_decompositions splits it (continued) ---------------
+
 _SPLITS: collections.OrderedDict[Any, Tables] = collections.OrderedDict()
 
 
@@ -206,7 +268,7 @@ def split_table(
         key = ("default", regs, frozenset(keep))
     else:
         key = ("explicit", regs, frozenset((op, _Same(fn)) for op, fn in table.items()))
-    with _LOCK:
+    with LOCK:
         cached = _SPLITS.get(key)
         if cached is not None:
             _SPLITS.move_to_end(key)
@@ -220,7 +282,7 @@ def split_table(
         materialized = dict(table)
     cia, python = _split_decomp_table_to_cia_and_python_decomp(materialized)
     tables = Tables(cia, python, key)
-    with _LOCK:
+    with LOCK:
         if any(k[1] != regs for k in _SPLITS):
             _SPLITS.clear()
         _SPLITS[key] = tables
@@ -278,6 +340,11 @@ def unsafe_reason(ep: ExportedProgram, tables: Tables) -> str | None:
     for node in ep.graph.nodes:
         if node.op in ("get_attr", "call_module"):
             return f"a {node.op} node ({node.name})"
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and (val.is_conj() or val.is_neg()):
+            # The retrace resolves such a view (a clone) before any op that cannot
+            # read the bit, a list kept in torch's C++ fallback.
+            return f"a conjugate or negative view ({node.name})"
         if node.op == "placeholder" and not isinstance(
             node.meta.get("val"), (torch.Tensor, torch.SymInt, int, float, bool, type(None))
         ):
@@ -398,13 +465,13 @@ _STATS = {"hits": 0, "misses": 0}
 
 def cache_info() -> dict[str, int]:
     """Template cache statistics: hits, misses, current size and bound."""
-    with _LOCK:
+    with LOCK:
         return {**_STATS, "size": len(_CACHE), "maxsize": _CACHE_SIZE}
 
 
 def clear_cache() -> None:
     """Forget every cached template and table split."""
-    with _LOCK:
+    with LOCK:
         _CACHE.clear()
         _SPLITS.clear()
         _STATS.update(hits=0, misses=0)
@@ -532,6 +599,7 @@ def _trace(
     fakes = [_fresh_fake(fake_mode, v) if isinstance(v, torch.Tensor) else v for v in inputs]
     # The same stack as AOTAutograd's graph capture inside export's retrace.
     with (
+        torch_state(tables.cia),
         fake_mode,
         _override_composite_implicit_decomp(tables.cia),
         _ignore_backend_decomps(),
@@ -582,14 +650,14 @@ def _template(
     # Template values are fake tensors of one program's fake mode (and its symbols):
     # the mode is part of the key, and the cache keeps it alive while the entry lives.
     key = (op, str(spec), tuple(key_parts), tables.token, fake_mode)
-    with _LOCK:
+    with LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             _STATS["hits"] += 1
             return hit, inputs
     template = _trace(op, args, kwargs, values, tables, fake_mode)
-    with _LOCK:
+    with LOCK:
         _STATS["misses"] += 1
         _CACHE[key] = template
         while len(_CACHE) > _CACHE_SIZE:
@@ -682,6 +750,14 @@ class _Builder:
             new.meta = copy.copy(node.meta)
         else:
             new = self.graph.node_copy(node, lambda n: self.env[n])
+            if node.target is operator.getitem and isinstance(new.args[0], torch.fx.Node):
+                # The tracer unpacks a multi-output op's result inside that op's call:
+                # each getitem records the producer's original_aten.
+                producer = new.args[0].meta
+                if "original_aten" in producer:
+                    new.meta["original_aten"] = producer["original_aten"]
+                else:
+                    new.meta.pop("original_aten", None)
         if node.op == "call_function":
             if isinstance(node.target, torch._ops.OpOverload):
                 new.args, new.kwargs = normalize(node.target, new.args, dict(new.kwargs))
@@ -793,7 +869,14 @@ def decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int
 
     Raises:
         Fallback: when the result could differ from torch's; ``reason`` says why.
+
+    Holds :data:`LOCK` throughout.
     """
+    with LOCK:
+        return _decompose(ep, tables)
+
+
+def _decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int]:
     from torch.export.exported_program import (
         _get_updated_module_call_graph,
         _get_updated_range_constraints,

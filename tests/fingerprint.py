@@ -45,3 +45,20 @@ def fingerprint(ep: ExportedProgram) -> dict[str, Any]:
         "state_dict": entries(ep.state_dict),
         "constants": entries(ep.constants),
     }
+
+
+def _meta_value(value: Any) -> Any:
+    if isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("value", id(value))
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return ("values", id(value), tuple(_meta_value(v) for v in value))
+    return (id(value) if isinstance(value, (dict, list)) else None, repr(value))
+
+
+def node_meta_fingerprint(ep: ExportedProgram) -> list[Any]:
+    """Every node's meta in ``ep``: each key, the identity of each value container and
+    of each fake value, and the text of everything else."""
+    return [
+        (node.name, id(node.meta), [(k, _meta_value(v)) for k, v in node.meta.items()])
+        for node in ep.graph.nodes
+    ]

@@ -34,6 +34,9 @@ def test_every_listed_internal_exists(path):
         assert aten.add_.Tensor._schema.is_mutable
         assert [a.kwarg_only for a in aten.add.Tensor._schema.arguments] == [False, False, True]
         return
+    if path in ("torch._ops.OpOverload.py_kernels", "torch._ops.OpOverload._dispatch_cache"):
+        assert isinstance(getattr(aten.linear.default, path.rsplit(".", 1)[1]), dict)
+        return
     if path == "torch.fx.graph._Namespace._obj_to_name":  # instance attributes
         namespace = torch.fx.Graph()._graph_namespace
         assert isinstance(namespace._obj_to_name, dict)
@@ -258,3 +261,58 @@ def test_tracer_copies_meta_fields_from_the_node_being_run():
     assert seen[1] == ("<built-in function mul>", "the node's own")
     assert seen[2] == ("aten.view.default", "aten.view.default")
     assert seen[3] == ("<built-in function mul>", "None")
+
+
+def test_cia_override_patches_kernels_and_drops_fake_rules_that_torch_state_restores():
+    # torch's override leaves the fake tensor rule of a CIA op that had one removed
+    # (aten.item); torch_state puts it back, and the kernels it patched too.
+    from torch._subclasses import fake_impls
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    item = aten.item.default
+    rules = fake_impls.op_implementations_dict
+    tables = _decomp.split_table(None)
+    assert item in tables.cia
+    # (a bare run_decompositions earlier in the process may have dropped torch's rule)
+    saved = rules.get(item)
+
+    def rule(fake_mode, func, *args, **kwargs):
+        raise AssertionError("unreachable")
+
+    rules[item] = rule
+    try:
+        kernels = dict(item.py_kernels)
+        with _decomp.torch_state(tables.cia):
+            with _override_composite_implicit_decomp(tables.cia):
+                assert item.py_kernels != kernels
+            assert item not in rules  # torch's own restore drops it
+        assert rules[item] is rule
+        assert item.py_kernels == kernels
+        assert isinstance(fake_impls.op_implementations_checks, list)
+    finally:
+        rules.pop(item, None)
+        if saved is not None:
+            rules[item] = saved
+
+
+def test_torch_state_restores_kernels_when_the_override_fails_half_way():
+    from torch.export.exported_program import _override_composite_implicit_decomp
+
+    ops = [aten.linear.default, aten.dropout.default]
+    before = [dict(op.py_kernels) for op in ops]
+
+    def broken(*args, **kwargs):
+        raise AssertionError("unreachable")
+
+    class Boom(dict):
+        def items(self):
+            yield ops[0], broken
+            raise RuntimeError("boom")  # after linear was patched, before the try
+
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        _decomp.torch_state(ops),
+        _override_composite_implicit_decomp(Boom()),
+    ):
+        pass
+    assert [dict(op.py_kernels) for op in ops] == before

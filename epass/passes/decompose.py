@@ -241,7 +241,7 @@ class Decompose:
         # The default table is built by run_decompositions itself, exactly as a bare call.
         table = None if self.table is None and not self.keep else self.decomp_table()
         try:
-            return ep.run_decompositions(table)
+            return _decomp.run_decompositions(ep, table)
         except Exception as exc:
             raise self._explain(ep, exc) from exc
 
