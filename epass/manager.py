@@ -604,15 +604,25 @@ def _normalize(
         return out, _edited(prepared, p, where)
     if isinstance(out, PassResult):
         return out.program, out.modified
-    program = getattr(out, "program", None)
+    # Any result carrying a program and a modified flag: epass's names, or
+    # ExecuTorch's ExportedProgramPassResult(exported_program, modified), read by
+    # name so that the engine never imports ExecuTorch.
     flag = getattr(out, "modified", None)
-    if isinstance(program, ExportedProgram) and isinstance(flag, bool):
-        return program, flag
+    for field in _RESULT_PROGRAM_FIELDS:
+        program = getattr(out, field, None)
+        if isinstance(program, ExportedProgram) and isinstance(flag, bool):
+            return program, flag
     raise PassError(
         f"it returned {out!r} ({type(out).__name__}); a pass must return an "
-        "ExportedProgram or a PassResult(program, modified)",
+        "ExportedProgram or a result with a program and a modified flag: "
+        "PassResult(program, modified), or ExecuTorch's "
+        "ExportedProgramPassResult(exported_program, modified)",
         **where,
     )
+
+
+# The attribute names under which a pass result may carry its program.
+_RESULT_PROGRAM_FIELDS = ("program", "exported_program")
 
 
 def _edited(prepared: _Prepared, p: Any, where: dict[str, Any]) -> bool:
