@@ -4,6 +4,8 @@ tensors named, what it hands back relinked to the user's state."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import models
 import pytest
@@ -107,3 +109,13 @@ def test_relink_gives_back_the_users_dicts_and_tensors() -> None:
     assert report.shared
     for key, value in ep.state_dict.items():
         assert kept.state_dict[key] is value
+
+
+def test_import_epass_imports_no_backend() -> None:
+    code = (
+        "import sys, epass, epass.tvm, epass.iree, epass.onnx, epass.executorch\n"
+        "loaded = [m for m in ('tvm', 'iree', 'iree.turbine', 'executorch', 'onnxscript') "
+        "if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
