@@ -126,3 +126,14 @@ def tvm_run(mod: Any, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
     vm = relax.VirtualMachine(executable, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
     return torch.from_numpy(out[0].numpy())
+
+
+def iree_run(output: Any, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Compile an iree-turbine export for ``llvm-cpu`` and run its ``main`` on ``args``."""
+    import iree.runtime as rt
+
+    binary = output.compile(save_to=None, target_backends="llvm-cpu")
+    context = rt.SystemContext(config=rt.Config("local-task"))
+    context.add_vm_module(rt.VmModule.copy_buffer(context.instance, binary.map_memory()))
+    out = context.modules.module["main"](*[a.numpy() for a in args])
+    return torch.from_numpy(out.to_host())
