@@ -3,7 +3,6 @@ on private dict copies, and give every edge program the user's state back."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,15 +10,12 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _program
+from epass import _graph, _handoff
 from epass.errors import HandOffError
-from epass.io import prune
-from epass.linker import LinkReport, StateLinker
-from epass.manager import PipelineResult, as_pipeline
+from epass.linker import LinkReport
+from epass.manager import PipelineResult
 
 __all__ = ["EdgeResult", "to_edge", "to_edge_transform_and_lower"]
-
-logger = logging.getLogger("epass")
 
 
 @attrs.frozen
@@ -99,37 +95,29 @@ def _hand_off(
     convert: Any,
 ) -> EdgeResult:
     sources = _programs(ep_or_module, args, kwargs, caller)
-    manager = as_pipeline(pipeline)
-    pipelines: dict[str, PipelineResult] = {}
-    programs: dict[str, ExportedProgram] = {}
-    for name, ep in sources.items():
-        if manager is not None:
-            pipelines[name] = manager(ep)
-            programs[name] = pipelines[name].program
-        else:
-            programs[name] = ep
     # ExecuTorch writes into the dicts of the program it is given (it replaces
     # non-contiguous constants by contiguous copies) and may edit its graph: it gets
-    # private dicts and a private graph, holding the same tensors. The dicts hold only
-    # what the signature references: ExecuTorch rejects a constant without an input
-    # spec, and the user's dicts keep entries that passes stopped using.
-    private = {n: prune(_program.private_view(p, copy_graph=True)) for n, p in programs.items()}
+    # private programs holding the same tensors, and only what each signature
+    # references (it rejects a constant without an input spec).
+    hand_off = _handoff.start(sources, pipeline, caller)
+    private = hand_off.private
     given: ExportedProgram | dict[str, ExportedProgram]
-    given = private["forward"] if list(private) == ["forward"] else private
-    edge = convert(given, **kwargs)
+    given = private["forward"] if list(private) == ["forward"] else dict(private)
+    edge = hand_off.call(convert, given, **kwargs)
     links: dict[str, LinkReport] = {}
-    linker = StateLinker()
     for name in edge.methods:
         program = edge.exported_program(name)
         for field in ("state_dict", "constants"):
-            store, new = getattr(programs[name], field), getattr(program, field)
+            store, new = getattr(hand_off.programs[name], field), getattr(program, field)
             _reuse_equal(store, new)
             _rename_collisions(program, new, store, set(getattr(private[name], field)))
-        links[name] = linker.link(
-            programs[name], program, pass_name=caller, user=sources[name]
-        ).report
-        logger.debug("executorch.%s: %s: %s", caller, name, links[name].summary())
-    return EdgeResult(edge=edge, programs=programs, pipelines=pipelines, links=links)
+        links[name] = hand_off.relink(name, program)
+    return EdgeResult(
+        edge=edge,
+        programs=dict(hand_off.programs),
+        pipelines=dict(hand_off.pipelines),
+        links=links,
+    )
 
 
 def _reuse_equal(store: Mapping[str, Any], new: dict[str, Any]) -> None:

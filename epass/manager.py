@@ -36,6 +36,7 @@ __all__ = [
     "PassManager",
     "PassRecord",
     "PipelineResult",
+    "StoreWatch",
     "TextLayer",
     "as_pipeline",
     "coalesce",
@@ -181,12 +182,63 @@ def _fingerprint(entries: list[_Entry]) -> list[int | None]:
 
 
 @attrs.define
+class StoreWatch:
+    """The store tensors of some programs as they were at one moment, to tell later
+    which of them were written in place: the check the manager makes around every
+    pass, and the hand-offs around every consumer.
+
+    Example::
+
+        watch = StoreWatch.of([ep], fingerprint=True)
+        consumer(ep)
+        assert watch.touched() == []
+    """
+
+    entries: list[_Entry]
+    prints: list[int | None] | None
+
+    @classmethod
+    def of(cls, programs: Iterable[ExportedProgram], *, fingerprint: bool = False) -> StoreWatch:
+        """Snapshot the ``state_dict`` and ``constants`` tensors of ``programs``:
+        version counters and ``requires_grad``, and with ``fingerprint`` a hash of
+        each tensor's bytes and layout. A tensor held by several programs (or
+        under several keys) is watched once, under its first key."""
+        seen: set[int] = set()
+        entries: list[_Entry] = []
+        for ep in programs:
+            for entry in _store_entries(ep):
+                if id(entry[2]) not in seen:
+                    seen.add(id(entry[2]))
+                    entries.append(entry)
+        return cls(entries, _fingerprint(entries) if fingerprint else None)
+
+    def touched(self) -> list[str]:
+        """The entries written in place since the snapshot, as ``"state_dict:<key>"``
+        / ``"constants:<key>"``. A flipped ``requires_grad`` flag counts and is set
+        back (the one change that can be undone)."""
+        touched = []
+        for label, key, value, mark in self.entries:
+            now = _mark(value)
+            if now != mark:
+                touched.append(f"{label}:{key}")
+                if now[1] != mark[1]:
+                    value.requires_grad_(mark[1])
+        if self.prints is not None:
+            after = _fingerprint(self.entries)
+            touched += [
+                f"{label}:{key}"
+                for (label, key, _, _), h, now in zip(self.entries, self.prints, after, strict=True)
+                if h != now and f"{label}:{key}" not in touched
+            ]
+        return touched
+
+
+@attrs.define
 class _Prepared:
     """What the manager holds while a pass runs: its view and the before-snapshots."""
 
     view: ExportedProgram
-    entries: list[_Entry]
-    prints: list[int | None] | None
+    watch: StoreWatch
     nodes_before: int
     ops_before: dict[str, int]
     # The graph module the pass may edit without reaching a program held outside
@@ -456,8 +508,7 @@ class PassManager:
             entries = _store_entries(current)
         prepared = _Prepared(
             view=view,
-            entries=entries,
-            prints=_fingerprint(entries) if self.fingerprint else None,
+            watch=StoreWatch(entries, _fingerprint(entries) if self.fingerprint else None),
             nodes_before=nodes_before,
             ops_before=op_histogram(current),
             private_gm=view.graph_module if copy_graph else owned,
@@ -574,21 +625,7 @@ class PassManager:
         fingerprint). Entries added or replaced meanwhile by other runs (other
         threads, pipelines started from inside the pass) are not this pass's writes.
         """
-        entries = prepared.entries
-        touched = []
-        for label, key, value, mark in entries:
-            now = _mark(value)
-            if now != mark:
-                touched.append(f"{label}:{key}")
-                if now[1] != mark[1]:  # the one change that can be undone
-                    value.requires_grad_(mark[1])
-        if prepared.prints is not None:
-            after = _fingerprint(entries)
-            touched += [
-                f"{label}:{key}"
-                for (label, key, _, _), h, now in zip(entries, prepared.prints, after, strict=True)
-                if h != now and f"{label}:{key}" not in touched
-            ]
+        touched = prepared.watch.touched()
         if touched:
             raise StateMutationError(
                 f"it wrote in place into shared state tensors {touched}; a pass must "
@@ -607,15 +644,25 @@ def _normalize(
         return out, _edited(prepared, p, where)
     if isinstance(out, PassResult):
         return out.program, out.modified
-    program = getattr(out, "program", None)
+    # Any result carrying a program and a modified flag: epass's names, or
+    # ExecuTorch's ExportedProgramPassResult(exported_program, modified), read by
+    # name so that the engine never imports ExecuTorch.
     flag = getattr(out, "modified", None)
-    if isinstance(program, ExportedProgram) and isinstance(flag, bool):
-        return program, flag
+    for field in _RESULT_PROGRAM_FIELDS:
+        program = getattr(out, field, None)
+        if isinstance(program, ExportedProgram) and isinstance(flag, bool):
+            return program, flag
     raise PassError(
         f"it returned {out!r} ({type(out).__name__}); a pass must return an "
-        "ExportedProgram or a PassResult(program, modified)",
+        "ExportedProgram or a result with a program and a modified flag: "
+        "PassResult(program, modified), or ExecuTorch's "
+        "ExportedProgramPassResult(exported_program, modified)",
         **where,
     )
+
+
+# The attribute names under which a pass result may carry its program.
+_RESULT_PROGRAM_FIELDS = ("program", "exported_program")
 
 
 def _edited(prepared: _Prepared, p: Any, where: dict[str, Any]) -> bool:

@@ -3,19 +3,16 @@ and give the resulting program the user's state back."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
+from epass import _handoff
 from epass.errors import ArgumentTypeError, ArgumentValueError, EpassError
 from epass.linker import LinkReport, StateLinker
-from epass.manager import as_pipeline
 
 __all__ = ["export"]
-
-logger = logging.getLogger("epass")
 
 
 def export(
@@ -69,29 +66,26 @@ def export(
             "epass.onnx.export takes an ExportedProgram or an nn.Module, "
             f"got {type(ep_or_module).__name__}"
         )
-    manager = as_pipeline(pipeline)
-    program = manager.run(ep) if manager is not None else ep
-    onnx_program = torch.onnx.export(program, tuple(args), dynamo=True, **onnx_kwargs)
+    hand_off = _handoff.start({"forward": ep}, pipeline, "torch.onnx.export")
+    onnx_program = hand_off.call(
+        torch.onnx.export, hand_off.private["forward"], tuple(args), dynamo=True, **onnx_kwargs
+    )
     if onnx_program is None:  # pragma: no cover - only for dynamo=False
         raise EpassError("torch.onnx.export returned no ONNXProgram")
-    report = relink(onnx_program, program, user=ep)
-    logger.debug("onnx: relinked exported_program state: %s", report.summary())
+    if onnx_program.exported_program is None:
+        raise ArgumentValueError("this ONNXProgram carries no exported_program to relink")
+    hand_off.relink("forward", onnx_program.exported_program)
     return onnx_program
 
 
-def relink(
-    onnx_program: Any, program: ExportedProgram, *, user: ExportedProgram | None = None
-) -> LinkReport:
+def relink(onnx_program: Any, program: ExportedProgram) -> LinkReport:
     """Point ``onnx_program.exported_program`` at ``program``'s dicts and tensors.
 
-    Returns the link report; ``report.shared`` is False when the exporter added an
-    entry or changed an existing entry's value, in which case the exported program
-    keeps a dict of its own (every unchanged entry still the original object, and
-    ``program``'s dicts gain nothing). The report's ``owners`` say which dicts are
-    ``user``'s (default: ``program``'s).
+    Returns the link report; ``report.shared`` is False only when the exporter changed
+    an existing entry's value, in which case the exported program keeps a dict of its
+    own (every unchanged entry still the original object).
     """
     exported = onnx_program.exported_program
     if exported is None:
         raise ArgumentValueError("this ONNXProgram carries no exported_program to relink")
-    linker = StateLinker()
-    return linker.link(program, exported, pass_name="torch.onnx.export", user=user).report
+    return StateLinker().link(program, exported, pass_name="torch.onnx.export").report

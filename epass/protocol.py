@@ -25,7 +25,9 @@ write to a tensor      detected (``_version`` counters, optionally a
 add an in-place write  its output fails verification when it writes into
 into state             state in place that its input did not write and its
                        signature does not declare
-return PassResult      the ``modified`` flag is trusted
+return PassResult      the ``modified`` flag is trusted; so is that of any
+                       result carrying a program and a ``modified`` flag
+                       (ExecuTorch's ``ExportedProgramPassResult``)
 =====================  =========================================================
 """
 

@@ -31,7 +31,16 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Pages whose examples need an optional extra, and the modules they import.
 NEEDS = {
     "onnx.md": ("onnxscript", "onnxruntime"),
-    "backends.md": ("executorch", "torchao", "openvino", "coremltools", "onnxscript"),
+    "backends.md": (
+        "executorch",
+        "torchao",
+        "openvino",
+        "coremltools",
+        "onnxscript",
+        "tvm",
+        "iree.turbine",
+        "iree.runtime",
+    ),
 }
 # Pages whose examples convert models with real backends (tens of seconds).
 SLOW = {"backends.md"}

@@ -1,0 +1,105 @@
+"""The one shape of every hand-off to a consumer: run the pipeline, give the consumer
+a private program, check that it wrote nothing into the shared tensors, relink what
+it hands back."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+from torch.export import ExportedProgram
+
+from epass import _program
+from epass.errors import StateMutationError
+from epass.io import prune
+from epass.linker import LinkReport, StateLinker
+from epass.manager import PipelineResult, StoreWatch, as_pipeline
+
+__all__ = ["HandOff", "private_program", "start"]
+
+logger = logging.getLogger("epass")
+
+T = TypeVar("T")
+
+
+def private_program(program: ExportedProgram) -> ExportedProgram:
+    """A program a consumer may edit and keep: its own graph, signature and dicts,
+    holding ``program``'s tensor objects, and only the entries its signature
+    references (consumers read whole dicts: TVM binds every ``constants`` value in
+    order, ExecuTorch rejects a constant without an input spec)."""
+    return prune(_program.private_view(program, copy_graph=True))
+
+
+@attrs.frozen
+class HandOff:
+    """One hand-off in progress.
+
+    Attributes:
+        consumer: the consumer's name, used in errors and link reports.
+        programs: per method, the pipeline's output (sharing the user's state), or
+            the user's program without a pipeline.
+        pipelines: per method, the pipeline's result (empty without a pipeline).
+        private: per method, the program the consumer is given
+            (:func:`private_program` of ``programs``).
+        sources: per method, the user's program; link reports call its dicts the
+            user's.
+    """
+
+    consumer: str
+    programs: Mapping[str, ExportedProgram]
+    pipelines: Mapping[str, PipelineResult]
+    private: Mapping[str, ExportedProgram]
+    sources: Mapping[str, ExportedProgram]
+
+    def call(self, convert: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``convert(*args, **kwargs)``, checked: a consumer that writes into a tensor
+        of the private programs (the user's tensors) is named in a
+        :class:`~epass.StateMutationError`, whether it returned or raised."""
+        watch = StoreWatch.of(self.private.values(), fingerprint=True)
+        try:
+            out = convert(*args, **kwargs)
+        except Exception as exc:
+            self._check(watch, exc)
+            raise
+        self._check(watch, None)
+        return out
+
+    def _check(self, watch: StoreWatch, cause: BaseException | None) -> None:
+        touched = watch.touched()
+        if touched:
+            raise StateMutationError(
+                f"{self.consumer} wrote in place into shared state tensors {touched}; "
+                "the user's model holds these tensors",
+                keys=touched,
+            ) from cause
+
+    def relink(self, name: str, exported: ExportedProgram) -> LinkReport:
+        """Point ``exported`` (a program the consumer built or kept) at the dicts and
+        tensor objects of ``programs[name]`` wherever it holds the same entries, and
+        return the link report (the StateLinker's ``share`` policy: the user's dicts
+        never gain an entry)."""
+        report = (
+            StateLinker()
+            .link(self.programs[name], exported, pass_name=self.consumer, user=self.sources[name])
+            .report
+        )
+        logger.debug("%s: %s: %s", self.consumer, name, report.summary())
+        return report
+
+
+def start(sources: Mapping[str, ExportedProgram], pipeline: Any, consumer: str) -> HandOff:
+    """Run ``pipeline`` (see :func:`~epass.manager.as_pipeline`) on every program of
+    ``sources`` and build the private programs the consumer gets."""
+    manager = as_pipeline(pipeline)
+    pipelines: dict[str, PipelineResult] = {}
+    programs: dict[str, ExportedProgram] = {}
+    for name, ep in sources.items():
+        if manager is not None:
+            pipelines[name] = manager(ep)
+            programs[name] = pipelines[name].program
+        else:
+            programs[name] = ep
+    private = {name: private_program(p) for name, p in programs.items()}
+    return HandOff(consumer, programs, pipelines, private, dict(sources))
