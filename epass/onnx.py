@@ -78,14 +78,19 @@ def export(
     return onnx_program
 
 
-def relink(onnx_program: Any, program: ExportedProgram) -> LinkReport:
+def relink(
+    onnx_program: Any, program: ExportedProgram, *, user: ExportedProgram | None = None
+) -> LinkReport:
     """Point ``onnx_program.exported_program`` at ``program``'s dicts and tensors.
 
-    Returns the link report; ``report.shared`` is False only when the exporter changed
-    an existing entry's value, in which case the exported program keeps a dict of its
-    own (every unchanged entry still the original object).
+    Returns the link report; ``report.shared`` is False when the exporter added an
+    entry or changed an existing entry's value, in which case the exported program
+    keeps a dict of its own (every unchanged entry still the original object, and
+    ``program``'s dicts gain nothing). The report's ``owners`` say which dicts are
+    ``user``'s (default: ``program``'s).
     """
     exported = onnx_program.exported_program
     if exported is None:
         raise ArgumentValueError("this ONNXProgram carries no exported_program to relink")
-    return StateLinker().link(program, exported, pass_name="torch.onnx.export").report
+    linker = StateLinker()
+    return linker.link(program, exported, pass_name="torch.onnx.export", user=user).report
