@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The tests on another torch release, in a fresh virtual environment outside the
+# The tests on another torch release, in a virtual environment outside the
 # repository: the quick suite (-m "not slow") and the fast-path test
-# (tests/test_fast_path.py). The environment is removed afterwards.
+# (tests/test_fast_path.py).
 #
 #   bash benchmarks/compat.sh 2.15.0
+#
+# Linux wheels of torch on PyPI are CUDA builds of about 5.6 GB, so the environment
+# is kept for the next run, in $EPASS_COMPAT_DIR (default ~/.cache/epass-compat);
+# the project itself is reinstalled from this checkout every time. Set
+# EPASS_COMPAT_FRESH=1 to build the environment anew.
 #
 # The release must lie in the range pyproject.toml declares (pip refuses others).
 # .ci/run runs this for the newest and the oldest declared release; docs/compat.md
@@ -12,12 +17,14 @@ set -euo pipefail
 version=${1:?usage: bash benchmarks/compat.sh TORCH_VERSION}
 cd "$(dirname "$0")/.."
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/epass-torch-$version.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+work=${EPASS_COMPAT_DIR:-$HOME/.cache/epass-compat}/torch-$version
 venv_python=$work/venv/bin/python
+if [ "${EPASS_COMPAT_FRESH:-0}" = 1 ] || ! "$venv_python" -c "import torch" >/dev/null 2>&1; then
+    rm -rf "$work"
+fi
 
 start=$SECONDS
-python -m venv "$work/venv"
+[ -x "$venv_python" ] || python -m venv "$work/venv"
 # torch named in the same command as the project, so that pip never moves it. A local
 # pip constraint file may cap torch below the release asked for: lifted here.
 export PIP_CONSTRAINT=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
