@@ -925,29 +925,40 @@ def _as_console_script(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str
     )
 
 
-def test_import_finds_a_module_in_the_current_folder_and_the_reproducer_imports_it(
-    files: dict[str, Path], tmp_path: Path
-) -> None:
+def _failing_run(files: dict[str, Path], tmp_path: Path, pipeline: str) -> tuple[Path, Path]:
+    """Run ``pipeline`` with my_passes.py imported from the current folder, as the
+    ``epass`` script; returns that folder and the reproducer the failure wrote."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "my_passes.py").write_text(PLUGIN)
     proc = _as_console_script(
-        "run", str(files["mlp"]), "--import", "my_passes", "-p", "decompose, relu-twice",
+        "run", str(files["mlp"]), "--import", "my_passes", "-p", pipeline,
         "--repro-dir", "repros", cwd=work,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "relu-twice cannot handle relu yet" in proc.stderr
     (repro,) = (work / "repros").glob("*/repro.py")
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    again = subprocess.run(
-        [sys.executable, str(repro)],
-        cwd=elsewhere,
+    return work, repro
+
+
+def _run_script(script: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=cwd,
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         timeout=300,
     )
+
+
+def test_import_finds_a_module_in_the_current_folder_and_the_reproducer_imports_it(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    _, repro = _failing_run(files, tmp_path, "decompose, relu-twice")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    again = _run_script(repro, elsewhere)
     assert again.returncode != 0
     assert "relu-twice cannot handle relu yet" in again.stderr, again.stderr
     assert "unknown pass" not in again.stderr
@@ -956,24 +967,9 @@ def test_import_finds_a_module_in_the_current_folder_and_the_reproducer_imports_
 def test_a_reproducer_whose_module_is_gone_says_what_to_set(
     files: dict[str, Path], tmp_path: Path
 ) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "my_passes.py").write_text(PLUGIN)
-    proc = _as_console_script(
-        "run", str(files["mlp"]), "--import", "my_passes", "-p", "relu-twice",
-        "--repro-dir", "repros", cwd=work,
-    )  # fmt: skip
-    assert proc.returncode == 1, proc.stderr
-    (repro,) = (work / "repros").glob("*/repro.py")
+    work, repro = _failing_run(files, tmp_path, "relu-twice")
     (work / "my_passes.py").unlink()
-    again = subprocess.run(
-        [sys.executable, str(repro)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=300,
-    )
+    again = _run_script(repro, tmp_path)
     assert again.returncode != 0
     assert "cannot import my_passes" in again.stderr
     assert f"put the folder {work.resolve()} on PYTHONPATH" in again.stderr
