@@ -454,7 +454,8 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
                 f"max_rel {drift.max_rel:.3g} (atol {check.atol:g}, rtol {check.rtol:g})",
                 pass_path=drift.path,
                 next_step=f"epass run {args.input} -p {shlex.quote(args.pipeline)} "
-                "--check-numerics, with the passes up to that one",
+                f"--check-numerics --report report.html: its section for {drift.path!r} lists "
+                "the nodes that pass added and removed",
             )
         report = build_report(
             result,
