@@ -151,8 +151,8 @@ class Decompose:
     gives torch's program; otherwise the program is retraced with
     ``run_decompositions``. The result's ``notes`` (and the pass record) say which
     path ran and, for a retrace, why. State: nothing is added, changed or removed;
-    the output holds a new ``state_dict`` dict over the same tensors, and the linker
-    puts the store back in its place.
+    a retrace gives a new ``state_dict`` dict over the same tensors, and the linker
+    gives the output the user's dicts back.
 
     No-op skip: when the input is already in the ATen dialect and no op in any of its
     graphs would be rewritten (none is in the table, none is a CompositeImplicitAutograd
