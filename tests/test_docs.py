@@ -5,7 +5,8 @@ Conventions a page may use:
 
 * ```` ```python ```` blocks run in order, in one namespace per page;
 * an ```` ```output ```` block right after a Python block is that block's
-  printed output (compared with timings and padding normalized);
+  printed output (compared with timings and padding normalized, on the reference
+  torch 2.13, whose node counts the pages quote);
 * a ```` ```python file=NAME.py ```` block is a file the page's reader saves: it is
   written to the working folder (importable) before the page's code and quoted
   commands run;
@@ -15,6 +16,7 @@ Conventions a page may use:
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import io
 import re
@@ -53,6 +55,11 @@ def _missing(page: Path) -> list[str]:
 def _page_param(page: Path) -> object:
     marks = [pytest.mark.slow] if page.name in SLOW else []
     return pytest.param(page, marks=marks, id=page.relative_to(ROOT).as_posix())
+
+
+# Shown outputs (node counts, op lists) are those of the reference torch; on other
+# releases the blocks still run, and only the comparison is left out.
+_REFERENCE_TORCH = importlib.metadata.version("torch").startswith("2.13.")
 
 
 def _blocks(page: Path) -> list[str]:
@@ -125,7 +132,7 @@ def test_markdown_code_blocks_run(
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
                 exec(code, namespace)
-            if shown is not None:
+            if shown is not None and _REFERENCE_TORCH:
                 assert _normalized(printed.getvalue()) == _normalized(shown), (
                     f"{page.name}[block {i}]: the output shown differs from a real run"
                 )
