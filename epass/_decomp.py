@@ -577,22 +577,21 @@ def _trace(
     blank.meta.update(_MARKERS)
 
     def fn(*xs: Any) -> Any:
-        if True:
-            funs = [to_fun(x) for x in xs]
-            it = iter(funs)
-            filled = [next(it) if isinstance(a, torch.fx.Node) else a for a in flat]
-            a, k = pytree.tree_unflatten(filled, spec)
-            # The retrace runs each node under that node's meta (the interpreter's
-            # set_current_meta), which drops annotations of the tracer's own frames.
-            with torch.fx.traceback.set_current_meta(blank):
-                out = op(*a, **k)
-            for f, x in zip(funs, xs, strict=True):
-                if isinstance(f, torch.Tensor) and (
-                    has_data_mutation(f)
-                    or has_metadata_mutation(f, x, check_only_storage_mutation=False)
-                ):
-                    raise Fallback(f"the decomposition of {op} mutates an input")
-            return pytree.tree_map(from_fun, out)
+        funs = [to_fun(x) for x in xs]
+        it = iter(funs)
+        filled = [next(it) if isinstance(a, torch.fx.Node) else a for a in flat]
+        a, k = pytree.tree_unflatten(filled, spec)
+        # The retrace runs each node under that node's meta (the interpreter's
+        # set_current_meta), which drops annotations of the tracer's own frames.
+        with torch.fx.traceback.set_current_meta(blank):
+            out = op(*a, **k)
+        for f, x in zip(funs, xs, strict=True):
+            if isinstance(f, torch.Tensor) and (
+                has_data_mutation(f)
+                or has_metadata_mutation(f, x, check_only_storage_mutation=False)
+            ):
+                raise Fallback(f"the decomposition of {op} mutates an input")
+        return pytree.tree_map(from_fun, out)
 
     shape_env = fake_mode.shape_env
     before = _symbol_count(shape_env)
