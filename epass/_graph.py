@@ -39,7 +39,8 @@ __all__ = [
     "lift_tensor_attributes",
     "run_graph_pass",
     "tensor_attributes",
-    "is_mutating",
+    "InPlaceWrites",
+    "in_place_writes",
     "leaves",
     "mutated_nodes",
     "new_state_placeholder",
@@ -529,44 +530,113 @@ def leaves(value: Any) -> list[Any]:
     return out
 
 
-def is_mutating(node: torch.fx.Node) -> bool:
-    """True for calls of an operator whose schema writes to one of its inputs."""
-    schema = _program.op_schema(node.target) if node.op == "call_function" else None
-    return schema is not None and bool(schema.is_mutable)
+class InPlaceWrites:
+    """Which nodes of one graph write in place into which tensors: the answer of
+    :func:`in_place_writes`, the one walk verification and the built-in passes share.
+
+    Attributes:
+        roots: every node's alias root: the node itself, or for a view, an item of a
+            multi-output op (``unbind``, ``split``) or an in-place result, the root
+            of the tensor it aliases (a placeholder, or a node creating a tensor).
+        writers: each node that writes in place (a mutable schema, or a higher-order
+            op such as ``torch.cond`` or ``while_loop`` whose bodies write an
+            operand) -> the alias roots it writes.
+    """
+
+    __slots__ = ("roots", "writers")
+
+    def __init__(
+        self,
+        roots: Mapping[torch.fx.Node, torch.fx.Node],
+        writers: Mapping[torch.fx.Node, frozenset[torch.fx.Node]],
+    ) -> None:
+        self.roots = roots
+        self.writers = writers
+
+    @property
+    def written(self) -> set[torch.fx.Node]:
+        """The alias roots whose memory the graph writes."""
+        return {r for hit in self.writers.values() for r in hit}
+
+    def mutated(self) -> set[torch.fx.Node]:
+        """The nodes whose value changes while the graph runs: every alias of a
+        written root."""
+        written = self.written
+        return {n for n, r in self.roots.items() if r in written}
 
 
-def _returns_alias(node: torch.fx.Node) -> bool:
-    schema = _program.op_schema(node.target) if node.op == "call_function" else None
-    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+def in_place_writes(gm: torch.fx.GraphModule) -> InPlaceWrites:
+    """One walk over ``gm``'s graph: which nodes write in place into which tensors,
+    following views, items of multi-output ops and the bodies of higher-order ops
+    (``torch.cond`` branches, ``while_loop`` bodies) to the tensors they alias."""
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    writers: dict[torch.fx.Node, frozenset[torch.fx.Node]] = {}
+
+    def roots_of(value: Any) -> frozenset[torch.fx.Node]:
+        return frozenset(root.get(v, v) for v in leaves(value) if isinstance(v, torch.fx.Node))
+
+    for node in gm.graph.nodes:
+        root[node] = node
+        if node.op != "call_function":
+            continue
+        first = node.args[0] if node.args else None
+        if node.target is operator.getitem and isinstance(first, torch.fx.Node):
+            root[node] = root.get(first, first)  # an item of unbind, split, chunk...
+            continue
+        schema = _program.op_schema(node.target)
+        if schema is None:
+            operands = _body_writes(gm, node)
+            if operands:
+                writers[node] = roots_of(operands)
+            continue
+        if isinstance(first, torch.fx.Node) and any(r.alias_info for r in schema.returns):
+            root[node] = root.get(first, first)  # a view or an in-place result
+        if not schema.is_mutable:
+            continue
+        writers[node] = roots_of(
+            [
+                node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+                for i, arg in enumerate(schema.arguments)
+                if arg.alias_info is not None and arg.alias_info.is_write
+            ]
+        )
+    return InPlaceWrites(root, writers)
+
+
+def _body_writes(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The operands that a higher-order op's bodies (``get_attr`` graph arguments)
+    write in place. Bodies take the op's last operands, in order."""
+    args = leaves((node.args, node.kwargs))
+    bodies = [
+        body
+        for leaf in args
+        if isinstance(leaf, torch.fx.Node) and leaf.op == "get_attr"
+        for body in (_attribute(gm, str(leaf.target)),)
+        if isinstance(body, torch.fx.GraphModule)
+    ]
+    operands = [leaf for leaf in args if isinstance(leaf, torch.fx.Node) and leaf.op != "get_attr"]
+    out: list[torch.fx.Node] = []
+    for body in bodies:
+        params = [n for n in body.graph.nodes if n.op == "placeholder"]
+        hit = [p for p in in_place_writes(body).written if p.op == "placeholder"]
+        if not hit:
+            continue
+        if len(params) > len(operands):  # an unknown convention: blame every operand
+            out += operands
+            continue
+        mine = operands[len(operands) - len(params) :]
+        out += [mine[params.index(p)] for p in hit]
+    return out
 
 
 def mutated_nodes(
     gm: torch.fx.GraphModule, sig: ExportGraphSignature | None = None
 ) -> set[torch.fx.Node]:
-    """Nodes whose value changes while the graph runs: every alias (views, in-place
-    results) of a tensor an in-place op writes, plus, when ``sig`` is given, the
-    inputs the signature says are mutated (their value differs between calls)."""
-    # Every node's alias root: views and in-place results share their input's root.
-    root: dict[torch.fx.Node, torch.fx.Node] = {}
-    written: set[torch.fx.Node] = set()
-    for node in gm.graph.nodes:
-        first = node.args[0] if node.args else None
-        if isinstance(first, torch.fx.Node) and (
-            _returns_alias(node) or node.target is operator.getitem  # unbind, split items
-        ):
-            root[node] = root.get(first, first)
-        else:
-            root[node] = node
-        if not is_mutating(node):
-            continue
-        schema = _program.op_schema(node.target)
-        assert schema is not None
-        for i, arg in enumerate(schema.arguments):
-            if arg.alias_info is None or not arg.alias_info.is_write:
-                continue
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            written.update(root[v] for v in leaves(value) if isinstance(v, torch.fx.Node))
-    mutated = {n for n, r in root.items() if r in written}
+    """Nodes whose value changes while the graph runs (:meth:`InPlaceWrites.mutated`:
+    every alias of a tensor written in place, by an op or a higher-order op's body),
+    plus, when ``sig`` is given, the inputs the signature says are mutated (their
+    value differs between calls)."""
+    mutated = in_place_writes(gm).mutated()
     if sig is None:
         return mutated
     targets = set(sig.buffers_to_mutate.values()) | set(sig.user_inputs_to_mutate.values())

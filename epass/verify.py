@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import attrs
@@ -10,7 +9,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from epass import _program
+from epass import _graph, _program
 from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = [
@@ -108,75 +107,11 @@ def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
         if s.kind in _MUTATION_KINDS and s.target is not None
     }
     written: set[str] = set()
-    for root in _written_roots(ep.graph_module):
+    for root in _graph.in_place_writes(ep.graph_module).written:
         target = state.get(root.name) if root.op == "placeholder" else None
         if target is not None:
             written.add(target)
     return written, declared
-
-
-def _written_roots(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
-    """The nodes of ``gm``'s graph whose memory the graph writes in place: the alias
-    root (a placeholder, or a node creating a tensor) of every tensor written."""
-    root: dict[torch.fx.Node, torch.fx.Node] = {}
-    written: set[torch.fx.Node] = set()
-
-    def write(leaf: Any) -> None:
-        if isinstance(leaf, torch.fx.Node):
-            written.add(root.get(leaf) or leaf)
-
-    for node in gm.graph.nodes:
-        root[node] = node
-        if node.op != "call_function":
-            continue
-        first = node.args[0] if node.args else None
-        if node.target is operator.getitem and isinstance(first, torch.fx.Node):
-            root[node] = root.get(first, first)  # an item of unbind, split, chunk...
-            continue
-        schema = _program.op_schema(node.target)
-        if schema is None:
-            _body_writes(gm, node, write)
-            continue
-        if isinstance(first, torch.fx.Node) and any(r.alias_info for r in schema.returns):
-            root[node] = root.get(first, first)  # a view or an in-place result
-        if not schema.is_mutable:
-            continue
-        for i, arg in enumerate(schema.arguments):
-            if arg.alias_info is None or not arg.alias_info.is_write:
-                continue
-            value: Any = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            for leaf in value if isinstance(value, (list, tuple)) else (value,):
-                write(leaf)
-    return written
-
-
-def _body_writes(gm: torch.fx.GraphModule, node: torch.fx.Node, write: Any) -> None:
-    """Report the operands that a higher-order op's bodies (``get_attr`` graph
-    arguments) write in place. Bodies take the op's last operands, in order."""
-    leaves: list[Any] = []
-    torch.fx.node.map_aggregate((node.args, node.kwargs), leaves.append)
-    bodies = [
-        body
-        for leaf in leaves
-        if isinstance(leaf, torch.fx.Node) and leaf.op == "get_attr"
-        for body in (getattr(gm, str(leaf.target), None),)
-        if isinstance(body, torch.fx.GraphModule)
-    ]
-    operands = [
-        leaf for leaf in leaves if isinstance(leaf, torch.fx.Node) and leaf.op != "get_attr"
-    ]
-    for body in bodies:
-        params = [n for n in body.graph.nodes if n.op == "placeholder"]
-        hit = [p for p in _written_roots(body) if p.op == "placeholder"]
-        if not hit:
-            continue
-        if len(params) > len(operands):  # an unknown convention: blame every operand
-            for operand in operands:
-                write(operand)
-            continue
-        mine = operands[len(operands) - len(params) :]
-        for p in hit:
-            write(mine[params.index(p)])
 
 
 def check_state_writes(output: ExportedProgram, source: ExportedProgram) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import operator
 
 import pytest
 import torch
 
-from epass import _graph, _program
-from epass.passes import CastDtype, ConstantFold, DeadCodeElimination
+from epass import PassManager, _graph, _program
+from epass.passes import CSE, CastDtype, ConstantFold, DeadCodeElimination
 
 
 def test_op_schema_reads_operator_schemas() -> None:
@@ -69,3 +70,84 @@ def test_mutated_nodes_follows_views() -> None:
 def test_unique_key() -> None:
     assert _graph.unique_key("a", {"b"}) == "a"
     assert _graph.unique_key("a", {"a", "a_1"}, {"a_2"}) == "a_3"
+
+
+# --- the one in-place-write walk, through torch.cond branches and while_loop bodies ---
+# torch.export refuses a cond branch or a while_loop body that writes in place
+# (UncapturedHigherOrderOpError), so these programs get their write by editing the
+# exported body: ``buf * 2`` becomes ``buf.mul_(2)``. Reading ``buf * 3`` before and
+# after the higher-order op then gives two different values.
+
+aten = torch.ops.aten
+
+
+class _CondWritesBuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        before = self.buf * 3
+        y = torch.cond(x.sum() > 0, lambda x, b: x + b * 2, lambda x, b: x - b, (x, self.buf))
+        return before + y + self.buf * 3  # type: ignore[no-any-return]
+
+
+class _LoopWritesBuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        before = self.buf * 3
+        _, y = torch._higher_order_ops.while_loop(
+            lambda i, y: i < 2, lambda i, y: (i + 1, y + self.buf * 2), (torch.tensor(0), x)
+        )
+        return before + y + self.buf * 3  # type: ignore[no-any-return]
+
+
+def _body_writes_buffer(model: type[torch.nn.Module]) -> torch.export.ExportedProgram:
+    ep = torch.export.export(model(), (torch.ones(4),))
+    for module in ep.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule) and module is not ep.graph_module:
+            for node in module.graph.nodes:
+                if node.target is aten.mul.Tensor:
+                    node.target = aten.mul_.Tensor
+            module.recompile()
+    return ep
+
+
+BODY_WRITES = {"cond branch": _CondWritesBuffer, "while_loop body": _LoopWritesBuffer}
+# buf starts at ones: the cond doubles it once (3 + 3 + 6), the loop twice (3 + 7 + 12).
+EXPECTED = {"cond branch": 12.0, "while_loop body": 22.0}
+_HOPS = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
+
+
+def _reads_of_buffer(ep: torch.export.ExportedProgram) -> int:
+    return sum(
+        node.target is aten.mul.Tensor and node.args[0].name == "b_buf"  # type: ignore[union-attr]
+        for node in ep.graph.nodes
+    )
+
+
+def _run(ep: torch.export.ExportedProgram) -> torch.Tensor:
+    # Running writes into the program's buffer: each run gets its own copy.
+    return ep.module()(torch.ones(4))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", BODY_WRITES)
+def test_in_place_writes_follow_cond_branches_and_while_loop_bodies(kind: str) -> None:
+    ep = _body_writes_buffer(BODY_WRITES[kind])
+    writes = _graph.in_place_writes(ep.graph_module)
+    hop = next(n for n in ep.graph.nodes if n.target in _HOPS)
+    assert {n.name for n in writes.writers[hop]} == {"b_buf"}
+    assert "b_buf" in {n.name for n in _graph.mutated_nodes(ep.graph_module)}
+    assert torch.equal(_run(copy.deepcopy(ep)), torch.full((4,), EXPECTED[kind]))
+
+
+@pytest.mark.parametrize("kind", BODY_WRITES)
+@pytest.mark.parametrize("make", [ConstantFold, CSE], ids=["fold-constants", "cse"])
+def test_passes_do_not_merge_or_fold_reads_of_a_buffer_a_body_writes(kind: str, make: type) -> None:
+    ep = _body_writes_buffer(BODY_WRITES[kind])
+    out = PassManager([make()]).run(copy.deepcopy(ep))
+    assert _reads_of_buffer(out) == 2  # buf * 3 before and after the write, both kept
+    assert torch.equal(_run(copy.deepcopy(out)), torch.full((4,), EXPECTED[kind]))

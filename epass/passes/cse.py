@@ -26,17 +26,14 @@ def _banned(gm: torch.fx.GraphModule) -> set[Any]:
     choice that can only cost missed merges, never wrong ones.
     """
     banned: set[Any] = set(get_CSE_banned_ops())
-    mutated = _graph.mutated_nodes(gm)
+    writes = _graph.in_place_writes(gm)
+    mutated = writes.mutated()
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         target = node.target
         tags = getattr(target, "tags", ())
-        if (
-            node.is_impure()
-            or _graph.is_mutating(node)
-            or torch.Tag.nondeterministic_seeded in tags
-        ):
+        if node.is_impure() or node in writes.writers or torch.Tag.nondeterministic_seeded in tags:
             banned.add(_packet(target))
         elif any(i in mutated for i in node.all_input_nodes):
             # Reads a value an in-place op changes while the graph runs: two
@@ -55,9 +52,10 @@ class CSE:
     list of random and in-place packets and is documented as unsafe on graphs
     with mutation; added on top, the banned set is computed per graph: every
     packet with a node that is impure (``Node.is_impure``: assertions, side
-    effects), mutates an input, is tagged ``nondeterministic_seeded`` (random),
-    or reads a value that an in-place op in the graph writes (so the training IR
-    with in-place buffer updates stays correct). When nothing merges, the input
+    effects), writes in place (an in-place op, or a ``torch.cond`` /
+    ``while_loop`` whose body does), is tagged ``nondeterministic_seeded``
+    (random), or reads a value that such a write changes (so the training IR with
+    in-place buffer updates stays correct). When nothing merges, the input
     program is returned.
 
     State: nothing is added, changed or removed; the output shares the user's
