@@ -29,7 +29,9 @@ from torch.export.graph_signature import (
     SymIntArgument,
     TensorArgument,
 )
-from torch.utils import _pytree as pytree
+
+from epass import _program
+from epass._program import pytree
 
 __all__ = [
     "INTERNALS",
@@ -42,7 +44,10 @@ __all__ = [
     "clear_cache",
     "decompose",
     "first_difference",
+    "is_plain_call",
+    "rewrites",
     "run_decompositions",
+    "splices",
     "split_table",
     "torch_state",
     "unsafe_reason",
@@ -52,7 +57,6 @@ __all__ = [
 INTERNALS = (
     "torch.export.exported_program._split_decomp_table_to_cia_and_python_decomp",
     "torch.export.exported_program._override_composite_implicit_decomp",
-    "torch.export.exported_program._get_updated_range_constraints",
     "torch.export.exported_program._get_updated_module_call_graph",
     "torch.export.exported_program._special_op_to_preserve_cia",
     "torch._export.utils._is_cia_op",
@@ -70,8 +74,6 @@ INTERNALS = (
     "torch.fx.traceback.preserve_node_meta",
     "torch.fx.traceback.set_current_meta",
     "torch.fx.experimental.symbolic_shapes.ShapeEnv",  # var_to_range, unbacked_symint_counter
-    "torch._ops.OpOverload._schema",
-    "torch.fx.graph._Namespace._obj_to_name",
     "torch.fx.passes.runtime_assert.insert_deferred_runtime_asserts",
     "torch._export.passes._node_metadata_hook._set_node_metadata_hook",
     "torch._export.passes._node_metadata_hook._node_metadata_hook",
@@ -212,7 +214,7 @@ def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgra
     if table is not None:
         # keys(): a CustomDecompTable is a dict whose entries live elsewhere
         keys = table.keys()
-        ops.update(op for op in keys if isinstance(op, torch._ops.OpOverload))
+        ops.update(op for op in keys if _program.is_op_overload(op))
     with torch_state(ops):
         return ep.run_decompositions(table)
 
@@ -292,23 +294,44 @@ def split_table(
 
 
 def rewrites(op: Any, tables: Tables) -> bool:
-    """Whether a retrace with ``tables`` replaces the operator ``op``."""
+    """Whether a retrace with ``tables`` replaces the operator overload ``op``.
+
+    The one answer: ``Decompose.skip_reason`` skips a program only when this is
+    False for every op in it, and the engine splices exactly the nodes it is True
+    for. Functionalization replaces a mutating op; the Python table rewrites its
+    ops (a packet key stands for every overload); a CompositeImplicitAutograd op is
+    decomposed unless the table preserves it (torch's split marks the preserved).
+    """
     from torch._export.utils import _is_cia_op
     from torch.export.exported_program import _special_op_to_preserve_cia
 
     if op in _SIZE_OPS:
         return False
-    if op in tables.python:
+    if _program.is_mutable_op(op):
+        return True
+    if op in tables.python or op.overloadpacket in tables.python:
         return True
     if _is_cia_op(op):
         return tables.cia.get(op) is not _special_op_to_preserve_cia
     return False
 
 
+def splices(node: torch.fx.Node, tables: Tables) -> bool:
+    """Whether the engine replaces ``node`` with its operator's decomposition: a
+    call of an operator overload that :func:`rewrites` says the table rewrites."""
+    return (
+        node.op == "call_function"
+        and _program.is_op_overload(node.target)
+        and rewrites(node.target, tables)
+    )
+
+
 # --- safety -------------------------------------------------------------------------
 
 
-def _plain(target: Any) -> bool:
+def is_plain_call(target: Any) -> bool:
+    """Whether a call target is Python arithmetic on sizes or tuple indexing, which
+    a retrace reproduces unchanged."""
     module = getattr(target, "__module__", None)
     return module in ("_operator", "operator", "math", "builtins") or target in _SYM_FUNCTIONS
 
@@ -335,7 +358,7 @@ def unsafe_reason(ep: ExportedProgram, tables: Tables) -> str | None:
             return "effect tokens"
         if out.kind != OutputKind.USER_OUTPUT:
             return f"a mutation output ({out.kind.name.lower()} {out.target})"
-    if any(isinstance(k, torch._ops.OpOverloadPacket) for k in tables.python):
+    if any(_program.is_op_packet(k) for k in tables.python):
         return "the table has an operator packet key"
     for node in ep.graph.nodes:
         if node.op in ("get_attr", "call_module"):
@@ -352,14 +375,14 @@ def unsafe_reason(ep: ExportedProgram, tables: Tables) -> str | None:
         if node.op != "call_function":
             continue
         target = node.target
-        if isinstance(target, torch._ops.OpOverload):
-            if target._schema.is_mutable:
+        if _program.is_op_overload(target):
+            if _program.is_mutable_op(target):
                 return f"a mutating op ({target} at {node.name})"
             if target.namespace != "aten":
                 return f"a non-ATen op ({target} at {node.name})"
-        elif isinstance(target, torch._ops.HigherOrderOperator):
+        elif _program.is_higher_order(target):
             return f"a higher-order op ({target.name()} at {node.name})"
-        elif not _plain(target):
+        elif not is_plain_call(target):
             return f"an unknown call target ({target!r} at {node.name})"
         if "val" not in node.meta:
             return f"node {node.name} carries no value"
@@ -396,7 +419,8 @@ def normalize(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[A
     """``(args, kwargs)`` the way the dispatcher passes them to a Python mode:
     positional arguments up to the last one that is not its default, keyword-only
     arguments only where they are not their default."""
-    schema = op._schema
+    schema = _program.op_schema(op)
+    assert schema is not None  # only operator overloads are normalized
     bound: list[Any] = []
     params = schema.arguments
     missing = object()
@@ -619,12 +643,12 @@ def _trace(
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             raise Fallback(f"the decomposition of {op} creates constants")
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            if node.target._schema.is_mutable:
+        if node.op == "call_function" and _program.is_op_overload(node.target):
+            if _program.is_mutable_op(node.target):
                 raise Fallback(f"the decomposition of {op} leaves a mutating op")
             if rewrites(node.target, tables):
                 raise Fallback(f"the decomposition of {op} leaves {node.target} behind")
-        elif node.op == "call_function" and not _plain(node.target):
+        elif node.op == "call_function" and not is_plain_call(node.target):
             raise Fallback(f"the decomposition of {op} calls {node.target!r}")
     return _Template(gm.graph, len(inputs), *_split_meta(gm.graph))
 
@@ -740,7 +764,7 @@ class _Builder:
 
     def copy(self, node: torch.fx.Node) -> None:
         target = node.target
-        if isinstance(target, torch._ops.OpOverload) and target not in _SIZE_OPS:
+        if _program.is_op_overload(target) and target not in _SIZE_OPS:
             # The retrace names each node after its operator, as make_fx does.
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.env.__getitem__)
             new = self.graph.create_node(
@@ -758,7 +782,7 @@ class _Builder:
                 else:
                     new.meta.pop("original_aten", None)
         if node.op == "call_function":
-            if isinstance(node.target, torch._ops.OpOverload):
+            if _program.is_op_overload(node.target):
                 new.args, new.kwargs = normalize(node.target, new.args, dict(new.kwargs))
                 if node.target in _SIZE_OPS:
                     new.meta.pop("original_aten", None)  # the retrace records none
@@ -777,10 +801,7 @@ class _Builder:
             if new.name != node.name:
                 # fx renames names that shadow builtins (``input``); the signature
                 # names the placeholders as export made them.
-                namespace = self.graph._graph_namespace
-                new.name = node.name
-                namespace._obj_to_name[new] = node.name
-                namespace._used_names.add(node.name)
+                _program.keep_node_name(self.graph, new, node.name)
             v = node.meta.get("val")
             if isinstance(v, torch.SymInt):
                 expr = self._expr(v)
@@ -876,10 +897,7 @@ def decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int
 
 
 def _decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int]:
-    from torch.export.exported_program import (
-        _get_updated_module_call_graph,
-        _get_updated_range_constraints,
-    )
+    from torch.export.exported_program import _get_updated_module_call_graph
 
     reason = unsafe_reason(ep, tables)
     if reason is not None:
@@ -902,17 +920,13 @@ def _decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, in
                 # The decomposed producer returned a tuple: index it directly.
                 builder.env[node] = builder.env[src][node.args[1]]
                 continue
-        if (
-            node.op == "call_function"
-            and isinstance(node.target, torch._ops.OpOverload)
-            and rewrites(node.target, tables)
-        ):
+        if splices(node, tables):
             builder.splice(node)
             continue
         builder.copy(node)
     graph = builder.graph
     out_node = graph.output_node()
-    for leaf in pytree.tree_leaves(out_node.args[0]):
+    for leaf in _program.tree_leaves(out_node.args[0]):
         if not isinstance(leaf, torch.fx.Node):
             raise Fallback("an output became a constant")
     graph.eliminate_dead_code()
@@ -924,15 +938,16 @@ def _decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, in
     module_call_graph = _get_updated_module_call_graph(
         ep.graph_module, ep.graph_signature, gm, signature, ep.module_call_graph
     )
-    out = ExportedProgram(
-        root=gm,
-        graph=gm.graph,
-        graph_signature=signature,
-        state_dict=dict(ep.state_dict),
-        range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
-        module_call_graph=copy.deepcopy(module_call_graph),
-        example_inputs=ep.example_inputs,
-        constants=ep.constants,
+    # A retrace's program: a new state_dict over the same tensors, the constants
+    # dict itself, and the ATEN dialect's verifier.
+    out = _program.new_program(
+        ep,
+        gm,
+        signature,
+        dict(ep.state_dict),
+        ep.constants,
+        module_call_graph=module_call_graph,
+        keep_dialect=False,
     )
     return out, builder.decomposed
 
@@ -963,7 +978,7 @@ def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
 
 
 def _signature(old: ExportGraphSignature, gm: torch.fx.GraphModule) -> ExportGraphSignature:
-    outputs = pytree.tree_leaves(gm.graph.output_node().args[0])
+    outputs = _program.tree_leaves(gm.graph.output_node().args[0])
     new_outputs = []
     for spec, node in zip(old.output_specs, outputs, strict=True):
         arg = spec.arg

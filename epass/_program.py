@@ -16,20 +16,29 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
+from torch.utils import _pytree as pytree
 
 __all__ = [
     "PRIVATE_FIELDS",
     "copy_graph_module",
     "export_schema",
+    "is_higher_order",
+    "is_mutable_op",
+    "is_op_overload",
+    "is_op_packet",
+    "is_operator",
+    "keep_node_name",
     "load_pt2",
     "new_program",
     "private_view",
+    "pytree",
     "pytree_type_names",
     "serialized_builtin_targets",
     "copy_meta",
     "set_signature",
     "set_state",
     "shallow_clone",
+    "tree_leaves",
 ]
 
 # Private ExportedProgram attributes epass reads or writes directly. Setting them
@@ -128,12 +137,18 @@ def _keep_node_names(old: torch.fx.Graph, new: torch.fx.Graph) -> None:
     ``input_1``) when a graph is copied, although torch.export created them with those
     names; the signature refers to nodes by name, so the copy must keep them.
     """
-    namespace = new._graph_namespace
     for a, b in zip(old.nodes, new.nodes, strict=True):
         if a.name != b.name:
-            b.name = a.name
-            namespace._obj_to_name[b] = a.name
-            namespace._used_names.add(a.name)
+            keep_node_name(new, b, a.name)
+
+
+def keep_node_name(graph: torch.fx.Graph, node: torch.fx.Node, name: str) -> None:
+    """Name ``node`` of ``graph`` exactly ``name``, which fx's namespace would rename
+    (``input`` becomes ``input_1``), and reserve the name in the namespace."""
+    namespace = graph._graph_namespace
+    node.name = name
+    namespace._obj_to_name[node] = name
+    namespace._used_names.add(name)
 
 
 def private_view(
@@ -166,10 +181,18 @@ def new_program(
     signature: ExportGraphSignature,
     state_dict: dict[str, Any],
     constants: dict[str, Any],
+    *,
+    module_call_graph: Any = None,
+    keep_dialect: bool = True,
 ) -> ExportedProgram:
-    """A new, validated program with ``ep``'s other fields and ``gm`` as its graph.
+    """A new, validated program with ``ep``'s other fields and ``gm`` as its graph:
+    the one place epass calls the ``ExportedProgram`` constructor.
 
-    Callers derive the signature and dicts with ``epass._graph.build_program``.
+    Range constraints are recomputed for ``gm``. ``module_call_graph`` replaces
+    ``ep``'s (copied either way). ``keep_dialect=False`` gives the program torch's
+    default verifier (the ATEN dialect), as ``run_decompositions`` does. Callers
+    derive the signature and dicts with ``epass._graph.build_program`` or, for a
+    decomposed graph, as the retrace does.
     """
     from torch.export.exported_program import _get_updated_range_constraints
 
@@ -179,19 +202,19 @@ def new_program(
         graph_signature=signature,
         state_dict=state_dict,
         range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
-        module_call_graph=copy.deepcopy(ep.module_call_graph),
+        module_call_graph=copy.deepcopy(
+            ep.module_call_graph if module_call_graph is None else module_call_graph
+        ),
         example_inputs=ep.example_inputs,
         constants=constants,
-        verifiers=ep.verifiers,
+        verifiers=ep.verifiers if keep_dialect else None,
     )
 
 
 def tree_leaves(value: Any) -> list[Any]:
     """The leaves of a nested structure of outputs (``torch.utils._pytree``, the
     flattening torch.export itself uses for program inputs and outputs)."""
-    from torch.utils import _pytree
-
-    return list(_pytree.tree_leaves(value))
+    return list(pytree.tree_leaves(value))
 
 
 def tensor_version(value: Any) -> int | None:
@@ -290,45 +313,16 @@ def overload_of(value: Any) -> Any:
     return None
 
 
+def is_higher_order(value: Any) -> bool:
+    """True for a higher-order operator (``torch._ops.HigherOrderOperator``), such as
+    ``torch.ops.higher_order.cond``."""
+    return isinstance(value, torch._ops.HigherOrderOperator)
+
+
 def is_operator(value: Any) -> bool:
     """True for any torch operator object (``torch._ops.OperatorBase``): ATen
     overloads and higher-order operators, the keys of a decomposition table."""
     return isinstance(value, torch._ops.OperatorBase)
-
-
-# --- Decomposition oracle: which ops would run_decompositions rewrite? -------------
-# Decompose.skip_reason and Decompose.merge use these to decide without retracing.
-
-
-def core_aten_post_autograd_ops() -> frozenset[Any]:
-    """The ops that torch's default table decomposes through Python decompositions
-    (the default table minus the CompositeImplicitAutograd ops)."""
-    from torch._decomp import _core_aten_decompositions_post_autograd
-
-    return frozenset(_core_aten_decompositions_post_autograd())
-
-
-def preserved_aten_cia_ops() -> frozenset[Any]:
-    """CompositeImplicitAutograd ATen ops that the default table leaves alone."""
-    from torch.export import decomp_utils
-
-    return frozenset(getattr(decomp_utils, "PRESERVED_ATEN_CIA_OPS", ()))
-
-
-def is_cia_op(op: Any) -> bool:
-    """Whether ``op`` has a CompositeImplicitAutograd kernel (retracing decomposes it
-    unless the table preserves it)."""
-    from torch._export.utils import _is_cia_op
-
-    return bool(_is_cia_op(op))
-
-
-def is_preservable_cia_op(op: Any) -> bool:
-    """Whether export can keep the CompositeImplicitAutograd op ``op`` undecomposed
-    (it must be statically functional); others are always decomposed."""
-    from torch._export.utils import _is_preservable_cia_op
-
-    return bool(_is_preservable_cia_op(op))
 
 
 def is_mutable_op(op: Any) -> bool:
@@ -458,6 +452,4 @@ def serialized_builtin_targets() -> frozenset[str]:
 def pytree_type_names() -> frozenset[str]:
     """The type names a serialized pytree spec may name (``builtins.tuple``...): the
     node types registered with torch's pytree in this process."""
-    from torch.utils import _pytree
-
-    return frozenset(_pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE)
+    return frozenset(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE)

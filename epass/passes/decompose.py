@@ -69,31 +69,6 @@ def _ops(value: Iterable[Any] | Any) -> tuple[Any, ...]:
     return tuple(ops)
 
 
-# Call targets that retracing reproduces unchanged: Python arithmetic on sizes and
-# tuple indexing. Any other non-operator target disables the no-op skip.
-_SYM_FUNCTIONS = frozenset(
-    getattr(torch, name)
-    for name in ("sym_int", "sym_float", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum")
-    if hasattr(torch, name)
-)
-
-
-# Size queries on symbolic shapes: retracing re-emits them as they are.
-_SIZE_OPS = frozenset(
-    (
-        torch.ops.aten.sym_size.int,
-        torch.ops.aten.sym_stride.int,
-        torch.ops.aten.sym_numel.default,
-        torch.ops.aten.sym_storage_offset.default,
-    )
-)
-
-
-def _plain(target: Any) -> bool:
-    module = getattr(target, "__module__", None)
-    return module in ("_operator", "operator", "math", "builtins") or target in _SYM_FUNCTIONS
-
-
 @attrs.frozen
 class DecomposeResult(PassResult):
     """A :class:`PassResult` that also says which path produced the program.
@@ -225,17 +200,19 @@ class Decompose:
     ) -> tuple[ExportedProgram | None, int | None, str | None]:
         """The incremental path's program, or None and the reason it was not taken."""
         try:
-            if self.table is None:
-                tables = _decomp.split_table(None, keep=self.keep)
-            else:
-                tables = _decomp.split_table(self.decomp_table())
-            out, rewritten = _decomp.decompose(ep, tables)
+            out, rewritten = _decomp.decompose(ep, self._tables())
         except _decomp.Fallback as exc:
             return None, None, exc.reason
         except Exception as exc:  # torch's retrace decides, and explains its failure
             text = str(exc).strip().splitlines()
             return None, None, f"{type(exc).__name__}: {text[0] if text else ''}".strip()
         return out, rewritten, None
+
+    def _tables(self) -> _decomp.Tables:
+        """This pass's table, split as ``run_decompositions`` splits it (cached)."""
+        if self.table is None:
+            return _decomp.split_table(None, keep=self.keep)
+        return _decomp.split_table(self.decomp_table())
 
     def _retrace(self, ep: ExportedProgram) -> ExportedProgram:
         # The default table is built by run_decompositions itself, exactly as a bare call.
@@ -266,23 +243,6 @@ class Decompose:
 
     # --- no-op skip -------------------------------------------------------------
 
-    def _rewrites(self, op: Any, kept: frozenset[Any], post_autograd: frozenset[Any]) -> bool:
-        """Whether a retrace with this pass's table would rewrite the operator ``op``."""
-        if op in _SIZE_OPS:
-            return False
-        if _program.is_mutable_op(op):
-            return True  # functionalization replaces it
-        cia = _program.is_cia_op(op)
-        if cia and not _program.is_preservable_cia_op(op):
-            return True  # export always decomposes aliasing/mutating CIA ops
-        if op in kept:
-            return False
-        if self.table is not None:
-            return op in self.table or op.overloadpacket in self.table
-        if op in post_autograd:
-            return True
-        return cia and op not in _program.preserved_aten_cia_ops()
-
     def skip_reason(self, ep: ExportedProgram) -> str | None:
         """A reason when retracing ``ep`` with this table would change nothing.
 
@@ -290,10 +250,10 @@ class Decompose:
         """
         if ep.dialect != "ATEN":
             return None
-        kept = frozenset(self.keep)
-        post_autograd = (
-            _program.core_aten_post_autograd_ops() if self.table is None else frozenset()
-        )
+        try:
+            tables = self._tables()
+        except Exception:  # a table torch cannot split: let the retrace decide
+            return None
         seen: set[Any] = set()
         hops = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
         for graph in _graphs(ep):
@@ -303,9 +263,9 @@ class Decompose:
                 target = node.target
                 seen.add(target)
                 if _program.is_op_overload(target):
-                    if self._rewrites(target, kept, post_autograd):
+                    if _decomp.rewrites(target, tables):  # the engine's own answer
                         return None
-                elif target not in hops and not _plain(target):
+                elif target not in hops and not _decomp.is_plain_call(target):
                     return None  # an unknown callable: let the retrace decide
         table = "the default table" if self.table is None else "its table"
         return f"already ATen and no op in {table} or to decompose ({len(seen)} distinct targets)"
