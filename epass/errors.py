@@ -188,28 +188,41 @@ class VerificationError(PassError):
     """A pass produced a program that fails torch's verifier or epass's state checks."""
 
 
-class StateConflictError(PassError):
+class _StateEntriesError(PassError):
+    """A pass did something forbidden to particular entries of the shared store.
+
+    Attributes:
+        keys: the entries, as ``"state_dict:<key>"`` / ``"constants:<key>"``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        keys: Sequence[str] = (),
+        pass_name: str | None = None,
+        index: int | None = None,
+        step: int | None = None,
+        previous: Sequence[str] = (),
+    ) -> None:
+        self.keys = tuple(keys)
+        super().__init__(message, pass_name=pass_name, index=index, step=step, previous=previous)
+
+
+class StateConflictError(_StateEntriesError):
     """Under the ``strict`` policy, a pass changed the value of existing state keys.
 
     Attributes:
         keys: the changed keys, as ``"state_dict:<key>"`` / ``"constants:<key>"``.
     """
 
-    def __init__(self, message: str, *, keys: Sequence[str] = (), **kwargs: object) -> None:
-        self.keys = tuple(keys)
-        super().__init__(message, **kwargs)  # type: ignore[arg-type]
 
-
-class StateMutationError(PassError):
+class StateMutationError(_StateEntriesError):
     """A pass wrote into a tensor of the shared store in place.
 
     Attributes:
         keys: the mutated entries, as ``"state_dict:<key>"`` / ``"constants:<key>"``.
     """
-
-    def __init__(self, message: str, *, keys: Sequence[str] = (), **kwargs: object) -> None:
-        self.keys = tuple(keys)
-        super().__init__(message, **kwargs)  # type: ignore[arg-type]
 
 
 class InstrumentError(PassError):
