@@ -139,16 +139,8 @@ class _Out:
             print(fmt(row), file=self.stream)
 
 
-def _state_text(record: Any) -> str:
-    if record.skipped:
-        return f"skipped: {record.skip_reason}"
-    if record.link is None:
-        return "unchanged"
-    return str(record.link.summary())
-
-
 def _summary(out: _Out, result: Any) -> None:
-    from epass.records import flatten
+    from epass.records import flatten, state_text
 
     rows = []
     for r in flatten(result.records):
@@ -160,7 +152,7 @@ def _summary(out: _Out, result: Any) -> None:
                 f"{r.seconds:.4f}",
                 f"{r.nodes_before} -> {r.nodes_after}",
                 str(ops) if ops else "",
-                _state_text(r),
+                state_text(r.skipped, r.skip_reason, None if r.link is None else r.link.summary()),
             ]
         )
     out.table(None, ["pass", "step", "seconds", "nodes", "ops", "state"], rows)

@@ -24,6 +24,7 @@ __all__ = [
     "op_delta",
     "op_histogram",
     "op_name",
+    "state_text",
 ]
 
 
@@ -34,6 +35,15 @@ def op_name(target: Any) -> str:
     if name.startswith("<"):  # "<built-in function getitem>"
         name = getattr(target, "__qualname__", name)
     return name
+
+
+def state_text(skipped: bool, skip_reason: str | None, link: str | None) -> str:
+    """A pass's state column, the one rendering every view uses: ``skipped: <why>``,
+    ``unchanged`` (no link: the output is its input), or ``link``, the text of its
+    link report (``user's dicts``, ``user's state_dict, own constants; 2 added``)."""
+    if skipped:
+        return f"skipped: {skip_reason}" if skip_reason else "skipped"
+    return "unchanged" if link is None else link
 
 
 def op_histogram(ep: ExportedProgram) -> collections.Counter[str]:
@@ -192,12 +202,9 @@ class PipelineResult(PassResult):
         """A plain-text table of the records, and a total line."""
         lines = [f"{'pass':<24} {'step':>4} {'seconds':>9} {'nodes':>13}  state"]
         for r in flatten(self.records):
-            if r.skipped:
-                state = f"skipped: {r.skip_reason}"
-            elif r.link is None:
-                state = "unchanged"
-            else:
-                state = r.link.summary()
+            state = state_text(
+                r.skipped, r.skip_reason, None if r.link is None else r.link.summary()
+            )
             nodes = f"{r.nodes_before}->{r.nodes_after}"
             name = "  " * r.depth + r.name
             lines.append(f"{name:<24} {r.step:>4} {r.seconds:>9.4f} {nodes:>13}  {state}")

@@ -48,7 +48,7 @@ from epass.io import atomic_write
 from epass.linker import owners_text
 from epass.manager import PassManager
 from epass.pipeline import PassSpec, format_item
-from epass.records import PassInfo, PassRecord, PipelineResult, count_text, op_name
+from epass.records import PassInfo, PassRecord, PipelineResult, count_text, op_name, state_text
 from epass.registry import format_value, spec_of
 
 __all__ = ["SCHEMA", "VERDICTS", "RunLog", "build_report", "render_html", "verdict", "write_report"]
@@ -326,12 +326,12 @@ def _owners_status(owners: Mapping[str, str], changed: bool) -> tuple[str, str]:
 
 
 def _state_status(p: Mapping[str, Any]) -> tuple[str, str]:
-    """(css class, text) for a pass's state status: whose dicts its output holds."""
-    if p["skipped"]:
-        return "skip", "skipped"
+    """(css class, text) for a pass's state column: whose dicts its output holds
+    (the counts have columns of their own)."""
     link = p["link"]
-    if link is None:
-        return "same", "unchanged"
+    if p["skipped"] or link is None:
+        text = state_text(p["skipped"], p["skip_reason"], None)
+        return ("skip" if p["skipped"] else "same"), text
     changed = any(link[label]["changed"] for label in ("state_dict", "constants"))
     return _owners_status(link.get("owners", {}), changed)
 
@@ -491,8 +491,6 @@ def render_html(report: Mapping[str, Any]) -> str:
     ]
     for i, p in enumerate(everything):
         cls, text = _state_status(p)
-        if p["skipped"] and p["skip_reason"]:
-            text += f": {p['skip_reason']}"
         name = (
             "&nbsp;&nbsp;" * p["depth"] + f'<a href="#pass-{i}">{_esc(p["spec"] or p["name"])}</a>'
         )

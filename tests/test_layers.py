@@ -291,3 +291,40 @@ def test_report_fills_memory_from_memory_accounting() -> None:
         assert entry["memory"]["bytes"] == measured.bytes
         assert entry["memory"]["new_bytes"] == measured.new_bytes
     assert build_report(result, manager=pm)["passes"][0]["memory"] is None
+
+
+def test_one_state_text_for_the_summary_the_command_line_and_the_report() -> None:
+    import io
+    from html import escape
+
+    from epass.cli import _Out, _summary
+    from epass.records import flatten, state_text
+    from epass.report import render_html
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("buf", torch.ones(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.buf * 2  # type: ignore[no-any-return]
+
+    ep = torch.export.export(Scaled(), (torch.ones(4),))
+    aten_ep = PassManager([Decompose()]).run(ep)
+    # skipped (already ATen), linked (a folded constant: own constants), unchanged
+    pm = PassManager([Decompose(), ConstantFold(), lambda view: view])
+    result = pm(aten_ep)
+    rows = list(flatten(result.records))
+    assert [r.skipped for r in rows] == [True, False, False]
+    texts = [state_text(r.skipped, r.skip_reason, r.link and r.link.summary()) for r in rows]
+    assert texts[0].startswith("skipped: already ATen")
+    assert "own constants" in texts[1]
+    stream = io.StringIO()
+    _summary(_Out(plain=True, stream=stream), result)
+    html = render_html(build_report(result, manager=pm))
+    for text in texts:
+        assert text in result.summary()
+        assert text in stream.getvalue()
+    # The report gives the counts columns of their own; the rest of the text is the same.
+    assert escape(texts[0]) in html
+    assert escape(texts[1].split(";")[0]) in html
