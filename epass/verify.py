@@ -21,7 +21,6 @@ __all__ = [
     "verify_program",
 ]
 
-_STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 _MUTATION_KINDS = tuple(
     k for k in OutputKind if k.name in ("BUFFER_MUTATION", "PARAMETER_MUTATION")
 )
@@ -58,14 +57,10 @@ def state_problems(ep: ExportedProgram) -> list[str]:
 def _value_problems(ep: ExportedProgram) -> list[str]:
     """Each state tensor whose dtype, rank, static sizes or device disagree with its
     placeholder's ``meta["val"]``."""
-    nodes: dict[str, torch.fx.Node] = {}
-    for node in ep.graph.nodes:
-        if node.op != "placeholder":
-            break
-        nodes[node.name] = node
+    nodes = {node.name: node for node in _graph.placeholders(ep.graph_module)}
     problems: list[str] = []
     for spec in ep.graph_signature.input_specs:
-        if spec.kind not in _STATE_KINDS or spec.target is None:
+        if spec.kind not in _graph.STATE_KINDS or spec.target is None:
             continue
         name = getattr(spec.arg, "name", None)
         node = nodes.get(name) if isinstance(name, str) else None
@@ -99,7 +94,7 @@ def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
     state = {
         s.arg.name: s.target
         for s in ep.graph_signature.input_specs
-        if s.kind in _STATE_KINDS and s.target is not None and hasattr(s.arg, "name")
+        if s.kind in _graph.STATE_KINDS and s.target is not None and hasattr(s.arg, "name")
     }
     declared = {
         str(s.target)

@@ -94,6 +94,10 @@ def test_exported_program_constructor_keywords_are_unchanged():
 def test_range_constraint_helper_exists():
     from torch.export.exported_program import _get_updated_range_constraints
 
+    assert list(inspect.signature(_get_updated_range_constraints).parameters)[:2] == [
+        "gm",
+        "old_range_constraints",
+    ]
     _, ep, _ = models.export("mlp", dynamic=True)
     assert _get_updated_range_constraints(ep.graph_module, ep.range_constraints)
 
