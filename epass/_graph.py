@@ -1,5 +1,6 @@
 """The graph toolkit: copy a graph, rebuild a program from a graph (the one rule),
-lift tensor attributes to constants, and the helpers the built-in passes share."""
+the one walk for which nodes write in place into which tensors, lift tensor
+attributes to constants, and the helpers the built-in passes share."""
 
 from __future__ import annotations
 
