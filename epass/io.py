@@ -11,8 +11,10 @@ import collections
 import contextlib
 import importlib
 import os
+import stat
 import sys
 import tempfile
+import threading
 import typing
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -276,10 +278,35 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, p)
+        old = _hold(p)
+        try:
+            os.replace(tmp, p)
+        finally:
+            if old is not None:
+                threading.Thread(
+                    target=os.close, args=(old,), name="epass-release", daemon=True
+                ).start()
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _hold(p: Path) -> int | None:
+    """A descriptor of the regular file the rename will replace, or None.
+
+    Freeing a replaced file's blocks takes the rename a tenth of a second per
+    200 MB (ext4); holding it open moves that work to the last close, which a
+    thread makes once the new file is in place.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(p, flags)  # a symlink is not followed: the rename replaces the link
+    except OSError:
+        return None
+    if stat.S_ISREG(os.fstat(fd).st_mode) and os.fstat(fd).st_size >= 1 << 24:
+        return fd
+    os.close(fd)
+    return None
 
 
 def save(

@@ -728,6 +728,24 @@ def test_output_symlink_is_replaced_not_followed(where: str, tmp_path: Path) -> 
         shutil.rmtree(elsewhere)
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="lists descriptors in /proc")
+def test_saving_over_a_large_file_replaces_it_and_keeps_no_descriptor(tmp_path: Path) -> None:
+    """The replaced file is held open across the rename and closed by a thread: the
+    close must happen, and the new file is in place when save returns."""
+    target = tmp_path / "big.pt2"
+    target.write_bytes(b"old" * (1 << 23))  # 24 MiB: large enough to be held
+    ep = torch.export.export(Small(), (torch.randn(3, 4),))
+    before = len(os.listdir("/proc/self/fd"))
+    with open(target, "rb") as reader:  # a reader of the old file keeps reading it
+        epass.save(ep, target)
+        assert reader.read(3) == b"old"
+    assert zipfile.is_zipfile(target)
+    for thread in threading.enumerate():
+        if thread.name == "epass-release":
+            thread.join()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_save_checks_the_path_first(tmp_path: Path) -> None:
     ep = torch.export.export(Small(), (torch.randn(3, 4),))
     with pytest.raises(SaveError, match=r"must end in \.pt2"):
