@@ -667,7 +667,7 @@ def main() -> None:
         return
     quick = args.quick
     if args.only == "io":
-        rows = bench_io(repeats=3 if quick else 7, layers=4 if quick else 12)
+        rows = bench_io(repeats=3 if quick else 11, layers=4 if quick else 12)
         rows += bench_end_to_end(repeats=2 if quick else 5, layers=2 if quick else 12)
         print_table(rows)
         return
@@ -679,7 +679,7 @@ def main() -> None:
     rows += bench_overhead(repeats=2 if quick else 5)
     rows += bench_guards(repeats=5 if quick else 20)
     rows += bench_memory(layers=4 if quick else 16, width=4096)
-    rows += bench_io(repeats=3 if quick else 7, layers=4 if quick else 12)
+    rows += bench_io(repeats=3 if quick else 11, layers=4 if quick else 12)
     rows += bench_end_to_end(repeats=2 if quick else 5, layers=2 if quick else 12)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU-time medians")
     print_table(rows)

@@ -129,7 +129,7 @@ class Progress(Instrument):
     def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
         if self._progress is None:
             return
-        if info.step and info.index == 0:  # another round of the pipeline holding it
+        if info.step and info.index == 0 and info.manager is not None:  # another round
             self._total += _leaves(info.manager)
         step = f" (step {info.step + 1})" if info.step else ""
         self._progress.update(
