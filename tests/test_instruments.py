@@ -472,6 +472,24 @@ def test_progress_counts_a_skipped_nested_pipeline_whole() -> None:
     assert any("2/3" in line for line in _shown(console))
 
 
+def test_progress_total_grows_by_a_round_when_a_pipeline_repeats() -> None:
+    _, ep, _ = export_residual()
+    console = _console(terminal=True)
+    progress = Progress(console, transient=False)
+    manager = PassManager.from_text("cse, dce")
+    progress.before_pipeline(manager, ep)
+    for step in (0, 1):
+        for index, p in enumerate(manager.passes):
+            info = epass.PassInfo(p, p.name, index, step, manager=manager)
+            progress.before_pass(info, ep)
+            progress.after_pass(info, ep, None)  # type: ignore[arg-type]
+    progress.after_pipeline(manager, None)  # type: ignore[arg-type]
+    shown = _shown(console)
+    assert any("0/2 cse" in line for line in shown)
+    assert any("2/4 cse (step 2)" in line for line in shown)
+    assert "4/4" in shown[-1]
+
+
 def test_spinner_shows_each_phase_on_a_terminal_only(tmp_path: Any) -> None:
     from epass.instruments import Spinner
 
