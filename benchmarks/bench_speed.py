@@ -1,6 +1,7 @@
 """Every performance figure in one table: start-up of the command and the import, the
 core figures (bench_core.py), the no-op skip, coalescing, pipeline overhead on the
-zoo, and peak memory on a ~1 GB model.
+zoo, peak memory on a ~1 GB model, load and save of a 200 MB file, and ``epass run``
+end to end against the same work in a torch script.
 
 Run from the repository root: ``python benchmarks/bench_speed.py [--quick]``.
 All values are ratios (or microseconds, where marked) measured side by side in one run.
@@ -426,6 +427,168 @@ def bench_start(repeats: int) -> list[Row]:
     ]  # fmt: skip
 
 
+def _wall_interleaved(
+    fns: dict[str, Callable[[], Any]], repeats: int, before: Callable[[], Any] = lambda: None
+) -> dict[str, list[float]]:
+    """Wall-clock times, alternating A B A B: loads and saves wait on the disk, which
+    this process's CPU time does not see. ``before`` runs, untimed, before each call."""
+    for fn in fns.values():
+        fn()  # warm-up: page cache, imports
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            before()
+            start = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - start)
+    return times
+
+
+def bench_io(repeats: int, layers: int) -> list[Row]:
+    """``epass.load`` (screened) and ``epass.save`` (atomic) against torch's, on an MLP
+    of ``layers`` 2048-wide fp32 layers (12: a 200 MB file). Saves write a new file,
+    then over a file already on disk (synced first): the old file's blocks are freed
+    either way, by torch's truncation or by the rename over it."""
+    import tempfile
+
+    import epass
+
+    torch.manual_seed(0)
+    model = Wide(layers, 2048)
+    ep = torch.export.export(model, (torch.randn(2, 2048),))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "wide.pt2"
+        torch.export.save(ep, path)
+        mb = path.stat().st_size / 1e6
+        loads = _wall_interleaved(
+            {"torch": lambda: torch.export.load(path), "epass": lambda: epass.load(path)},
+            repeats,
+        )
+        targets = {"torch": Path(tmp) / "t.pt2", "epass": Path(tmp) / "e.pt2"}
+        savers = {
+            "torch": lambda: torch.export.save(ep, targets["torch"]),
+            "epass": lambda: epass.save(ep, targets["epass"]),
+        }
+
+        def remove() -> None:
+            for target in targets.values():
+                target.unlink(missing_ok=True)
+
+        fresh = _wall_interleaved(savers, repeats, before=remove)
+        over = _wall_interleaved(savers, repeats, before=os.sync)
+    load = {k: statistics.median(v) for k, v in loads.items()}
+    save = {k: statistics.median(v) for k, v in fresh.items()}
+    over_s = {k: statistics.median(v) for k, v in over.items()}
+    return [
+        (f"epass.load / torch.export.load, {mb:.0f} MB (wall)", load["epass"] / load["torch"],
+         1.5, f"{load['epass']:.3f}s / {load['torch']:.3f}s; screened, read once"),
+        (f"epass.save / torch.export.save, {mb:.0f} MB, new file (wall)",
+         save["epass"] / save["torch"], 1.1,
+         f"{save['epass']:.3f}s / {save['torch']:.3f}s; atomic: a temporary file, renamed"),
+        (f"epass.save / torch.export.save, {mb:.0f} MB, over a file on disk (wall)",
+         over_s["epass"] / over_s["torch"], 1.1,
+         f"{over_s['epass']:.3f}s / {over_s['torch']:.3f}s"),
+    ]  # fmt: skip
+
+
+_TORCH_SCRIPT = """\
+import sys, torch
+ep = torch.export.load(sys.argv[1])
+ep = ep.run_decompositions()
+torch.export.save(ep, sys.argv[2])
+"""
+
+# What `epass run -p lower -o` does, phase by phase, timed through the progress hook.
+_PHASES_SCRIPT = """\
+import json, sys, time
+marks = [("import", time.perf_counter())]
+import epass
+from epass.passes import presets
+def mark(text):
+    marks.append((text.split()[0], time.perf_counter()))
+ep = epass.load(sys.argv[1], progress=mark)
+mark("passes")
+out = presets.lower().run(ep)
+epass.save(out, sys.argv[2], progress=mark)
+mark("end")
+print(json.dumps({a: b - t for (a, t), (_, b) in zip(marks, marks[1:])}))
+"""
+
+_TORCH_PHASES_SCRIPT = """\
+import json, sys, time
+marks = [("import", time.perf_counter())]
+import torch
+marks.append(("load", time.perf_counter()))
+ep = torch.export.load(sys.argv[1])
+marks.append(("run_decompositions", time.perf_counter()))
+ep = ep.run_decompositions()
+marks.append(("save", time.perf_counter()))
+torch.export.save(ep, sys.argv[2])
+marks.append(("end", time.perf_counter()))
+print(json.dumps({a: b - t for (a, t), (_, b) in zip(marks, marks[1:])}))
+"""
+
+
+def bench_end_to_end(repeats: int, layers: int) -> list[Row]:
+    """``epass run -p lower -o`` against a torch script doing load, run_decompositions,
+    save: fresh processes, wall clock, each epass run with an empty decomposition
+    cache (``EPASS_CACHE_DIR`` a new empty folder); a separate run times the phases."""
+    import shutil
+    import tempfile
+
+    torch.manual_seed(0)
+    ep = torch.export.export(bench_core.encoder(layers), (torch.randn(2, 16, 256),))
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "enc.pt2", Path(tmp) / "out.pt2"
+        torch.export.save(ep, src)
+        script = Path(tmp) / "lower.py"
+        script.write_text(_TORCH_SCRIPT)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "EPASS_PLAIN": "1"}
+        times: dict[str, list[float]] = {"torch": [], "epass": []}
+
+        cache = Path(tmp) / "cache"
+
+        def run(argv: list[str]) -> float:
+            shutil.rmtree(cache, ignore_errors=True)
+            cache.mkdir()  # empty for every run
+            start = time.perf_counter()
+            subprocess.run([sys.executable, *argv], env={**env, "EPASS_CACHE_DIR": str(cache)},
+                           cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)  # fmt: skip
+            return time.perf_counter() - start
+
+        argv = {
+            "torch": [str(script), str(src), str(out)],
+            "epass": ["-m", "epass", "run", str(src), "-p", "lower", "-o", str(out)],
+        }
+        for round_ in range(repeats + 1):  # the first round warms the page cache
+            for key, command in argv.items():
+                seconds = run(command)
+                if round_:
+                    times[key].append(seconds)
+        notes = {}
+        for key, text in (("epass", _PHASES_SCRIPT), ("torch", _TORCH_PHASES_SCRIPT)):
+            shutil.rmtree(cache)
+            cache.mkdir()
+            phases_script = Path(tmp) / f"phases_{key}.py"
+            phases_script.write_text(text)
+            done = subprocess.run(
+                [sys.executable, str(phases_script), str(src), str(out)],
+                env={**env, "EPASS_CACHE_DIR": str(cache)}, cwd=ROOT, check=True,
+                capture_output=True, text=True,
+            )  # fmt: skip
+            phases = json.loads(done.stdout.strip().splitlines()[-1])
+            notes[key] = ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+    median = {k: statistics.median(v) for k, v in times.items()}
+    return [
+        (f"epass run -p lower -o / torch load+run_decompositions+save ({layers}-layer encoder, "
+         "cold, empty cache)", median["epass"] / median["torch"], 1.0,
+         f"{median['epass']:.2f}s / {median['torch']:.2f}s"),
+        ("  phases (s), one cold process each", 0.0, 1.0,
+         f"epass: {notes['epass']}; torch: {notes['torch']}"),
+    ]  # fmt: skip
+
+
 def bench_guards(repeats: int) -> list[Row]:
     """What the edge guarantees cost: the before-pass snapshot that tells whether a
     pass edited its view in place, the nested node-meta copy in every graph copy,
@@ -496,12 +659,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller models")
     parser.add_argument("--rss-child", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=["io"], help="only the load, save and end-to-end rows")
     args = parser.parse_args()
     torch.set_num_threads(1)  # tracing is Python-bound; idle OpenMP threads only add noise
     if args.rss_child:
         rss_child(*args.rss_child)
         return
     quick = args.quick
+    if args.only == "io":
+        rows = bench_io(repeats=3 if quick else 11, layers=4 if quick else 12)
+        rows += bench_end_to_end(repeats=2 if quick else 5, layers=2 if quick else 12)
+        print_table(rows)
+        return
     rows = bench_start(repeats=3 if quick else 7)
     rows += bench_core.core_rows(quick)
     rows += bench_skip(repeats=3 if quick else 7)
@@ -510,6 +679,8 @@ def main() -> None:
     rows += bench_overhead(repeats=2 if quick else 5)
     rows += bench_guards(repeats=5 if quick else 20)
     rows += bench_memory(layers=4 if quick else 16, width=4096)
+    rows += bench_io(repeats=3 if quick else 11, layers=4 if quick else 12)
+    rows += bench_end_to_end(repeats=2 if quick else 5, layers=2 if quick else 12)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU-time medians")
     print_table(rows)
 

@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 
 __all__ = [
     "PRIVATE_FIELDS",
+    "archive_records",
     "copy_graph_module",
     "export_schema",
     "is_higher_order",
@@ -422,6 +423,20 @@ def load_pt2(f: Any, *, trust: bool = False) -> ExportedProgram:
     if "model" not in programs:
         raise ValueError(f"the archive holds no 'model' program (found {sorted(programs)})")
     return programs["model"]
+
+
+def archive_records(f: Any) -> dict[str, tuple[int, int]]:
+    """Every member torch's zip reader finds in an archive, below its root folder:
+    name -> (offset of its data in the file, size), as torch's loader will read it.
+
+    The offset comes from the member's local header, read as torch reads it before
+    the data (``get_record_offset``); the public ``PT2ArchiveReader`` gives names only.
+    """
+    reader = torch._C.PyTorchFileReader(f)
+    return {
+        name: (reader.get_record_offset(name), reader.get_record_size(name))
+        for name in reader.get_all_records()
+    }
 
 
 # --- the serialization schema (used by the typed screen of untrusted archives) ------

@@ -4,9 +4,11 @@ every string of ``models/model.json`` by the role of its field in torch's schema
 from __future__ import annotations
 
 import ast
+import bisect
 import contextlib
 import dataclasses
 import enum
+import errno
 import functools
 import io
 import json
@@ -14,6 +16,8 @@ import keyword
 import os
 import re
 import shutil
+import stat
+import struct
 import tempfile
 import types
 import typing
@@ -26,7 +30,7 @@ import attrs
 import torch
 
 from epass import _program
-from epass.errors import LoadError, UnsafeArchiveError
+from epass.errors import EpassError, LoadError, UnsafeArchiveError
 
 __all__ = [
     "ALLOWLIST",
@@ -35,8 +39,10 @@ __all__ = [
     "ROLES",
     "Role",
     "TRUST_ONLY",
+    "ReadOnce",
     "first_line",
     "private_copy",
+    "readers_agree",
     "screen",
     "screen_program",
 ]
@@ -973,9 +979,10 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
     ``models/model.json`` is walked with torch's schema (:func:`screen_program`):
     every string is checked by the role of its field (:data:`ROLES`).
 
-    This checks the members as Python's zip reader finds them; torch's reader can
-    find others in the same file. ``epass.load`` therefore screens and loads one
-    private copy: screen a file only to report on it, and load it with ``load``.
+    This checks the members as Python's zip reader finds them, and that torch's
+    reader finds the same ones in the same places. A file can change between two
+    reads, so ``epass.load`` screens and loads one :class:`ReadOnce` view (or a
+    private copy): screen a file only to report on it, and load it with ``load``.
 
     Args:
         file: the archive, open for reading in binary mode (seekable).
@@ -993,26 +1000,181 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
         raise _unsafe(name, refused) from None
     except zipfile.BadZipFile as exc:
         raise LoadError(f"{name}: not a .pt2 archive ({exc})", path=name) from exc
-    from torch.export.pt2_archive import PT2ArchiveReader
-
-    file.seek(0)
-    # torch's own zip reader must see exactly the members screened above.
+    # torch's own zip reader must find exactly the members screened above, each at
+    # the place Python's reader found it: then every byte torch reads of a member is
+    # a byte screened as that member.
     try:
-        seen = set(PT2ArchiveReader(file).get_file_names())  # type: ignore[arg-type]
-    except Exception as exc:
-        raise LoadError(f"{name}: torch cannot read the archive ({first_line(exc)})") from exc
-    finally:
-        file.seek(0)
-    with zipfile.ZipFile(file) as archive:
-        expected = {i.filename.split("/", 1)[1] for i in archive.infolist()}
-    file.seek(0)
-    if seen != expected:
-        odd = sorted(seen ^ expected)[0]
+        odd = _disagreement(file, name)
+    except _Refuse as refused:
+        raise _unsafe(name, refused) from None
+    if odd is not None:
         raise UnsafeArchiveError(
             f"{name}: refused member {odd!r}: torch's zip reader and Python's disagree",
             path=name,
             member=odd,
         )
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then name and extra lengths
+
+
+def _data_span(file: IO[bytes], info: zipfile.ZipInfo) -> tuple[int, int]:
+    """Where Python's zip reader reads ``info``'s data: (offset, size), after the
+    member's local header, as ``ZipFile.open`` finds it."""
+    file.seek(info.header_offset)
+    signature, name_length, extra_length = _LOCAL_HEADER.unpack(
+        file.read(_LOCAL_HEADER.size).ljust(_LOCAL_HEADER.size, b"\0")
+    )
+    if signature != b"PK\x03\x04":
+        raise _Refuse(info.filename, "no local header where the central directory says")
+    offset = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    return offset, info.file_size
+
+
+def _disagreement(file: IO[bytes], name: str) -> str | None:
+    """The first member torch's zip reader and Python's find differently (a name only
+    one finds, or data at another place or of another size), or None.
+
+    Raises:
+        LoadError: torch's reader cannot read the archive.
+        _Refuse: a member has no local header.
+    """
+    file.seek(0)
+    try:
+        theirs = _program.archive_records(file)
+    except Exception as exc:
+        raise LoadError(f"{name}: torch cannot read the archive ({first_line(exc)})") from exc
+    finally:
+        file.seek(0)
+    with zipfile.ZipFile(file) as archive:
+        ours = {i.filename.split("/", 1)[1]: _data_span(file, i) for i in archive.infolist()}
+    file.seek(0)
+    odd = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
+    return odd[0] if odd else None
+
+
+def readers_agree(file: IO[bytes]) -> bool:
+    """Whether torch's zip reader and Python's find the same members at the same
+    places in ``file``, whose members pass the checks all members must pass (so
+    that torch's reader only ever parses an archive Python's reader accepted)."""
+    try:
+        size = _zip_size(file, "<archive>")
+        with zipfile.ZipFile(file) as archive:
+            _check_zip_entries(archive.infolist(), size, "<archive>")
+        return _disagreement(file, "<archive>") is None
+    except (EpassError, _Refuse, zipfile.BadZipFile, OSError, EOFError):
+        return False
+    finally:
+        file.seek(0)
+
+
+class ReadOnce(io.RawIOBase):
+    """A read-only view of an open regular file in which each byte, once read, stays
+    what it was: a later read of it returns the bytes already read, whatever the file
+    holds by then.
+
+    Screening a view and then loading the same view gives torch a file the screen
+    accepted, without a copy: the screen's verdict rests only on the bytes it read
+    (the zip directories, local headers, and every member but raw tensor data), and
+    torch's reads of those bytes return what the screen read. After :meth:`seal`,
+    bytes no read has touched yet inside the data of a raw tensor member
+    (``weight_N`` / ``tensor_N``) are read straight into torch's buffer and not kept:
+    torch views them as numbers with a dtype, whatever they hold. Every other byte
+    read is kept, so the view costs the memory of what was screened, not of the file.
+    """
+
+    def __init__(self, file: IO[bytes]) -> None:
+        super().__init__()
+        self._file = file  # holds the descriptor open
+        self._fd = file.fileno()
+        self._size = os.fstat(self._fd).st_size
+        self._pos = 0
+        self._starts: list[int] = []  # kept bytes: sorted, disjoint chunks
+        self._chunks: list[bytes] = []
+        self._raw: list[tuple[int, int]] = []  # sorted (start, end) of raw tensor data
+        self.name = getattr(file, "name", "<archive>")
+
+    @staticmethod
+    def usable(file: IO[bytes]) -> bool:
+        """Whether ``file`` is a regular file that positioned reads work on."""
+        try:
+            return hasattr(os, "preadv") and stat.S_ISREG(os.fstat(file.fileno()).st_mode)
+        except (OSError, AttributeError, io.UnsupportedOperation):
+            return False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        if base + offset < 0:  # as a file says it (zipfile probes with such seeks)
+            raise OSError(errno.EINVAL, f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readall(self) -> bytes:
+        return self.read(max(0, self._size - self._pos))
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), self._size - self._pos))
+        self._fill(self._pos, out[:n])
+        self._pos += n
+        return n
+
+    def seal(self) -> None:
+        """Mark the screen done: raw tensor data is read straight through from now on."""
+        raw = []
+        file = typing.cast(IO[bytes], self)
+        with zipfile.ZipFile(file) as archive:
+            for info in archive.infolist():
+                if _kind(info.filename.split("/", 1)[1]) == "tensor" and info.file_size:
+                    start, size = _data_span(file, info)
+                    raw.append((start, start + size))
+        self._raw = sorted(raw)
+        self.seek(0)
+
+    def _is_raw(self, start: int, end: int) -> bool:
+        i = bisect.bisect_right(self._raw, (start, float("inf"))) - 1
+        return i >= 0 and self._raw[i][0] <= start and end <= self._raw[i][1]
+
+    def _fill(self, start: int, out: memoryview) -> None:
+        end = start + len(out)
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        pos, kept = start, []
+        while pos < end:
+            if i < len(self._starts) and self._starts[i] + len(self._chunks[i]) <= pos:
+                i += 1  # a chunk wholly before pos
+                continue
+            if i < len(self._starts) and self._starts[i] <= pos:
+                chunk, first = self._chunks[i], self._starts[i]
+                stop = min(end, first + len(chunk))
+                out[pos - start : stop - start] = chunk[pos - first : stop - first]
+                pos, i = stop, i + 1
+                continue
+            stop = min(end, self._starts[i]) if i < len(self._starts) else end
+            self._pread(pos, out[pos - start : stop - start])
+            if not self._is_raw(pos, stop):
+                kept.append((pos, bytes(out[pos - start : stop - start])))
+            pos = stop
+        for first, chunk in kept:
+            at = bisect.bisect_left(self._starts, first)
+            self._starts.insert(at, first)
+            self._chunks.insert(at, chunk)
+
+    def _pread(self, offset: int, out: memoryview) -> None:
+        done = 0
+        while done < len(out):
+            n = os.preadv(self._fd, [out[done:]], offset + done)
+            if n == 0:
+                raise OSError(f"the file got shorter while it was read ({self.name})")
+            done += n
 
 
 def _check_program_archive(infos: Sequence[zipfile.ZipInfo], name: str) -> None:

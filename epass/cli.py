@@ -166,10 +166,21 @@ def _human(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def _spinner(args: argparse.Namespace) -> Any:
+    """A spinner for loading, screening and saving (a ``progress`` callable); None
+    with ``--plain`` or when stderr is not a terminal."""
+    if args.plain or not sys.stderr.isatty():
+        return contextlib.nullcontext(None)
+    from epass.instruments import Spinner
+
+    return Spinner()
+
+
 def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     from epass import io
 
-    ep = io.load(args.input, trust=args.trust, imports=args.imports)
+    with _spinner(args) as spinner:
+        ep = io.load(args.input, trust=args.trust, imports=args.imports, progress=spinner)
     info = io.inspect(ep)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -348,7 +359,8 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     io.import_modules(args.imports)  # they may register passes as well as ops
     pm = _build_manager(args.pipeline, args.steps)
     io.import_modules(io.declared_imports(pm.passes))
-    ep = io.load(args.input, trust=args.trust)
+    with _spinner(args) as spinner:
+        ep = io.load(args.input, trust=args.trust, progress=spinner)
     check = _numerics_check(args, ep) if args.check_numerics else None
     reproducer = Reproducer(args.repro_dir, imports=args.imports) if args.repro_dir else None
     for instrument in (check, reproducer):
@@ -433,7 +445,8 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
         if check.first_drift is not None:
             out.line(f"numerics: first drifting pass: {check.first_drift}")
     if output is not None and not failed:
-        pruned = io.save(prog, output)
+        with _spinner(args) as spinner:
+            pruned = io.save(prog, output, progress=spinner)
         note = f" (pruned {len(pruned)} unreferenced state entries)" if pruned else ""
         out.line(f"wrote {args.output}{note}")
     if report_path is not None:

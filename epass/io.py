@@ -1,7 +1,8 @@
 """Load, save, prune and inspect ``.pt2`` files; untrusted archives are screened first.
 
-``load`` screens a private copy (``epass._screen``: members against :data:`ALLOWLIST`,
-``models/model.json`` field by field against torch's schema) and loads that copy.
+``load`` screens the file (``epass._screen``: members against :data:`ALLOWLIST`,
+``models/model.json`` field by field against torch's schema) through a view in which
+every byte read stays as it was read, and hands torch that same view.
 """
 
 from __future__ import annotations
@@ -10,17 +11,20 @@ import collections
 import contextlib
 import importlib
 import os
+import stat
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+import typing
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch.export import ExportedProgram
 
 from epass import _program
-from epass._screen import ALLOWLIST, screen
+from epass._screen import ALLOWLIST, ReadOnce, readers_agree, screen
 from epass._screen import first_line as _first_line
 from epass._screen import private_copy as _private_copy
 from epass.errors import ArgumentTypeError, LoadError, SaveError
@@ -28,6 +32,7 @@ from epass.records import op_histogram
 
 __all__ = [
     "ALLOWLIST",
+    "ProgressCallback",
     "atomic_write",
     "check_output_path",
     "declared_imports",
@@ -112,14 +117,34 @@ def declared_imports(passes: Iterable[Any]) -> list[str]:
     return found
 
 
+ProgressCallback = Callable[[str], object]
+"""A callable told, with a short text, when each phase of a load or save starts
+(``"screening model.pt2 (77 MB)"``); ``epass.instruments.Spinner`` is one."""
+
+
+def _size_text(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}"
+        n /= 1000
+    return f"{n:.0f} GB"  # pragma: no cover (the loop returns)
+
+
 def load(
-    path: str | os.PathLike[str], *, trust: bool = False, imports: Sequence[str] = ()
+    path: str | os.PathLike[str],
+    *,
+    trust: bool = False,
+    imports: Sequence[str] = (),
+    progress: ProgressCallback | None = None,
 ) -> ExportedProgram:
     """Load a program saved with ``torch.export.save``, refusing what could run code.
 
-    Without ``trust`` the file is read once, its members copied into a temporary
-    file that has no name, and that copy is screened (:func:`screen`) and loaded,
-    so what torch reads is what was screened. Nothing process-global changes, so
+    Without ``trust`` the file is screened (:func:`screen`) and loaded through one
+    view of it in which a byte, once read, stays what it was (``ReadOnce``), so
+    that a file rewritten on disk meanwhile cannot slip torch bytes the screen did
+    not see. An archive in which torch's zip reader and Python's find different
+    members is first rewritten by Python's zipfile into a temporary file that has
+    no name, and that copy is screened and loaded instead. Nothing process-global changes, so
     other threads' ``torch.load`` calls are unaffected; loads through epass in
     several threads are safe (torch's deserializer itself runs one at a time).
     With ``trust`` this is ``torch.export.load``.
@@ -128,6 +153,8 @@ def load(
         path: the .pt2 file.
         trust: skip screening; for files you made yourself.
         imports: modules to import first (libraries that register custom ops).
+        progress: called with ``"screening NAME (SIZE)"`` and ``"loading NAME (SIZE)"``
+            as those phases start (see :data:`ProgressCallback`).
 
     Raises:
         UnsafeArchiveError: a member is not allowed; nothing was executed.
@@ -142,12 +169,12 @@ def load(
         raise LoadError(f"{p}: is a directory, not a .pt2 file", path=str(p))
     try:
         with open(p, "rb") as f:
+            say = _phases(progress, f"{p.name} ({_size_text(os.fstat(f.fileno()).st_size)})")
             if trust:
+                say("loading")
                 ep = _program.load_pt2(f, trust=True)
             else:
-                with _private_copy(f, str(p)) as copy:
-                    screen(copy, name=str(p))
-                    ep = _program.load_pt2(copy)
+                ep = _load_screened(f, str(p), say)
     except LoadError:
         raise
     except OSError as exc:
@@ -159,6 +186,28 @@ def load(
     if not isinstance(ep, ExportedProgram):
         raise LoadError(f"{p}: did not hold an ExportedProgram", path=str(p))
     return ep
+
+
+def _phases(progress: ProgressCallback | None, what: str) -> Callable[[str], None]:
+    def say(phase: str) -> None:
+        if progress is not None:
+            progress(f"{phase} {what}")
+
+    return say
+
+
+def _load_screened(f: Any, name: str, say: Callable[[str], None]) -> ExportedProgram:
+    say("screening")
+    view = ReadOnce(f) if ReadOnce.usable(f) else None
+    if view is not None and readers_agree(typing.cast(IO[bytes], view)):
+        screen(typing.cast(IO[bytes], view), name=name)
+        view.seal()
+        say("loading")
+        return _program.load_pt2(view)
+    with _private_copy(f, name) as copy:  # not a regular file, or the readers disagree
+        screen(copy, name=name)
+        say("loading")
+        return _program.load_pt2(copy)
 
 
 # --- saving ------------------------------------------------------------------------
@@ -229,19 +278,50 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, p)
+        old = _hold(p)
+        try:
+            os.replace(tmp, p)
+        finally:
+            if old is not None:
+                threading.Thread(
+                    target=os.close, args=(old,), name="epass-release", daemon=True
+                ).start()
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
+def _hold(p: Path) -> int | None:
+    """A descriptor of the regular file the rename will replace, or None.
+
+    Freeing a replaced file's blocks takes the rename a tenth of a second per
+    200 MB (ext4); holding it open moves that work to the last close, which a
+    thread makes once the new file is in place.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(p, flags)  # a symlink is not followed: the rename replaces the link
+    except OSError:
+        return None
+    if stat.S_ISREG(os.fstat(fd).st_mode) and os.fstat(fd).st_size >= 1 << 24:
+        return fd
+    os.close(fd)
+    return None
+
+
 def save(
-    ep: ExportedProgram, path: str | os.PathLike[str], *, prune_state: bool = True
+    ep: ExportedProgram,
+    path: str | os.PathLike[str],
+    *,
+    prune_state: bool = True,
+    progress: ProgressCallback | None = None,
 ) -> list[str]:
     """Save with ``torch.export.save``, atomically; returns the pruned keys.
 
     With ``prune_state`` (the default), state entries the signature no longer
     references are dropped first (:func:`prune` with ``compact=True``).
+    ``progress`` is called with ``"saving NAME (SIZE)"`` as the write starts, SIZE
+    being the bytes of state to write (see :data:`ProgressCallback`).
 
     Raises:
         SaveError: the path is not writable or torch cannot write the program;
@@ -250,6 +330,10 @@ def save(
     p = check_output_path(path, (".pt2",))
     dropped = unreferenced(ep) if prune_state else []
     program = prune(ep, compact=True) if dropped else ep
+    if progress is not None:
+        storages = (t.untyped_storage() for t in _tensors(program))
+        state = {s.data_ptr(): s.nbytes() for s in storages}  # tied entries once
+        progress(f"saving {p.name} ({_size_text(sum(state.values()))})")
     try:
         with atomic_write(p) as tmp:
             torch.export.save(program, tmp)
@@ -326,6 +410,11 @@ def _compact(*dicts: dict[str, Any]) -> None:
                     data = torch.nn.Parameter(data, requires_grad=value.requires_grad)
                 copies[id(value)] = data
             d[key] = copies[id(value)]
+
+
+def _tensors(ep: ExportedProgram) -> Iterator[torch.Tensor]:
+    for d in (ep.state_dict, ep.constants):
+        yield from (v for v in d.values() if isinstance(v, torch.Tensor))
 
 
 def _bytes(t: Any) -> int:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -353,6 +355,59 @@ def test_progress_is_shown_on_a_terminal_only(
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: no progress
     assert main(["run", str(files["mlp"]), "-p", "decompose"]) == 0
     assert sys.stderr.getvalue() == ""
+
+
+def _drawn(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "\n")
+
+
+def test_loading_screening_saving_and_nested_passes_show_on_a_terminal_only(
+    files: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("rich")
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    out = tmp_path / "out.pt2"
+    assert main(["run", str(files["mlp"]), "-p", "lower, cse, dce", "-o", str(out)]) == 0
+    shown = _drawn(terminal.getvalue())
+    size = f"({files['mlp'].stat().st_size / 1000:.0f} kB)"
+    for text in (f"screening mlp.pt2 {size}", f"loading mlp.pt2 {size}", "saving out.pt2 ("):
+        assert text in shown, text
+    assert "0/7 lower > decompose" in shown and "6/7 dce" in shown
+    assert "/2" not in shown  # the two top-level passes are not what is counted
+    quiet = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", quiet)  # not a terminal: nothing at all
+    assert main(["run", str(files["mlp"]), "-p", "lower", "-o", str(out)]) == 0
+    assert quiet.getvalue() == ""
+    capsys.readouterr()
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_spinners_draw_on_a_real_terminal(files: dict[str, Path], tmp_path: Path) -> None:
+    """The command, run with stderr on a pseudo-terminal, draws the spinners there."""
+    pytest.importorskip("rich")
+    leader, follower = os.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for key in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR", "EPASS_PLAIN"):
+        env.pop(key, None)
+    out = tmp_path / "out.pt2"
+    argv = ["run", str(files["mlp"]), "-p", "lower", "-o", str(out)]
+    with subprocess.Popen(
+        [sys.executable, "-m", "epass", *argv], env=env, stdout=subprocess.PIPE, stderr=follower
+    ) as child:
+        os.close(follower)
+        drawn = b""
+        with contextlib.suppress(OSError):  # EIO: the child closed the terminal
+            while chunk := os.read(leader, 1 << 16):
+                drawn += chunk
+        assert child.wait(timeout=300) == 0
+    os.close(leader)
+    shown = _drawn(drawn.decode(errors="replace"))
+    for text in ("screening mlp.pt2", "loading mlp.pt2", "lower > decompose", "saving out.pt2"):
+        assert text in shown, text
 
 
 def _cli(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

@@ -432,6 +432,99 @@ def test_progress_shows_passes_on_a_terminal_and_stops_on_failure() -> None:
     assert not progress.active
 
 
+def _shown(console: Any) -> list[str]:
+    """The distinct lines a console was drawn with, escape sequences removed."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", console.file.getvalue())
+    lines = [line.strip() for line in text.replace("\r", "\n").split("\n")]
+    return list(dict.fromkeys(line for line in lines if line))
+
+
+def test_progress_counts_the_passes_of_nested_pipelines() -> None:
+    import re
+
+    _, ep, _ = export_residual()
+    console = _console(terminal=True)
+    manager = PassManager.from_text("lower, cse, dce")
+    manager.instruments.append(Progress(console, transient=False))
+    manager.run(ep)
+    shown = _shown(console)
+    counts = [
+        tuple(map(int, m.groups())) for m in map(re.compile(r"(\d+)/(\d+)").search, shown) if m
+    ]
+    assert {total for _, total in counts} == {7}  # the 5 passes of lower, and 2
+    assert [done for done, _ in counts] == sorted(done for done, _ in counts)
+    assert set(range(8)) == {done for done, _ in counts}
+    for label in ("0/7 lower > decompose", "2/7 lower > fold-constants", "6/7 dce"):
+        assert any(label in line for line in shown), label
+
+
+def test_progress_counts_a_skipped_nested_pipeline_whole() -> None:
+    _, ep, _ = export_residual()
+    console = _console(terminal=True)
+    progress = Progress(console, transient=False)
+    inner = PassManager.from_text("cse, dce")
+    inner_info = epass.PassInfo(inner, "inner", 0, 0, manager=None)
+    progress.before_pipeline(PassManager([inner, Decompose()]), ep)
+    progress.pass_skipped(inner_info, ep, None)  # type: ignore[arg-type]
+    progress.after_pipeline(None, None)  # type: ignore[arg-type]
+    assert any("2/3" in line for line in _shown(console))
+
+
+def test_progress_total_grows_by_a_round_when_a_pipeline_repeats() -> None:
+    _, ep, _ = export_residual()
+    console = _console(terminal=True)
+    progress = Progress(console, transient=False)
+    manager = PassManager.from_text("cse, dce")
+    progress.before_pipeline(manager, ep)
+    for step in (0, 1):
+        for index, p in enumerate(manager.passes):
+            info = epass.PassInfo(p, p.name, index, step, manager=manager)
+            progress.before_pass(info, ep)
+            progress.after_pass(info, ep, None)  # type: ignore[arg-type]
+    progress.after_pipeline(manager, None)  # type: ignore[arg-type]
+    shown = _shown(console)
+    assert any("0/2 cse" in line for line in shown)
+    assert any("2/4 cse (step 2)" in line for line in shown)
+    assert "4/4" in shown[-1]
+
+
+def test_spinner_shows_each_phase_on_a_terminal_only(tmp_path: Any) -> None:
+    from epass.instruments import Spinner
+
+    _, ep, _ = export_residual()
+    path = tmp_path / "p.pt2"
+    console = _console(terminal=True)
+    with Spinner(console) as spinner:
+        epass.save(ep, path, progress=spinner)
+        epass.load(path, progress=spinner)
+    size = f"({path.stat().st_size / 1000:.0f} kB)"
+    state = sum(t.untyped_storage().nbytes() for t in ep.state_dict.values())
+    assert spinner.shown == [
+        f"saving p.pt2 ({state} B)",  # the state to write
+        f"screening p.pt2 {size}",
+        f"loading p.pt2 {size}",
+    ]
+    shown = "\n".join(_shown(console))
+    assert all(text in shown for text in spinner.shown)
+    quiet = _console(terminal=False)
+    with Spinner(quiet) as spinner:
+        epass.load(path, progress=spinner)
+    assert quiet.file.getvalue() == "" and spinner.shown == []
+
+
+def test_load_and_save_name_their_phases_to_a_progress_callable(tmp_path: Any) -> None:
+    _, ep, _ = export_residual()
+    path = tmp_path / "p.pt2"
+    phases: list[str] = []
+    epass.save(ep, path, progress=phases.append)
+    epass.load(path, progress=phases.append)
+    epass.load(path, trust=True, progress=phases.append)
+    assert [p.split()[0] for p in phases] == ["saving", "screening", "loading", "loading"]
+    assert all(" p.pt2 (" in p and p.endswith("B)") for p in phases)
+
+
 # ---------------------------------------------------------------------------
 # Every instrument together, logging, and instruments that fail
 

@@ -521,6 +521,67 @@ def test_file_changed_after_screening_is_not_what_loads(
     assert not marker.exists()
 
 
+def test_bytes_rewritten_after_screening_are_not_what_torch_reads(
+    program_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once screened, the directories, headers and program text torch reads are the
+    screened bytes; only raw tensor data, which the screen never reads, comes from
+    the disk afterwards (here zeros: the file was wiped in place)."""
+    target = tmp_path / "model.pt2"
+    shutil.copy(program_file, target)
+    screen = epass.io.screen
+
+    def screen_then_wipe(file: Any, *, name: str = "<archive>") -> None:
+        screen(file, name=name)
+        size = target.stat().st_size
+        with open(target, "r+b") as f:  # in place: same inode, same open handles
+            f.write(bytes(size))
+
+    monkeypatch.setattr(epass.io, "screen", screen_then_wipe)
+    ep = epass.load(target)
+    reference = torch.export.load(program_file)
+    assert [n.target for n in ep.graph.nodes] == [n.target for n in reference.graph.nodes]
+    assert sorted(ep.state_dict) == sorted(reference.state_dict)
+    assert all(not v.any() for v in ep.state_dict.values())
+
+
+def test_read_once_view_returns_a_byte_as_first_read(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"abcdefgh")
+    with open(path, "rb") as f:
+        view = epass._screen.ReadOnce(f)
+        assert view.read(3) == b"abc"
+        view.seek(5)
+        assert view.read(2) == b"fg"
+        path.write_bytes(b"ABCDEFGH")  # in place
+        view.seek(0)
+        assert view.read() == b"abcDEfgH"  # kept bytes, and the rest as now on disk
+        view.seek(0)
+        assert view.read() == b"abcDEfgH"
+        assert view.seek(-2, os.SEEK_END) == 6
+        with pytest.raises(OSError):
+            view.seek(-9, os.SEEK_END)
+
+
+def test_read_once_view_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    read, write = os.pipe()
+    with os.fdopen(read, "rb") as r, os.fdopen(write, "wb"):
+        assert not epass._screen.ReadOnce.usable(r)
+    with open(tmp_path / "f.bin", "wb") as f:
+        assert epass._screen.ReadOnce.usable(f)
+
+
+def test_screen_refuses_members_torch_finds_elsewhere(program_file: Path, tmp_path: Path) -> None:
+    """Loading canonicalizes such a file (above); screening it as it is refuses it."""
+    evil = _central_directory_elsewhere(program_file, tmp_path / "evil.pt2", tmp_path / "m")
+    with open(evil, "rb") as f, pytest.raises(UnsafeArchiveError, match="disagree"):
+        epass.io.screen(f, name=str(evil))
+    with open(evil, "rb") as f:
+        assert not epass._screen.readers_agree(f)
+    with open(program_file, "rb") as f:
+        assert epass._screen.readers_agree(f)
+
+
 def test_trusted_load_is_torch_export_load(program_file: Path) -> None:
     ep = epass.load(program_file, trust=True)
     assert isinstance(ep, torch.export.ExportedProgram)
@@ -667,6 +728,24 @@ def test_output_symlink_is_replaced_not_followed(where: str, tmp_path: Path) -> 
         shutil.rmtree(elsewhere)
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="lists descriptors in /proc")
+def test_saving_over_a_large_file_replaces_it_and_keeps_no_descriptor(tmp_path: Path) -> None:
+    """The replaced file is held open across the rename and closed by a thread: the
+    close must happen, and the new file is in place when save returns."""
+    target = tmp_path / "big.pt2"
+    target.write_bytes(b"old" * (1 << 23))  # 24 MiB: large enough to be held
+    ep = torch.export.export(Small(), (torch.randn(3, 4),))
+    before = len(os.listdir("/proc/self/fd"))
+    with open(target, "rb") as reader:  # a reader of the old file keeps reading it
+        epass.save(ep, target)
+        assert reader.read(3) == b"old"
+    assert zipfile.is_zipfile(target)
+    for thread in threading.enumerate():
+        if thread.name == "epass-release":
+            thread.join()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_save_checks_the_path_first(tmp_path: Path) -> None:
     ep = torch.export.export(Small(), (torch.randn(3, 4),))
     with pytest.raises(SaveError, match=r"must end in \.pt2"):
@@ -694,6 +773,16 @@ def test_private_loader_is_pinned(program_file: Path) -> None:
     assert set(contents.exported_programs) == {"model"}
     with open(program_file, "rb") as f:
         assert isinstance(_program.load_pt2(f), torch.export.ExportedProgram)
+    # The screen compares torch's zip reader's members and data offsets with Python's.
+    with open(program_file, "rb") as f:
+        records = _program.archive_records(f)
+    with zipfile.ZipFile(program_file) as z:
+        assert set(records) == {i.filename.split("/", 1)[1] for i in z.infolist()}
+        info = z.infolist()[0]
+        offset, size = records[info.filename.split("/", 1)[1]]
+        with open(program_file, "rb") as f:
+            f.seek(offset)
+            assert f.read(size) == z.read(info)
     # Why loads are serialized: torch's deserializer refuses to overlap with itself.
     from torch._export.serde import serialize
 

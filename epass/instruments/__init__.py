@@ -13,6 +13,9 @@ instrument                what it records
 :class:`Reproducer`       a ``repro.py`` directory when a pass fails
 ========================  ===================================================
 
+:class:`Spinner` is no instrument: it is the ``progress`` callable ``epass.load`` and
+``epass.save`` take, a spinner line for loading, screening and saving.
+
 With no instrument registered the manager skips every hook call.
 """
 
@@ -21,7 +24,7 @@ from epass.instrumentation import Dispatch, Instrument
 from epass.instruments.ir import IRDump, OpCountEntry, OpCounts, PrintIR, format_delta
 from epass.instruments.memory import MemoryAccounting, MemoryEntry, StateMemory, state_memory
 from epass.instruments.numerics import Drift, NumericsCheck, compare_outputs, run_program
-from epass.instruments.progress import Progress
+from epass.instruments.progress import Progress, Spinner
 from epass.instruments.reproducer import Reproducer
 from epass.instruments.timing import Timing, TimingRow
 from epass.records import PassInfo
@@ -40,6 +43,7 @@ __all__ = [
     "PassInfo",
     "PrintIR",
     "Progress",
+    "Spinner",
     "Reproducer",
     "StateMemory",
     "Timing",
