@@ -39,12 +39,14 @@ __all__ = [
     "COMPARED_META",
     "LOCK",
     "Fallback",
+    "OutOfTime",
     "Tables",
     "cache_info",
     "const_key",
     "clear_cache",
     "decompose",
     "first_difference",
+    "missing_templates",
     "run_decompositions",
     "split_table",
     "torch_state",
@@ -715,6 +717,44 @@ def _template(
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return template, inputs
+
+
+def missing_templates(ep: ExportedProgram, tables: Tables) -> tuple[int, int]:
+    """How many distinct templates decomposing ``ep`` would trace (neither in memory nor
+    on disk), estimated from the nodes' values before any rewrite, and how many nodes
+    the program has. One walk, no tracing."""
+    from torch._guards import detect_fake_mode
+
+    vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    seen: set[Any] = set()
+    missing = 0
+    nodes = 0
+    for node in ep.graph.nodes:
+        nodes += 1
+        if not (
+            node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload)
+            and rewrites(node.target, tables)
+        ):
+            continue
+        try:
+            args, kwargs = normalize(node.target, node.args, dict(node.kwargs))
+            spec, parts, _ = _template_key(node.target, args, kwargs)
+        except Exception:
+            missing += 1  # counted as a trace; the walk itself decides
+            continue
+        key = (node.target, spec, parts, tables.token, fake_mode)
+        if key in seen:
+            continue
+        seen.add(key)
+        with LOCK:
+            if key in _CACHE:
+                continue
+        disk_key = _disk_key(node.target, spec, parts, tables)
+        if disk_key is None or not _template_store.exists(disk_key):
+            missing += 1
+    return missing, nodes
 
 
 # --- templates on disk (epass/_template_store.py holds the files and the format) -----

@@ -153,6 +153,12 @@ def load(key: Any) -> Any:
     return data
 
 
+def exists(key: Any) -> bool:
+    """Whether an entry for ``key`` is on disk (not whether it is sound)."""
+    folder = _entries_dir(create=False)
+    return folder is not None and (folder / f"{digest(key)[1]}.json").is_file()
+
+
 def _parse(raw: bytes, key_text: str) -> Any:
     """The entry's template, or a string saying what is wrong with it."""
     if len(raw) > _MAX_ENTRY:
