@@ -673,11 +673,13 @@ def _fp(obj: Any, seen: dict[int, str], depth: int) -> str:
         module = obj.__module__ or ""
         name = f"function:{module}.{obj.__qualname__}"
         seen[id(obj)] = f"recursive:{name}"
-        code = hashlib.sha256(marshal.dumps(obj.__code__)).hexdigest()
+        torch_owned = module == "torch" or module.startswith("torch.")
+        # torch's own code is fixed by the torch build, which every key names.
+        code = "" if torch_owned else hashlib.sha256(marshal.dumps(obj.__code__)).hexdigest()
         cells = [_fp(c.cell_contents, seen, depth + 1) for c in obj.__closure__ or ()]
         parts = [name, code, *cells, _fp(obj.__defaults__, seen, depth + 1)]
         parts.append(_fp(tuple(sorted((obj.__kwdefaults__ or {}).items())), seen, depth + 1))
-        if not (module == "torch" or module.startswith("torch.")):
+        if not torch_owned:
             for global_name in sorted(_code_names(obj.__code__)):
                 if global_name in obj.__globals__:
                     value = obj.__globals__[global_name]

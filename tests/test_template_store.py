@@ -263,7 +263,7 @@ def test_auto_retraces_when_tracing_would_cost_more_and_fills_the_cache(cache, m
     assert _decomp.missing_templates(ep, tables)[0] == 0
     again = Decompose()(ep)  # nothing left to trace: the cheap path
     assert again.notes["method"] == "incremental"
-    assert again.notes["decision"].startswith("incremental: 0 templates")
+    assert "decision" not in again.notes
 
 
 def test_cache_command_starts_without_torch(cache):

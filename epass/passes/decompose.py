@@ -118,8 +118,9 @@ class DecomposeResult(PassResult):
             ``method="retrace"`` was asked for).
         rewritten: how many nodes the incremental path rewrote (None for a retrace).
         checked: whether both paths ran and were found equivalent.
-        decision: for ``method="auto"``, which path the cost estimate chose and why
-            (templates to trace, neither in memory nor on disk, against a retrace).
+        decision: set when ``method="auto"`` retraced because tracing the missing
+            templates (neither in memory nor on disk) was estimated to cost more;
+            the estimate, and how many templates were traced for next time.
     """
 
     method: str = "retrace"
@@ -131,7 +132,7 @@ class DecomposeResult(PassResult):
     @property
     def notes(self) -> dict[str, Any]:
         """JSON-ready summary, copied into the pass's record (``decision``: only when
-        ``method="auto"`` weighed tracing missing templates against a retrace)."""
+        ``method="auto"`` chose the retrace as cheaper than tracing missing templates)."""
         notes: dict[str, Any] = {
             "method": self.method,
             "fallback": self.fallback,
@@ -240,10 +241,10 @@ class Decompose:
             if fast is None and self.method == "incremental":
                 raise IncrementalDecompositionError(str(fallback))
         if fast is not None and not check:
-            return self._result(ep, fast, "incremental", None, rewritten, False, decision)
+            return self._result(ep, fast, "incremental", None, rewritten, False)
         ref = self._retrace(ep)
         if fast is None:
-            return self._result(ep, ref, "retrace", fallback, None, False, decision)
+            return self._result(ep, ref, "retrace", fallback, None, False)
         difference = _decomp.first_difference(fast, ref) or _numerics(fast, ref)
         if difference is not None:
             raise DecompositionMismatchError(difference)
