@@ -722,9 +722,16 @@ def _template(
 def missing_templates(ep: ExportedProgram, tables: Tables) -> tuple[int, int]:
     """How many distinct templates decomposing ``ep`` would trace (neither in memory nor
     on disk), estimated from the nodes' values before any rewrite, and how many nodes
-    the program has. One walk, no tracing."""
+    the program has. One walk, no tracing.
+
+    Raises:
+        Fallback: when the incremental path cannot be taken at all.
+    """
     from torch._guards import detect_fake_mode
 
+    reason = unsafe_reason(ep, tables)
+    if reason is not None:
+        raise Fallback(reason)  # the incremental path says so, and no estimate is due
     vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
     seen: set[Any] = set()
@@ -774,7 +781,8 @@ def _table_id(tables: Tables) -> str | None:
             for kind, part in (("cia", tables.cia), ("python", tables.python))
             for op, fn in part.items()
         )
-        ident: str | None = _template_store.digest(items)[1]
+        # and the CompositeImplicitAutograd registrations the split was made with
+        ident: str | None = _template_store.digest([items, sorted(tables.token[1])])[1]
     except _template_store.Unrepresentable:
         ident = None
     with LOCK:
@@ -802,7 +810,6 @@ def _disk_key(op: Any, spec: str, parts: tuple[Any, ...], tables: Tables) -> dic
         "spec": spec,
         "parts": text,
         "table": table,
-        "cia": _template_store.digest(sorted(tables.token[1]))[1],
     }
 
 

@@ -292,3 +292,12 @@ def test_cache_command_starts_without_torch(cache):
     )
     assert done.returncode == 0, done.stderr
     assert "removed" in done.stdout and not _entries(cache)
+
+
+def test_auto_keeps_the_fallback_reason_of_a_program_it_cannot_rewrite(cache, monkeypatch):
+    _, ep, _ = models.export("seed")  # a buffer mutated in place
+    monkeypatch.setattr(decompose_module, "_TRACE_SECONDS", 1000.0)
+    result = Decompose()(ep)
+    assert result.notes["method"] == "retrace"
+    assert "mutating op" in result.notes["fallback"]
+    assert "decision" not in result.notes
