@@ -141,9 +141,9 @@ def load(key: Any) -> Any:
     except OSError as exc:
         _warn(f"cannot read {path.name} ({exc})")
         return None
-    data = _parse(raw, text)
-    if isinstance(data, str):
-        _warn(f"entry {path.name} {data}")
+    problem, data = _parse(raw, text)
+    if problem:
+        _warn(f"entry {path.name} {problem}")
         discard(key)
         return None
     with contextlib.suppress(OSError):
@@ -159,25 +159,25 @@ def exists(key: Any) -> bool:
     return folder is not None and (folder / f"{digest(key)[1]}.json").is_file()
 
 
-def _parse(raw: bytes, key_text: str) -> Any:
-    """The entry's template, or a string saying what is wrong with it."""
+def _parse(raw: bytes, key_text: str) -> tuple[str, Any]:
+    """What is wrong with the entry (empty: nothing) and its template."""
     if len(raw) > _MAX_ENTRY:
-        return "is too large"
+        return "is too large", None
     try:
         entry = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
-        return "is not JSON (corrupt or truncated)"
+        return "is not JSON (corrupt or truncated)", None
     if not isinstance(entry, dict) or entry.get("format") != FORMAT:
-        return "has another format"
+        return "has another format", None
     body = entry.get("template")
     if json.dumps(entry.get("key"), sort_keys=True, separators=(",", ":")) != key_text:
-        return "belongs to another key"
+        return "belongs to another key", None
     check = hashlib.sha256(
         json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     ).hexdigest()
     if entry.get("sha256") != check:
-        return "fails its checksum"
-    return body
+        return "fails its checksum", None
+    return "", body
 
 
 def discard(key: Any) -> None:
@@ -406,6 +406,10 @@ def resolve_op(name: Any) -> Any:
         raise ValueError(f"names an unknown operator {name!r:.80}")
     if op._schema.is_mutable:
         raise ValueError(f"names a mutating operator {name!r:.80}")
+    if not op._schema.returns:
+        # aten.save, aten._print, the assertions: called for their effect, never in a
+        # template (a trace records no node for them)
+        raise ValueError(f"names an operator without results {name!r:.80}")
     return op
 
 

@@ -170,7 +170,7 @@ def test_hostile_and_broken_entries_are_ignored_with_one_warning(cache, tmp_path
     _, ep, _ = models.export("transformer")
     Decompose(method="incremental")(ep)
     entries = _entries(cache)
-    assert len(entries) >= 7
+    assert len(entries) >= 8
     marker = tmp_path / "marker"
 
     def target(name):
@@ -186,6 +186,12 @@ def test_hostile_and_broken_entries_are_ignored_with_one_warning(cache, tmp_path
     _rewrite(entries[4], target("aten.no_such_op.default"))
     _rewrite(entries[5], target("builtins.exec"))
     _rewrite(entries[6], target("os.system"))
+
+    def save(entry):
+        node = entry["template"]["nodes"][0]
+        node.update(target="aten.save.default", args={"tuple": [{"ref": 0}, str(marker)]})
+
+    _rewrite(entries[7], save)  # would write the marker if called
     _decomp.clear_cache()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -194,9 +200,9 @@ def test_hostile_and_broken_entries_are_ignored_with_one_warning(cache, tmp_path
     assert len(mine) == 1, [str(w.message) for w in mine]
     assert not marker.exists()  # nothing in the entries ran
     assert _decomp.first_difference(out, _decomp.run_decompositions(ep)) is None
-    assert _template_store.info()["rejected"] == 7
+    assert _template_store.info()["rejected"] == 8
     # Rejected entries were rebuilt: the next process finds sound ones.
-    for path in entries[:7]:
+    for path in entries[:8]:
         assert json.loads(path.read_text())["format"] == _template_store.FORMAT
 
 
