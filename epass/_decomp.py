@@ -13,6 +13,7 @@ import operator
 import re
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -30,7 +31,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from epass import _program
+from epass import _program, _template_store
 from epass._program import pytree
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "COMPARED_META",
     "LOCK",
     "Fallback",
+    "OutOfTime",
     "Tables",
     "cache_info",
     "const_key",
@@ -45,6 +47,7 @@ __all__ = [
     "decompose",
     "first_difference",
     "is_plain_call",
+    "missing_templates",
     "rewrites",
     "run_decompositions",
     "splices",
@@ -573,6 +576,37 @@ def _symbol_count(shape_env: Any) -> Any:
     return (len(shape_env.var_to_range), shape_env.unbacked_symint_counter)
 
 
+class _Session:
+    """The traces of one decomposition: the CompositeImplicitAutograd override of the
+    table, entered at the first trace and left (with torch's state put back) at the
+    end of the decomposition."""
+
+    def __init__(self, tables: Tables, deadline: float | None = None) -> None:
+        self.tables = tables
+        self.deadline = deadline
+        self.traced = 0
+        self._stack = contextlib.ExitStack()
+        self._entered = False
+
+    @contextlib.contextmanager
+    def overrides(self) -> Iterator[None]:
+        from torch.export.exported_program import _override_composite_implicit_decomp
+
+        if not self._entered:
+            self._stack.enter_context(torch_state(self.tables.cia))
+            self._stack.enter_context(_override_composite_implicit_decomp(self.tables.cia))
+            self._entered = True
+        yield
+
+    def close(self) -> None:
+        self._stack.close()
+        self._entered = False
+
+
+class OutOfTime(Exception):
+    """A cache-filling decomposition reached its deadline."""
+
+
 def _trace(
     op: Any,
     args: tuple[Any, ...],
@@ -580,6 +614,7 @@ def _trace(
     inputs: list[Any],
     tables: Tables,
     fake_mode: Any,
+    session: _Session,
 ) -> _Template:
     """Trace ``op`` on fresh fake inputs with the table, functionalized as export does."""
     from torch._dispatch.python import enable_python_dispatcher
@@ -592,7 +627,6 @@ def _trace(
     )
     from torch._subclasses.functional_tensor import FunctionalTensorMode
     from torch.export._trace import _ignore_backend_decomps
-    from torch.export.exported_program import _override_composite_implicit_decomp
     from torch.fx.experimental.proxy_tensor import make_fx
 
     flat, spec = pytree.tree_flatten((args, kwargs))
@@ -620,11 +654,12 @@ def _trace(
     shape_env = fake_mode.shape_env
     before = _symbol_count(shape_env)
     fakes = [_fresh_fake(fake_mode, v) if isinstance(v, torch.Tensor) else v for v in inputs]
-    # The same stack as AOTAutograd's graph capture inside export's retrace.
+    # The same stack as AOTAutograd's graph capture inside export's retrace, less the
+    # CompositeImplicitAutograd override: patching every such operator costs more
+    # than most traces, so a session enters it once for all of a program's traces.
     with (
-        torch_state(tables.cia),
+        session.overrides(),
         fake_mode,
-        _override_composite_implicit_decomp(tables.cia),
         _ignore_backend_decomps(),
         _compiling_state_context(),
         torch.no_grad(),
@@ -653,16 +688,11 @@ def _trace(
     return _Template(gm.graph, len(inputs), *_split_meta(gm.graph))
 
 
-def _template(
-    op: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    tables: Tables,
-    fake_mode: Any,
-) -> tuple[_Template, list[torch.fx.Node]]:
+def _template_key(
+    op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str, tuple[Any, ...], list[torch.fx.Node]]:
     flat, spec = pytree.tree_flatten((args, kwargs))
     inputs = [a for a in flat if isinstance(a, torch.fx.Node)]
-    values = [a.meta["val"] for a in inputs]
     key_parts: list[Any] = []
     for a in flat:
         if isinstance(a, torch.fx.Node):
@@ -670,22 +700,187 @@ def _template(
             key_parts.append(_tensor_key(v) if isinstance(v, torch.Tensor) else const_key(v))
         else:
             key_parts.append(const_key(a))
+    return str(spec), tuple(key_parts), inputs
+
+
+def _template(
+    op: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    tables: Tables,
+    fake_mode: Any,
+    session: _Session,
+) -> tuple[_Template, list[torch.fx.Node]]:
+    spec, parts, inputs = _template_key(op, args, kwargs)
+    values = [a.meta["val"] for a in inputs]
     # Template values are fake tensors of one program's fake mode (and its symbols):
     # the mode is part of the key, and the cache keeps it alive while the entry lives.
-    key = (op, str(spec), tuple(key_parts), tables.token, fake_mode)
+    key = (op, spec, parts, tables.token, fake_mode)
     with LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             _STATS["hits"] += 1
             return hit, inputs
-    template = _trace(op, args, kwargs, values, tables, fake_mode)
+    disk_key = _disk_key(op, spec, parts, tables)
+    template = None if disk_key is None else _load(disk_key, values, tables, fake_mode)
+    if template is None:
+        if session.deadline is not None and time.perf_counter() > session.deadline:
+            raise OutOfTime
+        template = _trace(op, args, kwargs, values, tables, fake_mode, session)
+        session.traced += 1
+        if disk_key is not None:
+            _store(disk_key, template, tables)
+
     with LOCK:
         _STATS["misses"] += 1
         _CACHE[key] = template
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return template, inputs
+
+
+def missing_templates(ep: ExportedProgram, tables: Tables) -> tuple[int, int]:
+    """How many distinct templates decomposing ``ep`` would trace (neither in memory nor
+    on disk), estimated from the nodes' values before any rewrite, and how many nodes
+    the program has. One walk, no tracing.
+
+    Raises:
+        Fallback: when the incremental path cannot be taken at all.
+    """
+    from torch._guards import detect_fake_mode
+
+    reason = unsafe_reason(ep, tables)
+    if reason is not None:
+        raise Fallback(reason)  # the incremental path says so, and no estimate is due
+    vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    seen: set[Any] = set()
+    missing = 0
+    nodes = 0
+    for node in ep.graph.nodes:
+        nodes += 1
+        if not (
+            node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload)
+            and rewrites(node.target, tables)
+        ):
+            continue
+        try:
+            args, kwargs = normalize(node.target, node.args, dict(node.kwargs))
+            spec, parts, _ = _template_key(node.target, args, kwargs)
+        except Exception:
+            missing += 1  # counted as a trace; the walk itself decides
+            continue
+        key = (node.target, spec, parts, tables.token, fake_mode)
+        if key in seen:
+            continue
+        seen.add(key)
+        with LOCK:
+            if key in _CACHE:
+                continue
+        disk_key = _disk_key(node.target, spec, parts, tables)
+        if disk_key is None or not _template_store.exists(disk_key):
+            missing += 1
+    return missing, nodes
+
+
+# --- templates on disk (epass/_template_store.py holds the files and the format) -----
+
+_TABLE_IDS: dict[Any, str | None] = {}
+
+
+def _table_id(tables: Tables) -> str | None:
+    """A name of the table's contents that is the same in every process running the
+    same code, or None when some decomposition cannot be named so."""
+    with LOCK:
+        if tables.token in _TABLE_IDS:
+            return _TABLE_IDS[tables.token]
+    try:
+        items = sorted(
+            (kind, str(op), _template_store.fingerprint(fn))
+            for kind, part in (("cia", tables.cia), ("python", tables.python))
+            for op, fn in part.items()
+        )
+        # and the CompositeImplicitAutograd registrations the split was made with
+        ident: str | None = _template_store.digest([items, sorted(tables.token[1])])[1]
+    except _template_store.Unrepresentable:
+        ident = None
+    with LOCK:
+        _TABLE_IDS[tables.token] = ident
+        while len(_TABLE_IDS) > 64:
+            _TABLE_IDS.pop(next(iter(_TABLE_IDS)))
+    return ident
+
+
+def _disk_key(op: Any, spec: str, parts: tuple[Any, ...], tables: Tables) -> dict[str, Any] | None:
+    if _template_store.directory() is None or not isinstance(op, torch._ops.OpOverload):
+        return None
+    table = _table_id(tables)
+    if table is None:
+        return None
+    text = repr(parts)
+    if "'sym'" in text:
+        # Symbolic templates stay in memory: recomputing their values outside the
+        # trace's dispatch stack can add guards (fake convolution guards its batch
+        # size) to the program's shape environment, which the trace does not.
+        return None
+    return {
+        **_template_store.environment(),
+        "op": str(op),
+        "spec": spec,
+        "parts": text,
+        "table": table,
+    }
+
+
+def _storable(template: _Template, tables: Tables) -> bool:
+    from torch._export.utils import _is_cia_op
+
+    for node in template.graph.nodes:
+        target = node.target
+        # A kept CompositeImplicitAutograd op's value depends on the override that
+        # was active when it was computed: traced ones only.
+        if (
+            node.op == "call_function"
+            and isinstance(target, torch._ops.OpOverload)
+            and (_is_cia_op(target) or rewrites(target, tables))
+        ):
+            return False
+    return True
+
+
+def _store(key: dict[str, Any], template: _Template, tables: Tables) -> None:
+    if not _storable(template, tables):
+        return
+    try:
+        body = _template_store.encode(template.graph, template.inherited, template.own)
+    except _template_store.Unrepresentable:
+        return
+    _template_store.store(key, body)
+
+
+def _load(
+    key: dict[str, Any], values: list[Any], tables: Tables, fake_mode: Any
+) -> _Template | None:
+    body = _template_store.load(key)
+    if body is None:
+        return None
+    fakes = [_fresh_fake(fake_mode, v) if isinstance(v, torch.Tensor) else v for v in values]
+    try:
+        graph, inherited, own = _template_store.decode(body, fakes, fake_mode, _INHERITED_META)
+        for node in graph.nodes:
+            if node.op == "call_function" and not (
+                _program.is_op_overload(node.target) or is_plain_call(node.target)
+            ):
+                raise ValueError(f"calls {node.target!r}")
+        template = _Template(graph, len(values), inherited, own)
+        if not _storable(template, tables):
+            raise ValueError("holds an operator the table rewrites")
+    except Exception as exc:
+        _template_store.reject(key, f"{type(exc).__name__}: {exc}")
+        return None
+    return template
 
 
 # --- splicing -----------------------------------------------------------------------
@@ -735,9 +930,10 @@ def _values(arg: Any) -> Any:
 class _Builder:
     """Copies the graph node by node, splicing templates in and re-propagating values."""
 
-    def __init__(self, tables: Tables, fake_mode: Any) -> None:
+    def __init__(self, tables: Tables, fake_mode: Any, session: _Session) -> None:
         self.tables = tables
         self.fake_mode = fake_mode
+        self.session = session
         self.graph = torch.fx.Graph()
         self.env: dict[torch.fx.Node, Any] = {}
         self.changed: set[torch.fx.Node] = set()
@@ -824,7 +1020,7 @@ class _Builder:
         # decomposition may return other strides than the fused kernel did).
         mapped = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
         args, kwargs = normalize(op, mapped[0], dict(mapped[1]))
-        template, inputs = _template(op, args, kwargs, self.tables, self.fake_mode)
+        template, inputs = _template(op, args, kwargs, self.tables, self.fake_mode, self.session)
         meta = {k: node.meta[k] for k in _CARRIED_META if k in node.meta}
         meta.setdefault("nn_module_stack", collections.OrderedDict())
         local: dict[torch.fx.Node, Any] = {}
@@ -883,9 +1079,14 @@ def _fake_mode(ep: ExportedProgram) -> Any:
     return mode
 
 
-def decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int]:
+def decompose(
+    ep: ExportedProgram, tables: Tables, deadline: float | None = None
+) -> tuple[ExportedProgram, int]:
     """The program ``ep.run_decompositions`` would produce, by rewriting only the nodes
     the table decomposes. Returns it and the number of nodes rewritten.
+
+    ``deadline`` (a :func:`time.perf_counter` value): trace no template after it and
+    raise :class:`OutOfTime` instead; for filling the cache within a time budget.
 
     Raises:
         Fallback: when the result could differ from torch's; ``reason`` says why.
@@ -893,17 +1094,24 @@ def decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int
     Holds :data:`LOCK` throughout.
     """
     with LOCK:
-        return _decompose(ep, tables)
+        session = _Session(tables, deadline)
+        try:
+            return _decompose(ep, tables, session)
+        finally:
+            session.close()
+            _template_store.prune_soon()
 
 
-def _decompose(ep: ExportedProgram, tables: Tables) -> tuple[ExportedProgram, int]:
+def _decompose(
+    ep: ExportedProgram, tables: Tables, session: _Session
+) -> tuple[ExportedProgram, int]:
     from torch.export.exported_program import _get_updated_module_call_graph
 
     reason = unsafe_reason(ep, tables)
     if reason is not None:
         raise Fallback(reason)
     fake_mode = _fake_mode(ep)
-    builder = _Builder(tables, fake_mode)
+    builder = _Builder(tables, fake_mode, session)
     old_graph = ep.graph
     for node in old_graph.nodes:
         if node.op == "output":

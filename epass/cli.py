@@ -520,6 +520,29 @@ def _cmd_passes(args: argparse.Namespace, out: _Out) -> int:
     return 0
 
 
+def _cmd_cache(args: argparse.Namespace, out: _Out) -> int:
+    # The store is stdlib-only at import: this command starts without torch.
+    from epass import _template_store
+
+    if args.action == "clear":
+        removed = _template_store.clear()
+        where = _template_store.directory()
+        out.line(f"removed {removed} entries from {where}" if where else "the cache is off")
+        return 0
+    info = _template_store.info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    if not info["enabled"]:
+        out.line(f"the template cache is off ({_template_store.DIR_ENV} is empty)")
+        return 0
+    mib = 1024 * 1024
+    out.line(f"directory: {info['directory']}")
+    out.line(f"entries: {info['entries']} ({info['bytes'] / mib:.1f} MiB)")
+    out.line(f"limit: {info['max_bytes'] / mib:.1f} MiB ({_template_store.SIZE_ENV})")
+    return 0
+
+
 # --- argument parsing ---------------------------------------------------------------
 
 
@@ -572,7 +595,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--report", help="write a report (.html or .json)")
     demo.add_argument("--save", metavar="PATH", help="write the exported program (.pt2) to PATH")
     demo.set_defaults(func=_cmd_demo)
-    for p in (run, passes, inspect, demo):
+
+    cache = sub.add_parser("cache", help="the decomposition-template cache on disk")
+    cache.add_argument("action", choices=("info", "clear"), help="show it, or empty it")
+    cache.add_argument("--json", action="store_true", help="print JSON (info)")
+    cache.set_defaults(func=_cmd_cache)
+    for p in (run, passes, inspect, demo, cache):
         for flag, text in (("--debug", "show tracebacks"), ("--plain", "no rich tables")):
             p.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=text)
     return parser

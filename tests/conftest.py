@@ -4,8 +4,11 @@ random examples, run by ``benchmarks/fuzz.sh``)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from hypothesis import settings
@@ -15,6 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fingerprint import fingerprint
 
 __all__ = ["fingerprint"]
+
+# Tests never touch the user's template cache: this session's cache lives in a
+# directory of its own, set here (at import) so that subprocesses inherit it. Tests
+# that need a cold or a filled cache set EPASS_CACHE_DIR to their own tmp_path.
+_CACHE_DIR = tempfile.mkdtemp(prefix="epass-test-cache-")
+os.environ["EPASS_CACHE_DIR"] = _CACHE_DIR
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 # CI runs a fixed set of examples, and keeps no example database between runs: a
 # submission passes or fails on its own code, never on a random draw or on what an

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Literal
 
@@ -29,6 +30,18 @@ METHODS = ("auto", "incremental", "retrace")
 CHECK_ENV = "EPASS_DECOMPOSE_CHECK"
 
 _SDPA = "aten.scaled_dot_product_attention"
+
+# The cost model of method="auto", in seconds (measured on a 2-core machine with
+# torch 2.13; only their ratios matter): entering the table's CompositeImplicitAutograd
+# override once per decomposition, one template trace, and a retrace's fixed and
+# per-node costs. A cold transformer layer needs about 10 templates over 50 nodes.
+_SESSION_SECONDS = 0.6
+_TRACE_SECONDS = 0.035
+_RETRACE_SECONDS = 0.9
+_RETRACE_NODE_SECONDS = 0.0065
+# After choosing the retrace, templates are traced for the next run for at most this
+# share of the retrace's own time.
+_FILL_SHARE = 0.5
 
 
 def _table(value: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
@@ -80,22 +93,30 @@ class DecomposeResult(PassResult):
             ``method="retrace"`` was asked for).
         rewritten: how many nodes the incremental path rewrote (None for a retrace).
         checked: whether both paths ran and were found equivalent.
+        decision: set when ``method="auto"`` retraced because tracing the missing
+            templates (neither in memory nor on disk) was estimated to cost more;
+            the estimate, and how many templates were traced for next time.
     """
 
     method: str = "retrace"
     fallback: str | None = None
     rewritten: int | None = None
     checked: bool = False
+    decision: str | None = None
 
     @property
     def notes(self) -> dict[str, Any]:
-        """JSON-ready summary, copied into the pass's record."""
-        return {
+        """JSON-ready summary, copied into the pass's record (``decision``: only when
+        ``method="auto"`` chose the retrace as cheaper than tracing missing templates)."""
+        notes: dict[str, Any] = {
             "method": self.method,
             "fallback": self.fallback,
             "rewritten": self.rewritten,
             "checked": self.checked,
         }
+        if self.decision is not None:
+            notes["decision"] = self.decision
+        return notes
 
 
 def _method(value: str) -> str:
@@ -181,6 +202,15 @@ class Decompose:
         fast: ExportedProgram | None = None
         rewritten: int | None = None
         fallback: str | None = None
+        decision: str | None = None
+        if self.method == "auto" and not check:
+            decision = self._weigh(ep)
+            if decision.startswith("retrace"):
+                began = time.perf_counter()
+                ref = self._retrace(ep)
+                filled = self._fill(ep, time.perf_counter() - began)
+                decision += f"; then traced {filled} for next time"
+                return self._result(ep, ref, "retrace", decision, None, False, decision)
         if self.method != "retrace":
             fast, rewritten, fallback = self._incremental(ep)
             if fast is None and self.method == "incremental":
@@ -194,6 +224,32 @@ class Decompose:
         if difference is not None:
             raise DecompositionMismatchError(difference)
         return self._result(ep, fast, "incremental", None, rewritten, True)
+
+    def _weigh(self, ep: ExportedProgram) -> str:
+        """Whether tracing the templates ``ep`` needs (those neither in memory nor on
+        disk) would cost more than one retrace; says which path and why."""
+        try:
+            missing, nodes = _decomp.missing_templates(ep, self._tables())
+        except Exception as exc:  # the incremental path decides, and explains
+            return f"incremental: no estimate ({type(exc).__name__})"
+        trace = (_SESSION_SECONDS if missing else 0.0) + missing * _TRACE_SECONDS
+        retrace = _RETRACE_SECONDS + nodes * _RETRACE_NODE_SECONDS
+        why = (
+            f"{missing} templates to trace (about {trace:.2f} s) against a retrace "
+            f"of {nodes} nodes (about {retrace:.2f} s)"
+        )
+        return f"{'retrace' if trace > retrace else 'incremental'}: {why}"
+
+    def _fill(self, ep: ExportedProgram, budget: float) -> str:
+        """Trace missing templates for the next run, for at most ``budget`` seconds."""
+        try:
+            deadline = time.perf_counter() + budget * _FILL_SHARE
+            _decomp.decompose(ep, self._tables(), deadline=deadline)
+        except _decomp.OutOfTime:
+            return "some templates"
+        except Exception:
+            return "no templates"
+        return "all templates"
 
     def _incremental(
         self, ep: ExportedProgram
@@ -230,6 +286,7 @@ class Decompose:
         fallback: str | None,
         rewritten: int | None,
         checked: bool,
+        decision: str | None = None,
     ) -> DecomposeResult:
         modified = not (out.graph_module.code == ep.graph_module.code and out.dialect == ep.dialect)
         return DecomposeResult(
@@ -239,6 +296,7 @@ class Decompose:
             fallback=fallback,
             rewritten=rewritten,
             checked=checked,
+            decision=decision,
         )
 
     # --- no-op skip -------------------------------------------------------------

@@ -1,0 +1,309 @@
+"""The template cache on disk: reused by new processes with the same result as the
+retrace, safe against whatever lies in its directory, shared by concurrent processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import stat
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import models
+import pytest
+import torch
+
+import epass
+from epass import Decompose, _decomp, _template_store
+from epass.passes import decompose as decompose_module
+
+ROOT = Path(__file__).resolve().parent.parent
+aten = torch.ops.aten
+
+# Decomposes zoo programs and prints, per program, the first difference from the
+# retrace and the decomposed graph's code, plus this process's disk cache counters.
+_ZOO_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, "tests")
+    import models
+    from epass import Decompose, _decomp, _template_store
+    result = {}
+    for name in sys.argv[1].split(","):
+        for dynamic in (False, True):
+            _, ep, _ = models.export(name, dynamic=dynamic)
+            out = Decompose()(ep)
+            ref = _decomp.run_decompositions(ep)
+            result[f"{name}/{dynamic}"] = [
+                out.notes["method"], _decomp.first_difference(out.program, ref),
+                out.program.graph_module.code,
+            ]
+    print(json.dumps({"programs": result, "disk": _template_store.info()}))
+    """
+)
+
+
+def _run(script: str, cache: Path, *args: str) -> dict:
+    env = {**os.environ, "EPASS_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _check_zoo(names: str, cache: Path) -> None:
+    cold = _run(_ZOO_SCRIPT, cache, names)
+    assert cold["disk"]["writes"] > 0 and cold["disk"]["hits"] == 0
+    warm = _run(_ZOO_SCRIPT, cache, names)
+    assert warm["disk"]["hits"] > 0 and warm["disk"]["rejected"] == 0
+    for key, (method, difference, code) in warm["programs"].items():
+        assert difference is None, key  # disk-loaded templates give torch's program
+        assert cold["programs"][key][0] == method, key
+        assert cold["programs"][key][2] == code, key  # and the in-memory path's
+
+
+def test_templates_loaded_in_a_new_process_give_the_retrace(tmp_path):
+    _check_zoo("mlp,transformer", tmp_path / "cache")
+
+
+@pytest.mark.slow
+def test_every_zoo_program_from_disk_equals_the_retrace(tmp_path):
+    _check_zoo(",".join(models.CASES), tmp_path / "cache")
+
+
+def test_two_processes_filling_one_directory_leave_it_sound(tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "EPASS_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _ZOO_SCRIPT, "transformer,convbn"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        for key, (_, difference, _) in json.loads(out.splitlines()[-1])["programs"].items():
+            assert difference is None, key
+    assert not [n for n in os.listdir(cache / "templates-v1") if n.endswith(".tmp")]
+    third = _run(_ZOO_SCRIPT, cache, "transformer,convbn")
+    assert third["disk"]["rejected"] == 0 and third["disk"]["writes"] == 0
+    assert third["disk"]["hits"] > 0
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("EPASS_CACHE_DIR", str(folder))
+    monkeypatch.setattr(_template_store, "_WARNED", False)
+    _decomp.clear_cache()
+    yield folder
+    _decomp.clear_cache()
+
+
+def _entries(folder: Path) -> list[Path]:
+    return sorted((folder / "templates-v1").glob("*.json"))
+
+
+def test_cache_directory_is_private_and_entries_are_data(cache):
+    _, ep, _ = models.export("mlp")
+    Decompose(method="incremental")(ep)
+    assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(cache / "templates-v1").st_mode) == 0o700
+    entries = _entries(cache)
+    assert entries
+    for path in entries:
+        entry = json.loads(path.read_text())
+        assert entry["format"] == _template_store.FORMAT
+        assert entry["key"]["torch"] == torch.__version__
+
+
+def test_an_empty_cache_dir_setting_turns_the_disk_cache_off(cache, monkeypatch):
+    monkeypatch.setenv("EPASS_CACHE_DIR", "")
+    _, ep, _ = models.export("mlp")
+    Decompose(method="incremental")(ep)
+    assert not cache.exists()
+    assert epass.cache_info()["disk"]["enabled"] is False
+
+
+def test_default_directory_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv("EPASS_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _template_store.directory() == tmp_path / "epass"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert _template_store.directory() == Path.home() / ".cache" / "epass"
+
+
+def _rewrite(path: Path, change) -> None:
+    entry = json.loads(path.read_text())
+    change(entry)
+    body = json.dumps(entry["template"], sort_keys=True, separators=(",", ":"))
+    entry["sha256"] = hashlib.sha256(body.encode()).hexdigest()
+    path.write_text(json.dumps(entry))
+
+
+class _Marker:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_hostile_and_broken_entries_are_ignored_with_one_warning(cache, tmp_path):
+    _, ep, _ = models.export("transformer")
+    Decompose(method="incremental")(ep)
+    entries = _entries(cache)
+    assert len(entries) >= 8
+    marker = tmp_path / "marker"
+
+    def target(name):
+        def change(entry):
+            entry["template"]["nodes"][0]["target"] = name
+
+        return change
+
+    entries[0].write_bytes(pickle.dumps(_Marker(str(marker))))
+    entries[1].write_text(entries[1].read_text()[:40])  # truncated
+    _rewrite(entries[2], lambda e: e.update(format=0))
+    _rewrite(entries[3], lambda e: e["key"].update(op="aten.add.Tensor"))
+    _rewrite(entries[4], target("aten.no_such_op.default"))
+    _rewrite(entries[5], target("builtins.exec"))
+    _rewrite(entries[6], target("os.system"))
+
+    def save(entry):
+        node = entry["template"]["nodes"][0]
+        node.update(target="aten.save.default", args={"tuple": [{"ref": 0}, str(marker)]})
+
+    _rewrite(entries[7], save)  # would write the marker if called
+    _decomp.clear_cache()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = Decompose(method="incremental")(ep).program
+    mine = [w for w in caught if "template cache" in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in mine]
+    assert not marker.exists()  # nothing in the entries ran
+    assert _decomp.first_difference(out, _decomp.run_decompositions(ep)) is None
+    assert _template_store.info()["rejected"] == 8
+    # Rejected entries were rebuilt: the next process finds sound ones.
+    for path in entries[:8]:
+        assert json.loads(path.read_text())["format"] == _template_store.FORMAT
+
+
+def test_eviction_drops_the_least_recently_used_entries(cache):
+    _, ep, _ = models.export("transformer")
+    Decompose(method="incremental")(ep)
+    entries = _entries(cache)
+    for age, path in enumerate(entries):
+        os.utime(path, (1000 + age, 1000 + age))
+    sizes = [p.stat().st_size for p in entries]
+    removed = _template_store.prune(sum(sizes[2:]))
+    assert removed == 2
+    assert [p.exists() for p in entries] == [False, False] + [True] * (len(entries) - 2)
+
+
+def test_a_hit_refreshes_the_entry_for_eviction(cache):
+    _, ep, _ = models.export("mlp")
+    Decompose(method="incremental")(ep)
+    for path in _entries(cache):
+        os.utime(path, (1000, 1000))
+    _decomp.clear_cache()
+    Decompose(method="incremental")(ep)
+    assert all(p.stat().st_mtime > 1000 for p in _entries(cache))
+
+
+def _closure_table(value):
+    def silu(x):
+        return aten.mul.Tensor(aten.sigmoid.default(x), value)
+
+    return {aten.silu.default: silu}
+
+
+def test_tables_are_named_by_their_code_and_refused_when_they_cannot_be():
+    a = _decomp._table_id(_decomp.split_table(_closure_table(2.0)))
+    b = _decomp._table_id(_decomp.split_table(_closure_table(3.0)))
+    assert a is not None and b is not None and a != b
+    assert a == _decomp._table_id(_decomp.split_table(_closure_table(2.0)))
+    # A cell holding an object nothing can name the same way in another process.
+    assert _decomp._table_id(_decomp.split_table(_closure_table(object()))) is None
+
+
+def test_public_cache_info_and_clear_cover_memory_and_disk(cache):
+    _, ep, _ = models.export("mlp")
+    Decompose(method="incremental")(ep)
+    info = epass.cache_info()
+    assert info["memory"]["size"] > 0 and info["disk"]["entries"] > 0
+    assert info["disk"]["directory"] == str(cache)
+    epass.clear_cache()
+    info = epass.cache_info()
+    assert info["memory"]["size"] == 0 and info["disk"]["entries"] == 0
+
+
+def test_auto_retraces_when_tracing_would_cost_more_and_fills_the_cache(cache, monkeypatch):
+    _, ep, _ = models.export("transformer")
+    tables = _decomp.split_table(None)
+    missing, nodes = _decomp.missing_templates(ep, tables)
+    assert missing > 0 and nodes == len(ep.graph.nodes)
+    monkeypatch.setattr(decompose_module, "_TRACE_SECONDS", 1000.0)
+    monkeypatch.setattr(decompose_module, "_FILL_SHARE", 1000.0)
+    result = Decompose()(ep)
+    assert result.notes["method"] == "retrace"
+    assert result.notes["decision"].startswith(f"retrace: {missing} templates to trace")
+    assert "then traced all templates" in result.notes["decision"]
+    assert _decomp.missing_templates(ep, tables)[0] == 0
+    again = Decompose()(ep)  # nothing left to trace: the cheap path
+    assert again.notes["method"] == "incremental"
+    assert "decision" not in again.notes
+
+
+def test_cache_command_starts_without_torch(cache):
+    env = {**os.environ, "EPASS_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    script = (
+        "import sys, epass.cli\n"
+        "sys.argv = ['epass', 'cache', 'info', '--json']\n"
+        "code = epass.cli.main()\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["directory"] == str(cache)
+    _, ep, _ = models.export("mlp")
+    Decompose(method="incremental")(ep)
+    assert _entries(cache)
+    done = subprocess.run(
+        [sys.executable, "-m", "epass", "cache", "clear"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "removed" in done.stdout and not _entries(cache)
+
+
+def test_auto_keeps_the_fallback_reason_of_a_program_it_cannot_rewrite(cache, monkeypatch):
+    _, ep, _ = models.export("seed")  # a buffer mutated in place
+    monkeypatch.setattr(decompose_module, "_TRACE_SECONDS", 1000.0)
+    result = Decompose()(ep)
+    assert result.notes["method"] == "retrace"
+    assert "mutating op" in result.notes["fallback"]
+    assert "decision" not in result.notes
