@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
@@ -29,7 +30,7 @@ from epass.errors import (
 from epass.instrumentation import HOOKS, Dispatch
 from epass.linker import STORE_LOCK, Journal, StateLinker
 from epass.protocol import FxPass, PassResult, adapt, ordering_names, pass_name
-from epass.records import PassInfo, PassRecord, PipelineResult, op_delta, op_histogram
+from epass.records import OpDelta, PassInfo, PassRecord, PipelineResult, op_targets
 from epass.verify import check_arguments, check_state_writes, verify_program
 
 __all__ = [
@@ -233,18 +234,64 @@ class StoreWatch:
         return touched
 
 
+class _Snapshot:
+    """A pass's view as the pass got it, graph side and store side.
+
+    The graph side (``_graph.ProgramSnapshot``) tells whether the pass edited its view
+    in place; the store side (a :class:`StoreWatch`) which store tensors it wrote.
+    """
+
+    def __init__(self, watch: StoreWatch, program: _graph.ProgramSnapshot | None) -> None:
+        self.watch = watch
+        self.program = program
+
+    def graph_changed(self, view: ExportedProgram) -> bool:
+        """Whether the view's graph (structure or node meta) was edited in place."""
+        return self.program is not None and self.program.graph_changed(view)
+
+    def changed(self, view: ExportedProgram) -> bool:
+        """Whether the view was edited in place: graph, meta, signature, state keys or entries."""
+        return self.program is not None and self.program.changed(view)
+
+    def store_writes(self) -> list[str]:
+        """The store entries written in place since the snapshot (:meth:`StoreWatch.touched`)."""
+        return self.watch.touched()
+
+
+@attrs.define
+class _Run:
+    """What the passes of one pipeline run share."""
+
+    dispatch: Dispatch
+    journal: Journal
+    # Whose dicts the link reports call the user's: a nested pipeline's are the
+    # outermost caller's.
+    user: ExportedProgram
+    current: ExportedProgram
+    # current's graph module when this run copied it (no one else holds it).
+    owned: torch.fx.GraphModule | None = None
+    # A graph-side snapshot of ``current`` still known to hold: taken for one pass
+    # and compared again after it left ``current`` as it was, it serves the next
+    # pass too (a snapshot costs far more than a comparison).
+    held: _graph.ProgramSnapshot | None = None
+    # current's call_function target count, while no pass has edited it since.
+    targets: Counter[Any] | None = None
+
+
 @attrs.define
 class _Prepared:
-    """What the manager holds while a pass runs: its view and the before-snapshots."""
+    """What the manager holds while a pass runs: its view and the before-snapshot."""
 
     view: ExportedProgram
-    watch: StoreWatch
+    snapshot: _Snapshot
     nodes_before: int
-    ops_before: dict[str, int]
     # The graph module the pass may edit without reaching a program held outside
     # this run (a copy made for it, or one this run made earlier), else None.
     private_gm: torch.fx.GraphModule | None
-    snapshot: _graph.ProgramSnapshot | None
+    # current's target count, when the pass gets current's own graph (else it is
+    # counted after the pass, and only when the pass modified the program).
+    targets_before: Counter[Any] | None
+    seconds: float = 0.0
 
 
 def _instrument_list(instruments: Any) -> list[Any]:
@@ -373,29 +420,19 @@ class PassManager:
         depth = 0 if parent is None else parent.depth + 1
         if dispatch:
             dispatch.call("before_pipeline", self, ep, parent=parent)
-        journal = Journal()
+        run = _Run(dispatch, Journal(), ep if user is None else user, ep)
         records: list[PassRecord] = []
-        current = ep
-        # Whose dicts the link reports call the user's: a nested pipeline's are the
-        # outermost caller's.
-        user = ep if user is None else user
-        # current's graph module when this run copied it (no one else holds it).
-        owned: torch.fx.GraphModule | None = None
         modified = False
         try:
             for step in range(self.steps):
                 round_modified = False
                 ran: list[str] = []
                 for index, p in enumerate(self.passes):
-                    info = PassInfo(p, pass_name(p), index, step, depth, parent, self)
-                    where: dict[str, Any] = {
-                        "pass_name": info.name,
-                        "index": index,
-                        "step": step,
-                        "previous": tuple(ran),
-                    }
+                    info = PassInfo(
+                        p, pass_name(p), index, step, depth, parent, self, previous=tuple(ran)
+                    )
                     try:
-                        prepared = self._prepare(p, info, current, ep, owned, dispatch, where)
+                        prepared = self._prepare(p, info, run)
                         if isinstance(prepared, PassRecord):  # skipped
                             record = prepared
                         else:
@@ -406,40 +443,22 @@ class PassManager:
                                         prepared.view,
                                         inherited=dispatch.instruments,
                                         parent=info,
-                                        user=user,
+                                        user=run.user,
                                     )
                                 else:
                                     out = p(prepared.view)
                             # sys.exit() in a pass is a failure of that pass, not
                             # the process's decision to end.
                             except (Exception, SystemExit) as exc:
-                                self._raise_failure(p, exc, current, prepared, where)
-                            seconds = time.perf_counter() - start
-                            current, record = self._finish(
-                                p,
-                                info,
-                                out,
-                                seconds,
-                                current,
-                                prepared,
-                                journal,
-                                dispatch,
-                                where,
-                                user,
-                            )
-                            # A program a pass returned that it did not get from this
-                            # run (memoized, another run's output) may be held by
-                            # someone: the next pass edits a copy of its graph.
-                            if current.graph_module is not prepared.private_gm:
-                                owned = None
-                            else:
-                                owned = prepared.private_gm
+                                self._raise_failure(p, info, exc, prepared)
+                            prepared.seconds = time.perf_counter() - start
+                            record = self._finish(run, info, out, prepared)
                     except PassError as exc:
-                        self._report_failure(dispatch, info, current, exc)
+                        self._report_failure(dispatch, info, run.current, exc)
                         raise
                     except Exception as exc:
-                        error = PassError(f"{type(exc).__name__}: {exc}", **where)
-                        self._report_failure(dispatch, info, current, error)
+                        error = PassError(f"{type(exc).__name__}: {exc}", **info.location())
+                        self._report_failure(dispatch, info, run.current, error)
                         raise error from exc
                     ran.append(info.name)
                     records.append(record)
@@ -448,33 +467,25 @@ class PassManager:
                 if not round_modified:
                     break
         except BaseException:
-            journal.rollback()
+            run.journal.rollback()
             raise
-        result = PipelineResult(current, modified, tuple(records))
+        result = PipelineResult(run.current, modified, tuple(records))
         if dispatch:
             try:
                 dispatch.call("after_pipeline", self, result, parent=parent)
             except BaseException:
-                journal.rollback()
+                run.journal.rollback()
                 raise
-        journal.commit()
+        run.journal.commit()
         return result
 
-    def _prepare(
-        self,
-        p: Any,
-        info: PassInfo,
-        current: ExportedProgram,
-        user: ExportedProgram,
-        owned: torch.fx.GraphModule | None,
-        dispatch: Dispatch,
-        where: dict[str, Any],
-    ) -> _Prepared | PassRecord:
+    def _prepare(self, p: Any, info: PassInfo, run: _Run) -> _Prepared | PassRecord:
         """Check preconditions, skip a no-op, or build the pass's private view."""
+        current, dispatch = run.current, run.dispatch
         nodes_before = len(current.graph.nodes)
         requires = getattr(p, "requires", None)
         if requires is not None and requires(current) is False:
-            raise PassError("its precondition (requires) does not hold", **where)
+            raise PassError("its precondition (requires) does not hold", **info.location())
         skip_reason = getattr(p, "skip_reason", None)
         reason = skip_reason(current) if skip_reason is not None else None
         if reason:
@@ -488,15 +499,16 @@ class PassManager:
             return record
         if dispatch:
             dispatch.call("before_pass", info, current, info=info)
+        changes_input = bool(getattr(p, "changes_input", True))
         # A pass that may edit its input gets its own graph unless this run made
         # the current one and nobody else can see it: instruments get the current
         # program (as the failing pass's input when a pass fails halfway through an
         # edit, which a Reproducer saves), and a program a pass returned that it
         # did not get from this run (memoized, another run's output) may be held.
-        copy_graph = getattr(p, "changes_input", True) and (
+        copy_graph = changes_input and (
             bool(dispatch)
-            or current.graph_module is not owned
-            or _program.shares_graph(current.graph_module, user.graph_module)
+            or current.graph_module is not run.owned
+            or _program.shares_graph(current.graph_module, run.user.graph_module)
         )
         # A nested pipeline reads the current dicts as they are (it never inserts
         # into them, and its own passes get copies), so that its link reports say
@@ -505,19 +517,27 @@ class PassManager:
         copy_state = not isinstance(p, PassManager) or p.linker.policy == "in_place"
         with STORE_LOCK:  # a consistent copy while other runs write the store
             view = _program.private_view(current, copy_graph=copy_graph, copy_state=copy_state)
-            entries = _store_entries(current)
+            watch = StoreWatch.of([current], fingerprint=self.fingerprint)
+        program: _graph.ProgramSnapshot | None = None
+        # Nested pipelines and fx passes report their own flag; every other pass
+        # may return its view edited in place, which only a snapshot tells.
+        if not isinstance(p, (PassManager, FxPass)):
+            if copy_graph:  # current's own graph and meta are the snapshot
+                program = _graph.ProgramSnapshot(view, copied_from=current)
+            else:
+                program = run.held or _graph.ProgramSnapshot(view)
+        # A pass handed current's own graph could edit it: count its ops first.
+        if not copy_graph and run.targets is None:
+            run.targets = op_targets(current)
         prepared = _Prepared(
             view=view,
-            watch=StoreWatch(entries, _fingerprint(entries) if self.fingerprint else None),
+            snapshot=_Snapshot(watch, program),
             nodes_before=nodes_before,
-            ops_before=op_histogram(current),
-            private_gm=view.graph_module if copy_graph else owned,
-            # Nested pipelines and fx passes report their own flag; every other
-            # pass may return its view edited in place, which only a snapshot tells.
-            snapshot=None
-            if isinstance(p, (PassManager, FxPass))
-            else _graph.ProgramSnapshot(view, copied_from=current if copy_graph else None),
+            private_gm=view.graph_module if copy_graph else run.owned,
+            targets_before=None if copy_graph else run.targets,
         )
+        if changes_input and not copy_graph:  # it may edit current's graph in place
+            run.targets = None
         logger.debug("start %s (position %d, step %d)", info.name, info.index, info.step)
         return prepared
 
@@ -531,45 +551,30 @@ class PassManager:
             dispatch.call("pass_failed", info, program, error, info=info)
 
     def _raise_failure(
-        self,
-        p: Any,
-        exc: Exception | SystemExit,
-        current: ExportedProgram,
-        prepared: _Prepared,
-        where: dict[str, Any],
+        self, p: Any, info: PassInfo, exc: Exception | SystemExit, prepared: _Prepared
     ) -> NoReturn:
         """Raise the PassError for an exception the pass raised."""
         # A write into the store cannot be undone; say so rather than hide it.
         if not isinstance(exc, StateMutationError):  # a nested one already named it
             try:
-                self._check_store(prepared, where)
+                _check_store(prepared.snapshot, info)
             except StateMutationError as mutation:
                 raise mutation from exc
         if not isinstance(exc, PassError):
-            raise PassError(f"{type(exc).__name__}: {exc}", **where) from exc
+            raise PassError(f"{type(exc).__name__}: {exc}", **info.location()) from exc
         if isinstance(p, PassManager):
             # Same error object, class and attributes (keys, instrument...), named at
             # this level.
-            exc.nest(**where)
+            exc.nest(**info.location())
         raise exc
 
-    def _finish(
-        self,
-        p: Any,
-        info: PassInfo,
-        out: Any,
-        seconds: float,
-        current: ExportedProgram,
-        prepared: _Prepared,
-        journal: Journal,
-        dispatch: Dispatch,
-        where: dict[str, Any],
-        user: ExportedProgram,
-    ) -> tuple[ExportedProgram, PassRecord]:
-        """Check the store, verify and link the pass's output, and record the run."""
-        logger.debug("end %s in %.4fs", info.name, seconds)
-        self._check_store(prepared, where)
-        program, modified = _normalize(out, prepared, p, where)
+    def _finish(self, run: _Run, info: PassInfo, out: Any, prepared: _Prepared) -> PassRecord:
+        """Check the store, verify and link the pass's output, and record the run;
+        ``run.current`` becomes the output."""
+        p, current = info.pass_, run.current
+        logger.debug("end %s in %.4fs", info.name, prepared.seconds)
+        _check_store(prepared.snapshot, info)
+        program, modified = _normalize(out, prepared, p, info)
         if not modified:
             # modified=False means the output is the input program, by contract.
             program = current
@@ -587,61 +592,91 @@ class PassManager:
                 detail = (
                     str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
                 )
-                raise VerificationError(f"its output does not verify: {detail}", **where) from exc
+                raise VerificationError(
+                    f"its output does not verify: {detail}", **info.location()
+                ) from exc
         ensures = getattr(p, "ensures", None)
         if ensures is not None and ensures(program) is False:
-            raise PassError("its postcondition (ensures) does not hold on its result", **where)
+            raise PassError(
+                "its postcondition (ensures) does not hold on its result", **info.location()
+            )
         link = None
+        delta: Mapping[str, int] = {}
         if modified:
             try:
                 linked = self.linker.link(
-                    current, program, pass_name=info.name, journal=journal, user=user
+                    current, program, pass_name=info.name, journal=run.journal, user=run.user
                 )
             except StateConflictError as exc:  # the linker knows the pass by name only
-                raise StateConflictError(exc.reason, keys=exc.keys, **where) from None
+                raise StateConflictError(exc.reason, keys=exc.keys, **info.location()) from None
             link = linked.report
+            before = prepared.targets_before
+            if before is None:  # current's graph went to the pass as a copy
+                before = run.targets if run.targets is not None else op_targets(current)
+            run.targets = op_targets(program)
+            delta = OpDelta(before, run.targets)
         record = PassRecord(
             name=info.name,
             index=info.index,
             step=info.step,
-            seconds=seconds,
+            seconds=prepared.seconds,
             modified=modified,
             nodes_before=prepared.nodes_before,
             nodes_after=len(program.graph.nodes),
-            op_delta=op_delta(prepared.ops_before, op_histogram(program)) if modified else {},
+            op_delta=delta,
             link=link,
             depth=info.depth,
             children=out.records if isinstance(p, PassManager) else (),
             notes=_notes(out),
         )
-        if dispatch:
-            dispatch.call("after_pass", info, program, record, info=info)
-        return program, record
+        if run.dispatch:
+            run.dispatch.call("after_pass", info, program, record, info=info)
+        self._advance(run, prepared, program)
+        return record
 
     @staticmethod
-    def _check_store(prepared: _Prepared, where: dict[str, Any]) -> None:
-        """Raise StateMutationError when an entry the store held before the pass was
-        written in place: the same tensor objects, compared by version (and by
-        fingerprint). Entries added or replaced meanwhile by other runs (other
-        threads, pipelines started from inside the pass) are not this pass's writes.
-        """
-        touched = prepared.watch.touched()
-        if touched:
-            raise StateMutationError(
-                f"it wrote in place into shared state tensors {touched}; a pass must "
-                "create new tensors instead of mutating the ones it is given",
-                keys=touched,
-                **where,
-            )
+    def _advance(run: _Run, prepared: _Prepared, program: ExportedProgram) -> None:
+        """Make ``program`` the run's current program."""
+        held = prepared.snapshot.program
+        if program is run.current:
+            # Left as it was, current keeps a snapshot taken of its own graph
+            # (not of a copy) while a comparison still finds it unchanged.
+            shared = held is not None and held.graph_module is program.graph_module
+            if not shared:
+                held = run.held
+            run.held = held if held is not None and not held.changed(program) else None
+        else:
+            run.held = None
+        # A program a pass returned that it did not get from this run (memoized,
+        # another run's output) may be held by someone: the next pass edits a copy
+        # of its graph.
+        run.owned = prepared.private_gm if program.graph_module is prepared.private_gm else None
+        run.current = program
+
+
+def _check_store(snapshot: _Snapshot, info: PassInfo) -> None:
+    """Raise StateMutationError when an entry the store held before the pass was
+    written in place: the same tensor objects, compared by version (and by
+    fingerprint). Entries added or replaced meanwhile by other runs (other
+    threads, pipelines started from inside the pass) are not this pass's writes.
+    """
+    touched = snapshot.store_writes()
+    if touched:
+        raise StateMutationError(
+            f"it wrote in place into shared state tensors {touched}; a pass must "
+            "create new tensors instead of mutating the ones it is given",
+            keys=touched,
+            **info.location(),
+        )
 
 
 def _normalize(
-    out: Any, prepared: _Prepared, p: Any, where: dict[str, Any]
+    out: Any, prepared: _Prepared, p: Any, info: PassInfo
 ) -> tuple[ExportedProgram, bool]:
     if isinstance(out, ExportedProgram):
         if out is not prepared.view:
             return out, True
-        return out, _edited(prepared, p, where)
+        return out, _edited(prepared, p, info)
     if isinstance(out, PassResult):
         return out.program, out.modified
     # Any result carrying a program and a modified flag: epass's names, or
@@ -657,7 +692,7 @@ def _normalize(
         "ExportedProgram or a result with a program and a modified flag: "
         "PassResult(program, modified), or ExecuTorch's "
         "ExportedProgramPassResult(exported_program, modified)",
-        **where,
+        **info.location(),
     )
 
 
@@ -665,11 +700,9 @@ def _normalize(
 _RESULT_PROGRAM_FIELDS = ("program", "exported_program")
 
 
-def _edited(prepared: _Prepared, p: Any, where: dict[str, Any]) -> bool:
+def _edited(prepared: _Prepared, p: Any, info: PassInfo) -> bool:
     """Whether a pass that returned its own view edited it in place."""
     snapshot = prepared.snapshot
-    if snapshot is None:
-        return False
     view = prepared.view
     if not getattr(p, "changes_input", True) and snapshot.graph_changed(view):
         # The view's graph is its input's graph (possibly the caller's), handed over
@@ -678,7 +711,7 @@ def _edited(prepared: _Prepared, p: Any, where: dict[str, Any]) -> bool:
             "it declares changes_input = False but edited the graph it was given in "
             "place; set changes_input = True (the manager then hands it a private "
             "copy) or build a new graph",
-            **where,
+            **info.location(),
         )
     return snapshot.changed(view)
 
