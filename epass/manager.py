@@ -19,7 +19,6 @@ from epass import _graph, _program
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
-    EpassError,
     OrderingError,
     PassError,
     ProgramError,
@@ -29,7 +28,7 @@ from epass.errors import (
 )
 from epass.instrumentation import HOOKS, Dispatch
 from epass.linker import STORE_LOCK, Journal, StateLinker
-from epass.protocol import FxPass, PassResult, adapt, ordering_names, pass_name
+from epass.protocol import FxPass, PassModel, PassResult, adapt
 from epass.records import OpDelta, PassInfo, PassRecord, PipelineResult, op_targets
 from epass.verify import check_arguments, check_state_writes, verify_program
 
@@ -41,7 +40,6 @@ __all__ = [
     "TextLayer",
     "as_pipeline",
     "coalesce",
-    "install_text_layer",
     "resolve_pass",
 ]
 
@@ -49,41 +47,35 @@ logger = logging.getLogger("epass")
 
 
 class TextLayer(Protocol):
-    """What the engine needs from the pipeline-text layer, which sits above it."""
+    """What the engine needs from the pipeline-text layer, which sits above it:
+    ``epass.pipeline``, loaded by name on first use, as the registry loads the
+    built-in passes (``import epass.manager`` alone resolves string passes)."""
 
-    def parse(self, text: str) -> list[Any]: ...
+    def parse_pipeline(self, text: str) -> list[Any]: ...
 
-    def create(self, spec: str) -> Any: ...
+    def resolve(self, spec: str, /) -> tuple[Any, tuple[str, dict[str, Any]] | None]: ...
 
-    def print(self, pm: PassManager) -> str: ...
-
-
-# epass.pipeline installs itself here when it is imported, so that
-# PassManager.from_text and string passes need no upward import; the first use of
-# pipeline text loads it by name when nothing has yet (`import epass` is lazy).
-_text_layer: TextLayer | None = None
-
-
-def install_text_layer(layer: TextLayer) -> None:
-    """Give the engine its parser and printer of pipeline text (done by epass.pipeline)."""
-    global _text_layer
-    _text_layer = layer
+    def manager_text(self, pm: PassManager) -> str: ...
 
 
 def _text() -> TextLayer:
-    if _text_layer is None:
-        importlib.import_module("epass.pipeline")  # calls install_text_layer
-    if _text_layer is None:
-        raise EpassError("epass.pipeline did not install the pipeline text layer")
-    return _text_layer
+    layer: TextLayer = importlib.import_module("epass.pipeline")  # type: ignore[assignment]
+    return layer
+
+
+def _model(p: Any, position: int | None = None) -> PassModel:
+    """The model of ``p``; registered names and pipeline text are made into passes
+    by the text layer."""
+    if isinstance(p, str):
+        p, origin = _text().resolve(p)
+        return adapt(p, position=position, origin=origin)
+    return adapt(p, position=position)
 
 
 def resolve_pass(p: Any, position: int | None = None) -> Any:
     """A pass object for ``p``: registered names and pipeline text through the text
-    layer, everything else through :func:`~epass.protocol.adapt`."""
-    if isinstance(p, str):
-        return _text().create(p)
-    return adapt(p, position=position)
+    layer, torch.fx passes wrapped in :class:`~epass.FxPass`, other passes as they are."""
+    return _model(p, position).pass_
 
 
 def as_pipeline(pipeline: Any) -> PassManager | None:
@@ -98,53 +90,53 @@ def as_pipeline(pipeline: Any) -> PassManager | None:
     return PassManager([pipeline])
 
 
-def _matches(p: Any, target: Any) -> bool:
+def _matches(model: PassModel, target: Any) -> bool:
     if isinstance(target, type):
-        return isinstance(p, target)
-    return bool(pass_name(p) == target)
+        return isinstance(model.pass_, target)
+    return bool(model.name == target)
 
 
-def check_ordering(passes: Sequence[Any]) -> None:
+def check_ordering(models: Sequence[PassModel]) -> None:
     """Raise OrderingError when the pass order breaks a declared constraint."""
-    edges: dict[int, set[int]] = {i: set() for i in range(len(passes))}  # node -> predecessors
-    for i, p in enumerate(passes):
-        for target in ordering_names(p, "run_before"):
-            for j, q in enumerate(passes):
+    edges: dict[int, set[int]] = {i: set() for i in range(len(models))}  # node -> predecessors
+    for i, m in enumerate(models):
+        for target in m.run_before:
+            for j, q in enumerate(models):
                 if j != i and _matches(q, target):
                     edges[j].add(i)
-        for target in ordering_names(p, "run_after"):
-            for j, q in enumerate(passes):
+        for target in m.run_after:
+            for j, q in enumerate(models):
                 if j != i and _matches(q, target):
                     edges[i].add(j)
     try:
         tuple(graphlib.TopologicalSorter(edges).static_order())
     except graphlib.CycleError as exc:
-        cycle = " -> ".join(f"{pass_name(passes[k])}@{k}" for k in exc.args[1])
+        cycle = " -> ".join(f"{models[k].name}@{k}" for k in exc.args[1])
         raise OrderingError(f"ordering constraints form a cycle: {cycle}") from None
     for node, preds in edges.items():
         for pred in sorted(preds):
             if pred > node:
                 raise OrderingError(
-                    f"pass {pass_name(passes[pred])!r} at position {pred} must run before "
-                    f"pass {pass_name(passes[node])!r} at position {node}; reorder the pipeline"
+                    f"pass {models[pred].name!r} at position {pred} must run before "
+                    f"pass {models[node].name!r} at position {node}; reorder the pipeline"
                 )
 
 
-def coalesce(passes: Sequence[Any]) -> list[Any]:
+def coalesce(models: Sequence[PassModel]) -> list[PassModel]:
     """Merge adjacent passes that offer it, left to right.
 
     A pass with a ``merge(next_pass)`` method returns one pass doing the work of both,
     or None to keep them apart; each pass decides (and documents) when that is exact.
     """
-    out: list[Any] = []
-    for p in passes:
-        merge = getattr(out[-1], "merge", None) if out else None
-        merged = merge(p) if callable(merge) else None
+    out: list[PassModel] = []
+    for m in models:
+        last = out[-1] if out else None
+        merged = last.merge(m.pass_) if last is not None and last.merge is not None else None
         if merged is None:
-            out.append(p)
+            out.append(m)
         else:
-            logger.debug("coalesced %s into %s", pass_name(p), pass_name(out[-1]))
-            out[-1] = merged
+            logger.debug("coalesced %s into %s", m.name, out[-1].name)
+            out[-1] = _model(merged)
     return out
 
 
@@ -282,6 +274,7 @@ class _Run:
 class _Prepared:
     """What the manager holds while a pass runs: its view and the before-snapshot."""
 
+    model: PassModel
     view: ExportedProgram
     snapshot: _Snapshot
     nodes_before: int
@@ -360,8 +353,10 @@ class PassManager:
             raise ArgumentValueError(f"steps must be a positive int, got {steps!r}")
         if linker is not None and not isinstance(linker, StateLinker):
             raise ArgumentTypeError(f"linker must be a StateLinker, got {type(linker).__name__}")
-        self.passes = coalesce([resolve_pass(p, i) for i, p in enumerate(passes)])
-        check_ordering(self.passes)
+        self.models: tuple[PassModel, ...] = tuple(
+            coalesce([_model(p, i) for i, p in enumerate(passes)])
+        )
+        check_ordering(self.models)
         self.steps = steps
         self.linker = linker if linker is not None else StateLinker()
         self.verify = verify
@@ -369,8 +364,14 @@ class PassManager:
         self.fingerprint = fingerprint
         self.name = name
 
+    @property
+    def passes(self) -> list[Any]:
+        """The pass objects, in order, after merging: those given (names made into
+        passes, torch.fx passes wrapped in :class:`~epass.FxPass`)."""
+        return [m.pass_ for m in self.models]
+
     def __repr__(self) -> str:
-        names = ", ".join(pass_name(p) for p in self.passes)
+        names = ", ".join(m.name for m in self.models)
         return f"PassManager([{names}], steps={self.steps})"
 
     @classmethod
@@ -380,7 +381,7 @@ class PassManager:
         Keyword arguments go to the constructor. See ``docs/pipelines.md`` for the
         grammar; errors are :class:`epass.PipelineError` with a caret line.
         """
-        return cls(_text().parse(text), **kwargs)
+        return cls(_text().parse_pipeline(text), **kwargs)
 
     def to_text(self) -> str:
         """The pipeline text that :meth:`from_text` reads back into this pipeline.
@@ -388,7 +389,7 @@ class PassManager:
         Raises ValueError when a pass is not registered or has an option with no
         textual form. ``steps > 1`` prints as ``repeat(steps, [...])``.
         """
-        return _text().print(self)
+        return _text().manager_text(self)
 
     def run(self, ep: ExportedProgram) -> ExportedProgram:
         """Run the pipeline and return the resulting program."""
@@ -427,12 +428,13 @@ class PassManager:
             for step in range(self.steps):
                 round_modified = False
                 ran: list[str] = []
-                for index, p in enumerate(self.passes):
+                for index, model in enumerate(self.models):
+                    p = model.pass_
                     info = PassInfo(
-                        p, pass_name(p), index, step, depth, parent, self, previous=tuple(ran)
+                        p, model.name, index, step, depth, parent, self, previous=tuple(ran)
                     )
                     try:
-                        prepared = self._prepare(p, info, run)
+                        prepared = self._prepare(model, info, run)
                         if isinstance(prepared, PassRecord):  # skipped
                             record = prepared
                         else:
@@ -479,15 +481,13 @@ class PassManager:
         run.journal.commit()
         return result
 
-    def _prepare(self, p: Any, info: PassInfo, run: _Run) -> _Prepared | PassRecord:
+    def _prepare(self, model: PassModel, info: PassInfo, run: _Run) -> _Prepared | PassRecord:
         """Check preconditions, skip a no-op, or build the pass's private view."""
-        current, dispatch = run.current, run.dispatch
+        p, current, dispatch = model.pass_, run.current, run.dispatch
         nodes_before = len(current.graph.nodes)
-        requires = getattr(p, "requires", None)
-        if requires is not None and requires(current) is False:
+        if model.requires is not None and model.requires(current) is False:
             raise PassError("its precondition (requires) does not hold", **info.location())
-        skip_reason = getattr(p, "skip_reason", None)
-        reason = skip_reason(current) if skip_reason is not None else None
+        reason = model.skip_reason(current) if model.skip_reason is not None else None
         if reason:
             record = PassRecord(
                 info.name, info.index, info.step, 0.0, False, nodes_before,
@@ -499,7 +499,7 @@ class PassManager:
             return record
         if dispatch:
             dispatch.call("before_pass", info, current, info=info)
-        changes_input = bool(getattr(p, "changes_input", True))
+        changes_input = model.changes_input
         # A pass that may edit its input gets its own graph unless this run made
         # the current one and nobody else can see it: instruments get the current
         # program (as the failing pass's input when a pass fails halfway through an
@@ -530,6 +530,7 @@ class PassManager:
         if not copy_graph and run.targets is None:
             run.targets = op_targets(current)
         prepared = _Prepared(
+            model=model,
             view=view,
             snapshot=_Snapshot(watch, program),
             nodes_before=nodes_before,
@@ -571,10 +572,11 @@ class PassManager:
     def _finish(self, run: _Run, info: PassInfo, out: Any, prepared: _Prepared) -> PassRecord:
         """Check the store, verify and link the pass's output, and record the run;
         ``run.current`` becomes the output."""
-        p, current = info.pass_, run.current
+        model, current = prepared.model, run.current
+        p = model.pass_
         logger.debug("end %s in %.4fs", info.name, prepared.seconds)
         _check_store(prepared.snapshot, info)
-        program, modified = _normalize(out, prepared, p, info)
+        program, modified = _normalize(out, prepared, info)
         if not modified:
             # modified=False means the output is the input program, by contract.
             program = current
@@ -595,8 +597,7 @@ class PassManager:
                 raise VerificationError(
                     f"its output does not verify: {detail}", **info.location()
                 ) from exc
-        ensures = getattr(p, "ensures", None)
-        if ensures is not None and ensures(program) is False:
+        if model.ensures is not None and model.ensures(program) is False:
             raise PassError(
                 "its postcondition (ensures) does not hold on its result", **info.location()
             )
@@ -670,13 +671,11 @@ def _check_store(snapshot: _Snapshot, info: PassInfo) -> None:
         )
 
 
-def _normalize(
-    out: Any, prepared: _Prepared, p: Any, info: PassInfo
-) -> tuple[ExportedProgram, bool]:
+def _normalize(out: Any, prepared: _Prepared, info: PassInfo) -> tuple[ExportedProgram, bool]:
     if isinstance(out, ExportedProgram):
         if out is not prepared.view:
             return out, True
-        return out, _edited(prepared, p, info)
+        return out, _edited(prepared, info)
     if isinstance(out, PassResult):
         return out.program, out.modified
     # Any result carrying a program and a modified flag: epass's names, or
@@ -700,11 +699,11 @@ def _normalize(
 _RESULT_PROGRAM_FIELDS = ("program", "exported_program")
 
 
-def _edited(prepared: _Prepared, p: Any, info: PassInfo) -> bool:
+def _edited(prepared: _Prepared, info: PassInfo) -> bool:
     """Whether a pass that returned its own view edited it in place."""
     snapshot = prepared.snapshot
     view = prepared.view
-    if not getattr(p, "changes_input", True) and snapshot.graph_changed(view):
+    if not prepared.model.changes_input and snapshot.graph_changed(view):
         # The view's graph is its input's graph (possibly the caller's), handed over
         # uncopied on the pass's promise not to edit it.
         raise PassError(
