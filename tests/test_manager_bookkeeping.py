@@ -11,6 +11,7 @@ import pytest
 import torch
 from fingerprint import fingerprint
 
+import epass
 import epass.records
 from epass import PassError, PassManager, PassResult
 from epass.records import OpDelta
@@ -250,3 +251,65 @@ def test_nested_pipelines_unwind_inner_instruments_first():
         "outer.after_pass",
         "outer.after_pass",
     ]
+
+
+# --- one validate() per built program ---------------------------------------------
+
+
+def _count_validations(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    calls: list[Any] = []
+    real = torch.export.ExportedProgram.validate
+
+    def counting(self: Any) -> None:
+        calls.append(self)
+        real(self)
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "validate", counting)
+    return calls
+
+
+def test_a_program_a_built_in_pass_built_is_validated_once(monkeypatch):
+    from epass.passes import CastDtype
+
+    ep = models.export("mlp")[1]
+    calls = _count_validations(monkeypatch)
+    result = PassManager([CastDtype()])(ep)
+    assert result.records[0].modified
+    assert len(calls) == 1  # by the constructor; verification saw nothing changed since
+
+
+def _cast_then(edit: Callable[[Any], None]) -> Any:
+    from epass.passes import CastDtype
+
+    def cast_and_edit(ep: Any) -> Any:
+        out = CastDtype()(ep).program
+        edit(out)
+        return out
+
+    return cast_and_edit
+
+
+def _drop_a_val(ep: Any) -> None:
+    del _first_call(ep).meta["val"]
+
+
+def _rename_an_output(ep: Any) -> None:
+    ep.graph_signature.output_specs[0].arg.name = "nowhere"
+
+
+@pytest.mark.parametrize("edit", [_drop_a_val, _rename_an_output], ids=["meta val", "signature"])
+def test_a_built_program_edited_after_construction_is_validated_again(edit):
+    ep = models.export("mlp")[1]
+    with pytest.raises(epass.VerificationError, match="does not verify"):
+        PassManager([_cast_then(edit)])(ep)
+
+
+def test_a_built_program_edited_harmlessly_is_validated_again(monkeypatch):
+    def retarget(ep: Any) -> None:
+        node = next(n for n in ep.graph.nodes if n.target is aten.relu.default)
+        node.target = aten.gelu.default
+
+    ep = models.export("mlp")[1]
+    calls = _count_validations(monkeypatch)
+    PassManager([_cast_then(retarget)])(ep)
+    assert len(calls) == 2  # the constructor's, and verification's after the edit
