@@ -11,6 +11,7 @@ import copy
 import functools
 import operator
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ __all__ = [
     "is_operator",
     "keep_node_name",
     "load_pt2",
+    "mark_validated",
     "new_program",
     "private_view",
     "pytree",
@@ -39,6 +41,7 @@ __all__ = [
     "set_signature",
     "set_state",
     "shallow_clone",
+    "still_validated",
     "tree_leaves",
 ]
 
@@ -75,7 +78,11 @@ def set_signature(ep: ExportedProgram, signature: ExportGraphSignature) -> None:
 
 def shallow_clone(ep: ExportedProgram) -> ExportedProgram:
     """A new ExportedProgram object sharing every field (graph and dicts) with ``ep``."""
-    return copy.copy(ep)
+    clone = copy.copy(ep)
+    state = _VALIDATED.get(ep)
+    if state is not None:  # compared with the clone's own fields when it is verified
+        _VALIDATED[clone] = state
+    return clone
 
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -197,7 +204,7 @@ def new_program(
     """
     from torch.export.exported_program import _get_updated_range_constraints
 
-    return ExportedProgram(
+    out = ExportedProgram(
         root=gm,
         graph=gm.graph,
         graph_signature=signature,
@@ -210,6 +217,86 @@ def new_program(
         constants=constants,
         verifiers=ep.verifiers if keep_dialect else None,
     )
+    mark_validated(out)  # the constructor's last step was validate()
+    return out
+
+
+# Programs new_program built, with what torch's verifier read of them right after
+# the constructor validated them: verify_program need not run validate() again
+# while none of it has changed (weak keys: a freed program leaves no entry).
+_VALIDATED: weakref.WeakKeyDictionary[ExportedProgram, list[Any]] = weakref.WeakKeyDictionary()
+
+
+# The Verifier methods that read a program; a subclass that keeps them (torch's
+# TrainingIRVerifier sets only its dialect) reads what the base one reads.
+_VERIFIER_READS = ("check", "_check_graph_module", "check_valid_op", "check_additional")
+
+
+def _verified_state(ep: ExportedProgram) -> list[Any] | None:
+    """Everything torch's base ``Verifier`` reads of ``ep``: every module and graph,
+    each node's name, op, target, arguments and ``meta["val"]`` / ``meta["torch_fn"]``,
+    the objects ``get_attr`` nodes name, the signature, the dicts' entries and the
+    module call graph's argument names. None when one of ``ep``'s verifiers checks
+    more than the base one (ExecuTorch's dialects do), since it may read anything."""
+    from torch._export.verifier import Verifier
+
+    for v in ep.verifiers:
+        if any(getattr(v, m) is not getattr(Verifier, m) for m in _VERIFIER_READS):
+            return None
+    gm = ep.graph_module
+    sig = ep.graph_signature
+    state: list[Any] = [
+        gm,
+        sig,
+        [(s.kind, repr(s.arg), s.target, s.persistent) for s in sig.input_specs],
+        [(s.kind, repr(s.arg), s.target) for s in sig.output_specs],
+        list(ep.state_dict.items()),
+        list(ep.constants.items()),
+        [
+            (e.fqn, None if e.signature is None else repr(e.signature.inputs + e.signature.outputs))
+            for e in ep.module_call_graph
+        ],
+    ]
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            state.append((module, list(vars(module).items())))
+            continue
+        state.append(
+            (module, module.graph, list(vars(module).items()), list(module._buffers.items()))
+        )
+        for node in module.graph.nodes:
+            val = node.meta.get("val")
+            state.append(
+                (node, node.name, node.op, node.target, node.args, node.kwargs, val,
+                 tuple(val) if type(val) in (list, tuple) else None, node.meta.get("torch_fn"))
+            )  # fmt: skip
+            if node.op == "get_attr":
+                try:
+                    state.append(operator.attrgetter(str(node.target))(module))
+                except AttributeError:
+                    state.append(None)
+    return state
+
+
+def mark_validated(ep: ExportedProgram) -> None:
+    """Record that ``ep`` has just passed ``validate()`` (its constructor ran it)."""
+    state = _verified_state(ep)
+    if state is not None:
+        _VALIDATED[ep] = state
+
+
+def still_validated(ep: ExportedProgram) -> bool:
+    """Whether ``ep`` passed ``validate()`` (:func:`mark_validated`) and nothing the
+    verifier reads has changed since, so that running it again would pass."""
+    before = _VALIDATED.get(ep)
+    if before is None:
+        return False
+    try:
+        # Lists and tuples compare identical items by identity first: fake values
+        # are never compared element-wise; an odd __eq__ counts as a change.
+        return bool(_verified_state(ep) == before)
+    except Exception:
+        return False
 
 
 def tree_leaves(value: Any) -> list[Any]:

@@ -62,6 +62,10 @@ HOOKS = (
     "pass_skipped",
 )
 _PIPELINE_HOOKS = ("before_pipeline", "after_pipeline")
+# Hooks that close what a before-hook opened run in reverse registration order, as
+# MLIR's do, so that nested instruments unwind like scopes: with [A, B], A's
+# before_pass runs first and its after_pass last.
+_UNWINDING = frozenset({"after_pipeline", "after_pass", "pass_failed"})
 
 
 def _takes_parent(fn: Any) -> bool:
@@ -73,14 +77,18 @@ def _takes_parent(fn: Any) -> bool:
 
 
 class Dispatch:
-    """Calls one hook on every instrument that has it; wraps failures in InstrumentError."""
+    """Calls one hook on every instrument that has it; wraps failures in InstrumentError.
+
+    ``before_pipeline``, ``before_pass`` and ``pass_skipped`` go to the instruments in
+    registration order; ``after_pass``, ``pass_failed`` and ``after_pipeline`` in reverse.
+    """
 
     def __init__(self, instruments: Sequence[Any]) -> None:
         self.instruments = tuple(instruments)
         self._bound: dict[str, list[tuple[Any, Any, bool]]] = {
             hook: [
                 (i, fn, hook in _PIPELINE_HOOKS and _takes_parent(fn))
-                for i in self.instruments
+                for i in (reversed(self.instruments) if hook in _UNWINDING else self.instruments)
                 if (fn := getattr(i, hook, None)) is not None
             ]
             for hook in HOOKS

@@ -28,6 +28,7 @@ from epass._screen import ALLOWLIST, ReadOnce, readers_agree, screen
 from epass._screen import first_line as _first_line
 from epass._screen import private_copy as _private_copy
 from epass.errors import ArgumentTypeError, LoadError, SaveError
+from epass.protocol import PassModel, adapt
 from epass.records import op_histogram
 
 __all__ = [
@@ -109,11 +110,11 @@ def declared_imports(passes: Iterable[Any]) -> list[str]:
     loads the input, as if given with ``--import``.
     """
     found: list[str] = []
-    stack = list(passes)
+    stack = [p if isinstance(p, PassModel) else adapt(p) for p in passes]
     while stack:
-        p = stack.pop(0)
-        found.extend(m for m in getattr(p, "imports", ()) or () if m not in found)
-        stack.extend(getattr(p, "passes", ()) or ())
+        model = stack.pop(0)
+        found.extend(m for m in model.imports if m not in found)
+        stack.extend(model.children)
     return found
 
 

@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
@@ -18,7 +19,6 @@ from epass import _graph, _program
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
-    EpassError,
     OrderingError,
     PassError,
     ProgramError,
@@ -28,8 +28,8 @@ from epass.errors import (
 )
 from epass.instrumentation import HOOKS, Dispatch
 from epass.linker import STORE_LOCK, Journal, StateLinker
-from epass.protocol import FxPass, PassResult, adapt, ordering_names, pass_name
-from epass.records import PassInfo, PassRecord, PipelineResult, op_delta, op_histogram
+from epass.protocol import FxPass, PassModel, PassResult, adapt
+from epass.records import OpDelta, PassInfo, PassRecord, PipelineResult, op_targets
 from epass.verify import check_arguments, check_state_writes, verify_program
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "TextLayer",
     "as_pipeline",
     "coalesce",
-    "install_text_layer",
     "resolve_pass",
 ]
 
@@ -48,41 +47,35 @@ logger = logging.getLogger("epass")
 
 
 class TextLayer(Protocol):
-    """What the engine needs from the pipeline-text layer, which sits above it."""
+    """What the engine needs from the pipeline-text layer, which sits above it:
+    ``epass.pipeline``, loaded by name on first use, as the registry loads the
+    built-in passes (``import epass.manager`` alone resolves string passes)."""
 
-    def parse(self, text: str) -> list[Any]: ...
+    def parse_pipeline(self, text: str) -> list[Any]: ...
 
-    def create(self, spec: str) -> Any: ...
+    def resolve(self, spec: str, /) -> tuple[Any, tuple[str, dict[str, Any]] | None]: ...
 
-    def print(self, pm: PassManager) -> str: ...
-
-
-# epass.pipeline installs itself here when it is imported, so that
-# PassManager.from_text and string passes need no upward import; the first use of
-# pipeline text loads it by name when nothing has yet (`import epass` is lazy).
-_text_layer: TextLayer | None = None
-
-
-def install_text_layer(layer: TextLayer) -> None:
-    """Give the engine its parser and printer of pipeline text (done by epass.pipeline)."""
-    global _text_layer
-    _text_layer = layer
+    def manager_text(self, pm: PassManager) -> str: ...
 
 
 def _text() -> TextLayer:
-    if _text_layer is None:
-        importlib.import_module("epass.pipeline")  # calls install_text_layer
-    if _text_layer is None:
-        raise EpassError("epass.pipeline did not install the pipeline text layer")
-    return _text_layer
+    layer: TextLayer = importlib.import_module("epass.pipeline")  # type: ignore[assignment]
+    return layer
+
+
+def _model(p: Any, position: int | None = None) -> PassModel:
+    """The model of ``p``; registered names and pipeline text are made into passes
+    by the text layer."""
+    if isinstance(p, str):
+        p, origin = _text().resolve(p)
+        return adapt(p, position=position, origin=origin)
+    return adapt(p, position=position)
 
 
 def resolve_pass(p: Any, position: int | None = None) -> Any:
     """A pass object for ``p``: registered names and pipeline text through the text
-    layer, everything else through :func:`~epass.protocol.adapt`."""
-    if isinstance(p, str):
-        return _text().create(p)
-    return adapt(p, position=position)
+    layer, torch.fx passes wrapped in :class:`~epass.FxPass`, other passes as they are."""
+    return _model(p, position).pass_
 
 
 def as_pipeline(pipeline: Any) -> PassManager | None:
@@ -97,53 +90,53 @@ def as_pipeline(pipeline: Any) -> PassManager | None:
     return PassManager([pipeline])
 
 
-def _matches(p: Any, target: Any) -> bool:
+def _matches(model: PassModel, target: Any) -> bool:
     if isinstance(target, type):
-        return isinstance(p, target)
-    return bool(pass_name(p) == target)
+        return isinstance(model.pass_, target)
+    return bool(model.name == target)
 
 
-def check_ordering(passes: Sequence[Any]) -> None:
+def check_ordering(models: Sequence[PassModel]) -> None:
     """Raise OrderingError when the pass order breaks a declared constraint."""
-    edges: dict[int, set[int]] = {i: set() for i in range(len(passes))}  # node -> predecessors
-    for i, p in enumerate(passes):
-        for target in ordering_names(p, "run_before"):
-            for j, q in enumerate(passes):
+    edges: dict[int, set[int]] = {i: set() for i in range(len(models))}  # node -> predecessors
+    for i, m in enumerate(models):
+        for target in m.run_before:
+            for j, q in enumerate(models):
                 if j != i and _matches(q, target):
                     edges[j].add(i)
-        for target in ordering_names(p, "run_after"):
-            for j, q in enumerate(passes):
+        for target in m.run_after:
+            for j, q in enumerate(models):
                 if j != i and _matches(q, target):
                     edges[i].add(j)
     try:
         tuple(graphlib.TopologicalSorter(edges).static_order())
     except graphlib.CycleError as exc:
-        cycle = " -> ".join(f"{pass_name(passes[k])}@{k}" for k in exc.args[1])
+        cycle = " -> ".join(f"{models[k].name}@{k}" for k in exc.args[1])
         raise OrderingError(f"ordering constraints form a cycle: {cycle}") from None
     for node, preds in edges.items():
         for pred in sorted(preds):
             if pred > node:
                 raise OrderingError(
-                    f"pass {pass_name(passes[pred])!r} at position {pred} must run before "
-                    f"pass {pass_name(passes[node])!r} at position {node}; reorder the pipeline"
+                    f"pass {models[pred].name!r} at position {pred} must run before "
+                    f"pass {models[node].name!r} at position {node}; reorder the pipeline"
                 )
 
 
-def coalesce(passes: Sequence[Any]) -> list[Any]:
+def coalesce(models: Sequence[PassModel]) -> list[PassModel]:
     """Merge adjacent passes that offer it, left to right.
 
     A pass with a ``merge(next_pass)`` method returns one pass doing the work of both,
     or None to keep them apart; each pass decides (and documents) when that is exact.
     """
-    out: list[Any] = []
-    for p in passes:
-        merge = getattr(out[-1], "merge", None) if out else None
-        merged = merge(p) if callable(merge) else None
+    out: list[PassModel] = []
+    for m in models:
+        last = out[-1] if out else None
+        merged = last.merge(m.pass_) if last is not None and last.merge is not None else None
         if merged is None:
-            out.append(p)
+            out.append(m)
         else:
-            logger.debug("coalesced %s into %s", pass_name(p), pass_name(out[-1]))
-            out[-1] = merged
+            logger.debug("coalesced %s into %s", m.name, out[-1].name)
+            out[-1] = _model(merged)
     return out
 
 
@@ -233,18 +226,65 @@ class StoreWatch:
         return touched
 
 
+class _Snapshot:
+    """A pass's view as the pass got it, graph side and store side.
+
+    The graph side (``_graph.ProgramSnapshot``) tells whether the pass edited its view
+    in place; the store side (a :class:`StoreWatch`) which store tensors it wrote.
+    """
+
+    def __init__(self, watch: StoreWatch, program: _graph.ProgramSnapshot | None) -> None:
+        self.watch = watch
+        self.program = program
+
+    def graph_changed(self, view: ExportedProgram) -> bool:
+        """Whether the view's graph (structure or node meta) was edited in place."""
+        return self.program is not None and self.program.graph_changed(view)
+
+    def changed(self, view: ExportedProgram) -> bool:
+        """Whether the view was edited in place: graph, meta, signature, state keys or entries."""
+        return self.program is not None and self.program.changed(view)
+
+    def store_writes(self) -> list[str]:
+        """The store entries written in place since the snapshot (:meth:`StoreWatch.touched`)."""
+        return self.watch.touched()
+
+
+@attrs.define
+class _Run:
+    """What the passes of one pipeline run share."""
+
+    dispatch: Dispatch
+    journal: Journal
+    # Whose dicts the link reports call the user's: a nested pipeline's are the
+    # outermost caller's.
+    user: ExportedProgram
+    current: ExportedProgram
+    # current's graph module when this run copied it (no one else holds it).
+    owned: torch.fx.GraphModule | None = None
+    # A graph-side snapshot of ``current`` still known to hold: taken for one pass
+    # and compared again after it left ``current`` as it was, it serves the next
+    # pass too (a snapshot costs far more than a comparison).
+    held: _graph.ProgramSnapshot | None = None
+    # current's call_function target count, while no pass has edited it since.
+    targets: Counter[Any] | None = None
+
+
 @attrs.define
 class _Prepared:
-    """What the manager holds while a pass runs: its view and the before-snapshots."""
+    """What the manager holds while a pass runs: its view and the before-snapshot."""
 
+    model: PassModel
     view: ExportedProgram
-    watch: StoreWatch
+    snapshot: _Snapshot
     nodes_before: int
-    ops_before: dict[str, int]
     # The graph module the pass may edit without reaching a program held outside
     # this run (a copy made for it, or one this run made earlier), else None.
     private_gm: torch.fx.GraphModule | None
-    snapshot: _graph.ProgramSnapshot | None
+    # current's target count, when the pass gets current's own graph (else it is
+    # counted after the pass, and only when the pass modified the program).
+    targets_before: Counter[Any] | None
+    seconds: float = 0.0
 
 
 def _instrument_list(instruments: Any) -> list[Any]:
@@ -313,8 +353,10 @@ class PassManager:
             raise ArgumentValueError(f"steps must be a positive int, got {steps!r}")
         if linker is not None and not isinstance(linker, StateLinker):
             raise ArgumentTypeError(f"linker must be a StateLinker, got {type(linker).__name__}")
-        self.passes = coalesce([resolve_pass(p, i) for i, p in enumerate(passes)])
-        check_ordering(self.passes)
+        self.models: tuple[PassModel, ...] = tuple(
+            coalesce([_model(p, i) for i, p in enumerate(passes)])
+        )
+        check_ordering(self.models)
         self.steps = steps
         self.linker = linker if linker is not None else StateLinker()
         self.verify = verify
@@ -322,8 +364,14 @@ class PassManager:
         self.fingerprint = fingerprint
         self.name = name
 
+    @property
+    def passes(self) -> list[Any]:
+        """The pass objects, in order, after merging: those given (names made into
+        passes, torch.fx passes wrapped in :class:`~epass.FxPass`)."""
+        return [m.pass_ for m in self.models]
+
     def __repr__(self) -> str:
-        names = ", ".join(pass_name(p) for p in self.passes)
+        names = ", ".join(m.name for m in self.models)
         return f"PassManager([{names}], steps={self.steps})"
 
     @classmethod
@@ -333,7 +381,7 @@ class PassManager:
         Keyword arguments go to the constructor. See ``docs/pipelines.md`` for the
         grammar; errors are :class:`epass.PipelineError` with a caret line.
         """
-        return cls(_text().parse(text), **kwargs)
+        return cls(_text().parse_pipeline(text), **kwargs)
 
     def to_text(self) -> str:
         """The pipeline text that :meth:`from_text` reads back into this pipeline.
@@ -341,7 +389,7 @@ class PassManager:
         Raises ValueError when a pass is not registered or has an option with no
         textual form. ``steps > 1`` prints as ``repeat(steps, [...])``.
         """
-        return _text().print(self)
+        return _text().manager_text(self)
 
     def run(self, ep: ExportedProgram) -> ExportedProgram:
         """Run the pipeline and return the resulting program."""
@@ -373,29 +421,20 @@ class PassManager:
         depth = 0 if parent is None else parent.depth + 1
         if dispatch:
             dispatch.call("before_pipeline", self, ep, parent=parent)
-        journal = Journal()
+        run = _Run(dispatch, Journal(), ep if user is None else user, ep)
         records: list[PassRecord] = []
-        current = ep
-        # Whose dicts the link reports call the user's: a nested pipeline's are the
-        # outermost caller's.
-        user = ep if user is None else user
-        # current's graph module when this run copied it (no one else holds it).
-        owned: torch.fx.GraphModule | None = None
         modified = False
         try:
             for step in range(self.steps):
                 round_modified = False
                 ran: list[str] = []
-                for index, p in enumerate(self.passes):
-                    info = PassInfo(p, pass_name(p), index, step, depth, parent, self)
-                    where: dict[str, Any] = {
-                        "pass_name": info.name,
-                        "index": index,
-                        "step": step,
-                        "previous": tuple(ran),
-                    }
+                for index, model in enumerate(self.models):
+                    p = model.pass_
+                    info = PassInfo(
+                        p, model.name, index, step, depth, parent, self, previous=tuple(ran)
+                    )
                     try:
-                        prepared = self._prepare(p, info, current, ep, owned, dispatch, where)
+                        prepared = self._prepare(model, info, run)
                         if isinstance(prepared, PassRecord):  # skipped
                             record = prepared
                         else:
@@ -406,40 +445,22 @@ class PassManager:
                                         prepared.view,
                                         inherited=dispatch.instruments,
                                         parent=info,
-                                        user=user,
+                                        user=run.user,
                                     )
                                 else:
                                     out = p(prepared.view)
                             # sys.exit() in a pass is a failure of that pass, not
                             # the process's decision to end.
                             except (Exception, SystemExit) as exc:
-                                self._raise_failure(p, exc, current, prepared, where)
-                            seconds = time.perf_counter() - start
-                            current, record = self._finish(
-                                p,
-                                info,
-                                out,
-                                seconds,
-                                current,
-                                prepared,
-                                journal,
-                                dispatch,
-                                where,
-                                user,
-                            )
-                            # A program a pass returned that it did not get from this
-                            # run (memoized, another run's output) may be held by
-                            # someone: the next pass edits a copy of its graph.
-                            if current.graph_module is not prepared.private_gm:
-                                owned = None
-                            else:
-                                owned = prepared.private_gm
+                                self._raise_failure(p, info, exc, prepared)
+                            prepared.seconds = time.perf_counter() - start
+                            record = self._finish(run, info, out, prepared)
                     except PassError as exc:
-                        self._report_failure(dispatch, info, current, exc)
+                        self._report_failure(dispatch, info, run.current, exc)
                         raise
                     except Exception as exc:
-                        error = PassError(f"{type(exc).__name__}: {exc}", **where)
-                        self._report_failure(dispatch, info, current, error)
+                        error = PassError(f"{type(exc).__name__}: {exc}", **info.location())
+                        self._report_failure(dispatch, info, run.current, error)
                         raise error from exc
                     ran.append(info.name)
                     records.append(record)
@@ -448,35 +469,25 @@ class PassManager:
                 if not round_modified:
                     break
         except BaseException:
-            journal.rollback()
+            run.journal.rollback()
             raise
-        result = PipelineResult(current, modified, tuple(records))
+        result = PipelineResult(run.current, modified, tuple(records))
         if dispatch:
             try:
                 dispatch.call("after_pipeline", self, result, parent=parent)
             except BaseException:
-                journal.rollback()
+                run.journal.rollback()
                 raise
-        journal.commit()
+        run.journal.commit()
         return result
 
-    def _prepare(
-        self,
-        p: Any,
-        info: PassInfo,
-        current: ExportedProgram,
-        user: ExportedProgram,
-        owned: torch.fx.GraphModule | None,
-        dispatch: Dispatch,
-        where: dict[str, Any],
-    ) -> _Prepared | PassRecord:
+    def _prepare(self, model: PassModel, info: PassInfo, run: _Run) -> _Prepared | PassRecord:
         """Check preconditions, skip a no-op, or build the pass's private view."""
+        p, current, dispatch = model.pass_, run.current, run.dispatch
         nodes_before = len(current.graph.nodes)
-        requires = getattr(p, "requires", None)
-        if requires is not None and requires(current) is False:
-            raise PassError("its precondition (requires) does not hold", **where)
-        skip_reason = getattr(p, "skip_reason", None)
-        reason = skip_reason(current) if skip_reason is not None else None
+        if model.requires is not None and model.requires(current) is False:
+            raise PassError("its precondition (requires) does not hold", **info.location())
+        reason = model.skip_reason(current) if model.skip_reason is not None else None
         if reason:
             record = PassRecord(
                 info.name, info.index, info.step, 0.0, False, nodes_before,
@@ -488,15 +499,16 @@ class PassManager:
             return record
         if dispatch:
             dispatch.call("before_pass", info, current, info=info)
+        changes_input = model.changes_input
         # A pass that may edit its input gets its own graph unless this run made
         # the current one and nobody else can see it: instruments get the current
         # program (as the failing pass's input when a pass fails halfway through an
         # edit, which a Reproducer saves), and a program a pass returned that it
         # did not get from this run (memoized, another run's output) may be held.
-        copy_graph = getattr(p, "changes_input", True) and (
+        copy_graph = changes_input and (
             bool(dispatch)
-            or current.graph_module is not owned
-            or _program.shares_graph(current.graph_module, user.graph_module)
+            or current.graph_module is not run.owned
+            or _program.shares_graph(current.graph_module, run.user.graph_module)
         )
         # A nested pipeline reads the current dicts as they are (it never inserts
         # into them, and its own passes get copies), so that its link reports say
@@ -505,19 +517,28 @@ class PassManager:
         copy_state = not isinstance(p, PassManager) or p.linker.policy == "in_place"
         with STORE_LOCK:  # a consistent copy while other runs write the store
             view = _program.private_view(current, copy_graph=copy_graph, copy_state=copy_state)
-            entries = _store_entries(current)
+            watch = StoreWatch.of([current], fingerprint=self.fingerprint)
+        program: _graph.ProgramSnapshot | None = None
+        # Nested pipelines and fx passes report their own flag; every other pass
+        # may return its view edited in place, which only a snapshot tells.
+        if not isinstance(p, (PassManager, FxPass)):
+            if copy_graph:  # current's own graph and meta are the snapshot
+                program = _graph.ProgramSnapshot(view, copied_from=current)
+            else:
+                program = run.held or _graph.ProgramSnapshot(view)
+        # A pass handed current's own graph could edit it: count its ops first.
+        if not copy_graph and run.targets is None:
+            run.targets = op_targets(current)
         prepared = _Prepared(
+            model=model,
             view=view,
-            watch=StoreWatch(entries, _fingerprint(entries) if self.fingerprint else None),
+            snapshot=_Snapshot(watch, program),
             nodes_before=nodes_before,
-            ops_before=op_histogram(current),
-            private_gm=view.graph_module if copy_graph else owned,
-            # Nested pipelines and fx passes report their own flag; every other
-            # pass may return its view edited in place, which only a snapshot tells.
-            snapshot=None
-            if isinstance(p, (PassManager, FxPass))
-            else _graph.ProgramSnapshot(view, copied_from=current if copy_graph else None),
+            private_gm=view.graph_module if copy_graph else run.owned,
+            targets_before=None if copy_graph else run.targets,
         )
+        if changes_input and not copy_graph:  # it may edit current's graph in place
+            run.targets = None
         logger.debug("start %s (position %d, step %d)", info.name, info.index, info.step)
         return prepared
 
@@ -531,45 +552,31 @@ class PassManager:
             dispatch.call("pass_failed", info, program, error, info=info)
 
     def _raise_failure(
-        self,
-        p: Any,
-        exc: Exception | SystemExit,
-        current: ExportedProgram,
-        prepared: _Prepared,
-        where: dict[str, Any],
+        self, p: Any, info: PassInfo, exc: Exception | SystemExit, prepared: _Prepared
     ) -> NoReturn:
         """Raise the PassError for an exception the pass raised."""
         # A write into the store cannot be undone; say so rather than hide it.
         if not isinstance(exc, StateMutationError):  # a nested one already named it
             try:
-                self._check_store(prepared, where)
+                _check_store(prepared.snapshot, info)
             except StateMutationError as mutation:
                 raise mutation from exc
         if not isinstance(exc, PassError):
-            raise PassError(f"{type(exc).__name__}: {exc}", **where) from exc
+            raise PassError(f"{type(exc).__name__}: {exc}", **info.location()) from exc
         if isinstance(p, PassManager):
             # Same error object, class and attributes (keys, instrument...), named at
             # this level.
-            exc.nest(**where)
+            exc.nest(**info.location())
         raise exc
 
-    def _finish(
-        self,
-        p: Any,
-        info: PassInfo,
-        out: Any,
-        seconds: float,
-        current: ExportedProgram,
-        prepared: _Prepared,
-        journal: Journal,
-        dispatch: Dispatch,
-        where: dict[str, Any],
-        user: ExportedProgram,
-    ) -> tuple[ExportedProgram, PassRecord]:
-        """Check the store, verify and link the pass's output, and record the run."""
-        logger.debug("end %s in %.4fs", info.name, seconds)
-        self._check_store(prepared, where)
-        program, modified = _normalize(out, prepared, p, where)
+    def _finish(self, run: _Run, info: PassInfo, out: Any, prepared: _Prepared) -> PassRecord:
+        """Check the store, verify and link the pass's output, and record the run;
+        ``run.current`` becomes the output."""
+        model, current = prepared.model, run.current
+        p = model.pass_
+        logger.debug("end %s in %.4fs", info.name, prepared.seconds)
+        _check_store(prepared.snapshot, info)
+        program, modified = _normalize(out, prepared, info)
         if not modified:
             # modified=False means the output is the input program, by contract.
             program = current
@@ -587,61 +594,88 @@ class PassManager:
                 detail = (
                     str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
                 )
-                raise VerificationError(f"its output does not verify: {detail}", **where) from exc
-        ensures = getattr(p, "ensures", None)
-        if ensures is not None and ensures(program) is False:
-            raise PassError("its postcondition (ensures) does not hold on its result", **where)
+                raise VerificationError(
+                    f"its output does not verify: {detail}", **info.location()
+                ) from exc
+        if model.ensures is not None and model.ensures(program) is False:
+            raise PassError(
+                "its postcondition (ensures) does not hold on its result", **info.location()
+            )
         link = None
+        delta: Mapping[str, int] = {}
         if modified:
             try:
                 linked = self.linker.link(
-                    current, program, pass_name=info.name, journal=journal, user=user
+                    current, program, pass_name=info.name, journal=run.journal, user=run.user
                 )
             except StateConflictError as exc:  # the linker knows the pass by name only
-                raise StateConflictError(exc.reason, keys=exc.keys, **where) from None
+                raise StateConflictError(exc.reason, keys=exc.keys, **info.location()) from None
             link = linked.report
+            before = prepared.targets_before
+            if before is None:  # current's graph went to the pass as a copy
+                before = run.targets if run.targets is not None else op_targets(current)
+            run.targets = op_targets(program)
+            delta = OpDelta(before, run.targets)
         record = PassRecord(
             name=info.name,
             index=info.index,
             step=info.step,
-            seconds=seconds,
+            seconds=prepared.seconds,
             modified=modified,
             nodes_before=prepared.nodes_before,
             nodes_after=len(program.graph.nodes),
-            op_delta=op_delta(prepared.ops_before, op_histogram(program)) if modified else {},
+            op_delta=delta,
             link=link,
             depth=info.depth,
             children=out.records if isinstance(p, PassManager) else (),
             notes=_notes(out),
         )
-        if dispatch:
-            dispatch.call("after_pass", info, program, record, info=info)
-        return program, record
+        if run.dispatch:
+            run.dispatch.call("after_pass", info, program, record, info=info)
+        self._advance(run, prepared, program)
+        return record
 
     @staticmethod
-    def _check_store(prepared: _Prepared, where: dict[str, Any]) -> None:
-        """Raise StateMutationError when an entry the store held before the pass was
-        written in place: the same tensor objects, compared by version (and by
-        fingerprint). Entries added or replaced meanwhile by other runs (other
-        threads, pipelines started from inside the pass) are not this pass's writes.
-        """
-        touched = prepared.watch.touched()
-        if touched:
-            raise StateMutationError(
-                f"it wrote in place into shared state tensors {touched}; a pass must "
-                "create new tensors instead of mutating the ones it is given",
-                keys=touched,
-                **where,
-            )
+    def _advance(run: _Run, prepared: _Prepared, program: ExportedProgram) -> None:
+        """Make ``program`` the run's current program."""
+        held = prepared.snapshot.program
+        if program is run.current:
+            # Left as it was, current keeps a snapshot taken of its own graph
+            # (not of a copy) while a comparison still finds it unchanged.
+            shared = held is not None and held.graph_module is program.graph_module
+            if not shared:
+                held = run.held
+            run.held = held if held is not None and not held.changed(program) else None
+        else:
+            run.held = None
+        # A program a pass returned that it did not get from this run (memoized,
+        # another run's output) may be held by someone: the next pass edits a copy
+        # of its graph.
+        run.owned = prepared.private_gm if program.graph_module is prepared.private_gm else None
+        run.current = program
 
 
-def _normalize(
-    out: Any, prepared: _Prepared, p: Any, where: dict[str, Any]
-) -> tuple[ExportedProgram, bool]:
+def _check_store(snapshot: _Snapshot, info: PassInfo) -> None:
+    """Raise StateMutationError when an entry the store held before the pass was
+    written in place: the same tensor objects, compared by version (and by
+    fingerprint). Entries added or replaced meanwhile by other runs (other
+    threads, pipelines started from inside the pass) are not this pass's writes.
+    """
+    touched = snapshot.store_writes()
+    if touched:
+        raise StateMutationError(
+            f"it wrote in place into shared state tensors {touched}; a pass must "
+            "create new tensors instead of mutating the ones it is given",
+            keys=touched,
+            **info.location(),
+        )
+
+
+def _normalize(out: Any, prepared: _Prepared, info: PassInfo) -> tuple[ExportedProgram, bool]:
     if isinstance(out, ExportedProgram):
         if out is not prepared.view:
             return out, True
-        return out, _edited(prepared, p, where)
+        return out, _edited(prepared, info)
     if isinstance(out, PassResult):
         return out.program, out.modified
     # Any result carrying a program and a modified flag: epass's names, or
@@ -657,7 +691,7 @@ def _normalize(
         "ExportedProgram or a result with a program and a modified flag: "
         "PassResult(program, modified), or ExecuTorch's "
         "ExportedProgramPassResult(exported_program, modified)",
-        **where,
+        **info.location(),
     )
 
 
@@ -665,20 +699,18 @@ def _normalize(
 _RESULT_PROGRAM_FIELDS = ("program", "exported_program")
 
 
-def _edited(prepared: _Prepared, p: Any, where: dict[str, Any]) -> bool:
+def _edited(prepared: _Prepared, info: PassInfo) -> bool:
     """Whether a pass that returned its own view edited it in place."""
     snapshot = prepared.snapshot
-    if snapshot is None:
-        return False
     view = prepared.view
-    if not getattr(p, "changes_input", True) and snapshot.graph_changed(view):
+    if not prepared.model.changes_input and snapshot.graph_changed(view):
         # The view's graph is its input's graph (possibly the caller's), handed over
         # uncopied on the pass's promise not to edit it.
         raise PassError(
             "it declares changes_input = False but edited the graph it was given in "
             "place; set changes_input = True (the manager then hands it a private "
             "copy) or build a new graph",
-            **where,
+            **info.location(),
         )
     return snapshot.changed(view)
 

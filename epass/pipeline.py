@@ -33,10 +33,10 @@ from typing import Any
 import attrs
 import torch
 
-from epass import manager, registry
+from epass import registry
 from epass.errors import ArgumentTypeError, ArgumentValueError, OptionError, PipelineError
 from epass.manager import PassManager
-from epass.protocol import pass_name
+from epass.protocol import PassModel, adapt, label
 from epass.registry import format_value
 
 __all__ = [
@@ -376,13 +376,20 @@ def parse(text: str) -> tuple[Item, ...]:
 
 def build(items: Sequence[Item], text: str) -> list[Any]:
     """Turn a syntax tree into pass objects through the registry."""
-    out: list[Any] = []
+    return [p for p, _ in _build(items, text)]
+
+
+def _build(items: Sequence[Item], text: str) -> list[tuple[Any, tuple[str, dict[str, Any]] | None]]:
+    """:func:`build`, each pass with the registry name and options it was made from."""
+    out: list[tuple[Any, tuple[str, dict[str, Any]] | None]] = []
     for item in items:
         if isinstance(item, Group):
-            out.append(PassManager(build(item.items, text), steps=item.count, name=item.kind))
+            group = PassManager(build(item.items, text), steps=item.count, name=item.kind)
+            out.append((group, None))
             continue
         try:
-            out.append(registry.instantiate(item.name, dict(item.options), declared_only=True))
+            obj, options = registry.instantiate(item.name, dict(item.options), declared_only=True)
+            out.append((label(obj, item.name, options), (item.name, options)))
         except registry.UnknownPassError as exc:
             hint = f"; did you mean {exc.suggestions[0]!r}?" if exc.suggestions else ""
             raise PipelineError(f"unknown pass {item.name!r}", text, item.pos, hint) from None
@@ -438,21 +445,33 @@ def format_pipeline(items: Iterable[Item]) -> str:
     return ", ".join(format_item(i) for i in items)
 
 
+def pass_spec(p: Any) -> tuple[str, dict[str, Any]] | None:
+    """The registry name and options that recreate a pass (an object or its model):
+    an attrs pass's fields, else the ``origin`` it was made from; None if unknown."""
+    model = p if isinstance(p, PassModel) else adapt(p)
+    spec = registry.spec_of(model.pass_, model.name)
+    if spec is None and model.origin is not None:
+        spec = model.origin[0], dict(model.origin[1])
+    return spec
+
+
 def spec_tree(passes: Iterable[Any]) -> tuple[Item, ...]:
-    """The syntax tree that recreates these pass objects; ValueError if one has no name."""
+    """The syntax tree that recreates these passes (objects or their models);
+    ValueError if one has no name."""
     out: list[Item] = []
     for p in passes:
-        spec = registry.spec_of(p)
+        model = p if isinstance(p, PassModel) else adapt(p)
+        spec = pass_spec(model)
         if spec is not None:
             name, options = spec
             out.append(PassSpec(name, tuple(options.items())))
-        elif isinstance(p, PassManager):
-            kind = "fixpoint" if p.name == "fixpoint" else "repeat"
-            out.append(Group(kind, p.steps, spec_tree(p.passes)))
+        elif isinstance(model.pass_, PassManager):
+            kind = "fixpoint" if model.pass_.name == "fixpoint" else "repeat"
+            out.append(Group(kind, model.pass_.steps, spec_tree(model.children)))
         else:
             raise ArgumentValueError(
-                f"pass {pass_name(p)!r} ({type(p).__name__}) is not registered, so it has no "
-                "textual form; register it with epass.register_pass"
+                f"pass {model.name!r} ({type(model.pass_).__name__}) is not registered, so it "
+                "has no textual form; register it with epass.register_pass"
             )
     return tuple(out)
 
@@ -492,6 +511,13 @@ def create_pass(spec: str, /, **options: Any) -> Any:
     ``create_pass("cast-dtype(dtype=bfloat16)")`` give the same pass. Text holding
     several passes (``"decompose, dce"``) gives a nested :class:`~epass.PassManager`.
     """
+    return resolve(spec, **options)[0]
+
+
+def resolve(spec: str, /, **options: Any) -> tuple[Any, tuple[str, dict[str, Any]] | None]:
+    """:func:`create_pass`, and the registry name and options the pass was made
+    from (None for text holding several passes): what the engine puts in the pass's
+    :class:`~epass.protocol.PassModel`."""
     if not isinstance(spec, str):
         raise ArgumentTypeError(
             f"create_pass takes a name or pipeline text, got {type(spec).__name__}"
@@ -500,7 +526,8 @@ def create_pass(spec: str, /, **options: Any) -> Any:
         raise ArgumentValueError("create_pass: spec is empty; give a pass name or pipeline text")
     if registry.NAME_PATTERN.fullmatch(spec.strip()):
         try:
-            return registry.instantiate(spec.strip(), options)
+            obj, converted = registry.instantiate(spec.strip(), options)
+            return label(obj, spec.strip(), converted), (spec.strip(), converted)
         except OptionError:
             raise
         except (TypeError, ValueError) as exc:
@@ -508,10 +535,12 @@ def create_pass(spec: str, /, **options: Any) -> Any:
             raise error(f"bad options for pass {spec.strip()!r}: {registry.reason(exc)}") from exc
     if options:
         raise ArgumentTypeError("pass options either in the text or as keywords, not both")
-    passes = parse_pipeline(spec)
-    if not passes:
+    made = _build(parse(spec), spec)
+    if not made:
         raise ArgumentValueError(f"create_pass: spec {spec!r} holds no pass")
-    return passes[0] if len(passes) == 1 else PassManager(passes, name=spec.strip())
+    if len(made) == 1:
+        return made[0]
+    return PassManager([p for p, _ in made], name=spec.strip()), None
 
 
 def from_text(text: str, **kwargs: Any) -> PassManager:
@@ -525,24 +554,5 @@ def manager_text(pm: PassManager) -> str:
     Raises ValueError when a pass is not registered or has an option with no
     textual form. ``steps > 1`` prints as ``repeat(steps, [...])``.
     """
-    text = to_text(pm.passes)
+    text = to_text(pm.models)
     return f"repeat({pm.steps}, [{text}])" if pm.steps > 1 else text
-
-
-class _Text:
-    """The text layer as the engine sees it (:meth:`PassManager.from_text`, string passes)."""
-
-    @staticmethod
-    def parse(text: str) -> list[Any]:
-        return parse_pipeline(text)
-
-    @staticmethod
-    def create(spec: str) -> Any:
-        return create_pass(spec)
-
-    @staticmethod
-    def print(pm: PassManager) -> str:
-        return manager_text(pm)
-
-
-manager.install_text_layer(_Text())

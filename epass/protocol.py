@@ -33,8 +33,10 @@ return PassResult      the ``modified`` flag is trusted; so is that of any
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+import contextlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import torch
@@ -45,11 +47,14 @@ from epass import _graph
 from epass.errors import ArgumentTypeError
 
 __all__ = [
+    "CONTRACT",
     "FxPass",
+    "NamedPass",
     "Pass",
-    "PassLike",
+    "PassModel",
     "PassResult",
     "adapt",
+    "label",
     "pass_name",
 ]
 
@@ -66,25 +71,79 @@ class PassResult:
 class Pass(Protocol):
     """Anything callable as ``(ExportedProgram) -> PassResult | ExportedProgram``.
 
-    Optional attributes a pass may declare:
+    Optional attributes a pass may declare, each read once, by :func:`adapt`, into
+    the pass's :class:`PassModel` when a :class:`~epass.PassManager` is built:
 
     * ``name``: used in records and errors (default: the function or class name);
     * ``requires(ep)`` / ``ensures(ep)``: checks on the input / on the *result*;
       return False or raise to fail;
-    * ``run_before`` / ``run_after``: names or types of passes it must precede or follow;
-    * ``changes_input``: set False when the pass never mutates the program it gets,
-      so the manager need not copy the graph for it (returning it edited anyway
-      is then a :class:`~epass.PassError`);
     * ``skip_reason(ep)``: return a reason string when the pass would be a no-op on
       ``ep``; the manager then skips it and records why;
+    * ``changes_input``: set False when the pass never mutates the program it gets,
+      so the manager need not copy the graph for it (returning it edited anyway
+      is then a :class:`~epass.PassError`); default True;
     * ``merge(next_pass)``: return one pass doing the work of this one and the next,
-      or None; the manager merges adjacent passes this way when it is built.
+      or None; the manager merges adjacent passes this way when it is built;
+    * ``run_before`` / ``run_after``: names or types of passes it must precede or follow;
+    * ``imports``: modules to import before a program is loaded for this pass (the
+      ones registering the custom ops it works on, ``("torchao",)``);
+    * ``origin``: the registry name and options that recreate the pass, as
+      ``(name, options)``; :func:`~epass.create_pass` sets it on what it makes.
     """
 
     def __call__(self, ep: ExportedProgram, /) -> PassResult | ExportedProgram: ...
 
 
-PassLike: TypeAlias = "Pass | PassBase | Callable[[ExportedProgram], Any]"
+# The attributes of the contract above: the only ones adapt reads from a pass.
+CONTRACT = (
+    "name",
+    "requires",
+    "ensures",
+    "skip_reason",
+    "changes_input",
+    "merge",
+    "run_before",
+    "run_after",
+    "imports",
+    "origin",
+)
+
+Check = Callable[[ExportedProgram], Any]
+Origin = tuple[str, Mapping[str, Any]]
+
+
+@attrs.frozen(eq=False)
+class PassModel:
+    """One pass as the manager sees it: what it calls and everything the pass
+    declares, read once by :func:`adapt` (LLVM's ``detail::PassModel``). Nothing
+    after that reads an attribute of the pass.
+
+    Attributes:
+        pass_: the object called (a :class:`FxPass` around a torch.fx pass).
+        name: its name in records and errors.
+        origin: the registry name and options it was made from, or None.
+        requires / ensures / skip_reason: its checks, or None.
+        changes_input: False when it promised not to mutate its input.
+        merge: its ``merge(next_pass)``, or None.
+        run_before / run_after: names or types of passes it must precede or follow.
+        imports: modules to import before a program is loaded for it.
+        module: the module defining its function or class.
+        children: the models of a nested pipeline's passes.
+    """
+
+    pass_: Any
+    name: str
+    origin: Origin | None = None
+    requires: Check | None = None
+    ensures: Check | None = None
+    skip_reason: Check | None = None
+    changes_input: bool = True
+    merge: Callable[[Any], Any] | None = None
+    run_before: tuple[Any, ...] = ()
+    run_after: tuple[Any, ...] = ()
+    imports: tuple[str, ...] = ()
+    module: str | None = None
+    children: tuple[PassModel, ...] = ()
 
 
 def pass_name(p: Any) -> str:
@@ -95,6 +154,49 @@ def pass_name(p: Any) -> str:
     if hasattr(p, "__name__"):
         return str(p.__name__)
     return type(p).__name__
+
+
+class NamedPass:
+    """A registered pass that has no ``name`` of its own, under its registry name.
+
+    Records and errors then show the registry name. Other attributes (``requires``,
+    ``changes_input``, ...) are the wrapped pass's.
+    """
+
+    def __init__(self, name: str, inner: Any) -> None:
+        self.name = name
+        self.inner = inner
+
+    def __call__(self, ep: Any) -> Any:
+        return self.inner(ep)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "inner":  # not set yet (copying, unpickling)
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
+    def __repr__(self) -> str:
+        return f"NamedPass({self.name!r}, {self.inner!r})"
+
+
+def label(obj: Any, name: str, options: Mapping[str, Any]) -> Any:
+    """``obj``, made by the factory registered as ``name`` with ``options``, labelled
+    with both: a pass without a name of its own takes the registry name (a fresh
+    instance is ours to label; anything else is wrapped in :class:`NamedPass`), and
+    ``origin`` records how to make it again, where the object takes attributes."""
+    own = getattr(obj, "name", None)
+    if not (isinstance(own, str) and own):
+        if isinstance(obj, type) or inspect.isroutine(obj):
+            obj = NamedPass(name, obj)
+        else:
+            try:
+                obj.name = name
+            except (AttributeError, TypeError):
+                obj = NamedPass(name, obj)
+    # attrs passes and other slotted objects print from their fields instead.
+    with contextlib.suppress(AttributeError, TypeError):
+        obj.origin = (name, dict(options))
+    return obj
 
 
 class FxPass:
@@ -136,13 +238,22 @@ class FxPass:
         return PassResult(program, modified)
 
 
-def adapt(p: Any, *, position: int | None = None) -> Any:
-    """Turn a pass-like object into something the manager can call, or raise TypeError.
+def adapt(
+    p: Any,
+    *,
+    position: int | None = None,
+    origin: Origin | None = None,
+) -> PassModel:
+    """The :class:`PassModel` of a pass object, or ArgumentTypeError when ``p`` is
+    not a pass: the one place that reads the attributes a pass declares.
 
-    Names and pipeline text are resolved by the manager through the text layer.
+    A torch.fx ``PassBase`` is wrapped in :class:`FxPass`. ``origin`` (the registry
+    name and options, known to whoever resolved a name) overrides the pass's own.
+    A nested pipeline's ``models`` become the model's ``children``. Names and
+    pipeline text are resolved into objects by the manager, through the text layer.
     """
     if isinstance(p, PassBase):
-        return FxPass(p, name=pass_name(p))
+        p = FxPass(p, name=pass_name(p))
     if isinstance(p, (str, ExportedProgram, torch.nn.Module)) or not callable(p):
         where = f"pipeline position {position}: " if position is not None else ""
         raise ArgumentTypeError(
@@ -150,11 +261,42 @@ def adapt(p: Any, *, position: int | None = None) -> Any:
             "taking an ExportedProgram and returning a PassResult or ExportedProgram, "
             "a torch.fx PassBase, or FxPass(fn) around a GraphModule function"
         )
-    return p
+    merge = getattr(p, "merge", None)
+    declared = getattr(p, "origin", None)
+    return PassModel(
+        pass_=p,
+        name=pass_name(p),
+        origin=origin if origin is not None else _origin(declared),
+        requires=getattr(p, "requires", None),
+        ensures=getattr(p, "ensures", None),
+        skip_reason=getattr(p, "skip_reason", None),
+        changes_input=bool(getattr(p, "changes_input", True)),
+        merge=merge if callable(merge) else None,
+        run_before=_targets(getattr(p, "run_before", ())),
+        run_after=_targets(getattr(p, "run_after", ())),
+        imports=tuple(getattr(p, "imports", ()) or ()),
+        module=_module(p.fn if isinstance(p, FxPass) else p),
+        children=tuple(m for m in getattr(p, "models", ()) if isinstance(m, PassModel)),
+    )
 
 
-def ordering_names(p: Any, attr: str) -> Sequence[Any]:
-    value = getattr(p, attr, ())
+def _origin(value: Any) -> Origin | None:
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
+        name, options = value
+        if isinstance(options, Mapping):
+            return name, dict(options)
+    return None
+
+
+def _targets(value: Any) -> tuple[Any, ...]:
     if isinstance(value, (str, type)):
         return (value,)
     return tuple(value or ())
+
+
+def _module(p: Any) -> str | None:
+    """The module defining a pass's function or class (a registered function's own)."""
+    inner = p.inner if isinstance(p, NamedPass) else p
+    owner = inner if inspect.isroutine(inner) or isinstance(inner, type) else type(inner)
+    module = getattr(owner, "__module__", None)
+    return module if isinstance(module, str) else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import importlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from epass.linker import LinkReport, Owner
 from epass.protocol import PassResult
 
 __all__ = [
+    "OpDelta",
     "PassInfo",
     "PassRecord",
     "PipelineResult",
@@ -24,6 +25,7 @@ __all__ = [
     "op_delta",
     "op_histogram",
     "op_name",
+    "op_targets",
     "state_text",
 ]
 
@@ -59,6 +61,49 @@ def op_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, i
     }
 
 
+def op_targets(ep: ExportedProgram) -> collections.Counter[Any]:
+    """How many times each call_function target object occurs in the top-level graph:
+    what an op histogram is made from, counted without naming any op."""
+    return collections.Counter([n.target for n in ep.graph.nodes if n.op == "call_function"])
+
+
+class OpDelta(Mapping[str, int]):
+    """A record's ``op_delta``, worked out from two target counts (:func:`op_targets`)
+    the first time it is read: naming every op costs more than the count itself,
+    and most runs never look."""
+
+    __slots__ = ("_after", "_before", "_delta")
+
+    def __init__(self, before: Mapping[Any, int], after: Mapping[Any, int]) -> None:
+        self._before = before
+        self._after = after
+        self._delta: dict[str, int] | None = None
+
+    def _value(self) -> dict[str, int]:
+        if self._delta is None:
+            self._delta = op_delta(_named(self._before), _named(self._after))
+        return self._delta
+
+    def __getitem__(self, key: str) -> int:
+        return self._value()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._value())
+
+    def __len__(self) -> int:
+        return len(self._value())
+
+    def __repr__(self) -> str:
+        return repr(self._value())
+
+
+def _named(targets: Mapping[Any, int]) -> collections.Counter[str]:
+    out: collections.Counter[str] = collections.Counter()
+    for target, count in targets.items():
+        out[op_name(target)] += count
+    return out
+
+
 @attrs.frozen
 class PassInfo:
     """Which pass is about to run, or ran, and where: the manager hands one to every hook.
@@ -72,6 +117,7 @@ class PassInfo:
         parent: the info of the nested pipeline (a pass of the enclosing one) that
             runs this pass; None at the top level.
         manager: the pipeline whose pass list holds this pass.
+        previous: the names of the passes of this step that ran before it, in order.
     """
 
     pass_: Any
@@ -81,6 +127,16 @@ class PassInfo:
     depth: int = 0
     parent: PassInfo | None = attrs.field(default=None, repr=False)
     manager: Any = attrs.field(default=None, repr=False, eq=False)
+    previous: tuple[str, ...] = attrs.field(default=(), repr=False)
+
+    def location(self) -> dict[str, Any]:
+        """The keyword arguments that name this pass in a :class:`~epass.PassError`."""
+        return {
+            "pass_name": self.name,
+            "index": self.index,
+            "step": self.step,
+            "previous": self.previous,
+        }
 
     @property
     def path(self) -> str:
@@ -105,7 +161,8 @@ class PassRecord:
         modified: whether the pass changed the program.
         nodes_before / nodes_after: graph node counts around the pass.
         op_delta: change in the count of each call_function target (nonzero only),
-            keyed by :func:`op_name`.
+            keyed by :func:`op_name`; an :class:`OpDelta`, which names the ops
+            when first read.
         link: how the output's state was linked (None when unmodified or skipped).
         skipped: whether the pass was skipped as a no-op; ``skip_reason`` says why.
         depth: nesting depth (0 for the top-level pipeline).

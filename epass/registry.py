@@ -35,7 +35,6 @@ import re
 import threading
 import types
 import typing
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, Union, overload
 
@@ -239,8 +238,6 @@ class _Entry:
 _lock = threading.RLock()
 _entries: dict[str, _Entry] = {}
 _plugins_loaded = False
-# Objects made by create_pass -> (name, options), so pipelines print back as written.
-_origin: weakref.WeakKeyDictionary[Any, tuple[str, dict[str, Any]]] = weakref.WeakKeyDictionary()
 
 
 def _init_builtins() -> None:
@@ -583,8 +580,12 @@ def reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def instantiate(name: str, options: Mapping[str, Any], *, declared_only: bool = False) -> Any:
-    """Call the factory registered as ``name`` with ``options``.
+def instantiate(
+    name: str, options: Mapping[str, Any], *, declared_only: bool = False
+) -> tuple[Any, dict[str, Any]]:
+    """Call the factory registered as ``name`` with ``options``; return what it
+    made (the registered function itself for a function pass) and the options as
+    converted (:func:`convert_options`), which recreate it.
 
     With ``declared_only`` (pipeline text), only the options the factory names
     (:func:`option_infos`) are accepted: a ``**kwargs`` catch-all, such as the
@@ -614,11 +615,7 @@ def instantiate(name: str, options: Mapping[str, Any], *, declared_only: bool = 
                 raise ArgumentTypeError(f"no option {key!r}{hint}{valid}")
         options = convert_options(name, entry.factory, options)
         obj = entry.factory(**options)
-    obj = _named(obj, name)
-    # Objects that are not weak-referenceable print from their attrs fields instead.
-    with contextlib.suppress(TypeError):
-        _origin[obj] = (name, options)
-    return obj
+    return obj, options
 
 
 # --- option types ------------------------------------------------------------------
@@ -862,40 +859,6 @@ def _convert_collection(value: Any, origin: Any, args: tuple[Any, ...]) -> Any:
     return items
 
 
-class NamedPass:
-    """A registered pass that has no ``name`` of its own, under its registry name.
-
-    Records and errors then show the registry name. Other attributes (``requires``,
-    ``changes_input``, ...) are the wrapped pass's.
-    """
-
-    def __init__(self, name: str, inner: Any) -> None:
-        self.name = name
-        self.inner = inner
-
-    def __call__(self, ep: Any) -> Any:
-        return self.inner(ep)
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr == "inner":  # not set yet (copying, unpickling)
-            raise AttributeError(attr)
-        return getattr(self.inner, attr)
-
-    def __repr__(self) -> str:
-        return f"NamedPass({self.name!r}, {self.inner!r})"
-
-
-def _named(obj: Any, name: str) -> Any:
-    own = getattr(obj, "name", None)
-    if isinstance(own, str) and own:
-        return obj
-    if not isinstance(obj, type) and not inspect.isroutine(obj):
-        with contextlib.suppress(AttributeError, TypeError):
-            obj.name = name  # a fresh instance from the factory: ours to label
-            return obj
-    return NamedPass(name, obj)
-
-
 def _takes_var_keywords(factory: Any) -> bool:
     if isinstance(factory, type) and attrs.has(factory):
         return False
@@ -906,16 +869,18 @@ def _takes_var_keywords(factory: Any) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
 
 
-def spec_of(p: Any) -> tuple[str, dict[str, Any]] | None:
-    """The registry name and options that recreate pass ``p``, or None if unknown.
+def spec_of(p: Any, name: str | None = None) -> tuple[str, dict[str, Any]] | None:
+    """The registry name and options that recreate the attrs pass ``p`` from its
+    fields (only options that differ from the default are kept), or None when ``p``
+    is not an instance of a registered attrs class. ``name``, the pass's own name,
+    is tried first when its class is registered under several names.
 
-    attrs passes are read from their fields (only options that differ from the
-    default are kept); other objects made by :func:`create_pass` from the name and
-    options they were made with.
+    How other passes were made is their :class:`~epass.protocol.PassModel`'s
+    ``origin``.
     """
     cls = type(p)
     if attrs.has(cls) and not isinstance(p, type):
-        name = _registered_name_of_class(p)
+        name = _registered_name_of_class(cls, name)
         if name is not None:
             options: dict[str, Any] = {}
             fields = [f for f in attrs.fields(cls) if f.init]
@@ -925,25 +890,14 @@ def spec_of(p: Any) -> tuple[str, dict[str, Any]] | None:
                     continue
                 options[info.name] = value
             return name, options
-    try:
-        origin = _origin.get(p)
-    except TypeError:
-        origin = None
-    if origin is not None:
-        return origin[0], dict(origin[1])
-    with _lock:
-        for name, entry in _entries.items():
-            if entry.is_pass and entry.factory is getattr(p, "inner", p):
-                return name, {}
     return None
 
 
-def _registered_name_of_class(p: Any) -> str | None:
-    cls = type(p)
+def _registered_name_of_class(cls: type, name: str | None) -> str | None:
     target = _target_of(cls)
     with _lock:
         _load_plugins()
-        candidates = [getattr(p, "name", None), *list(_entries)]
+        candidates = [name, *list(_entries)]
         for name in candidates:
             entry = _entries.get(name) if isinstance(name, str) else None
             if entry is None:

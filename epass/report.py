@@ -47,9 +47,9 @@ from epass.instruments import MemoryAccounting, MemoryEntry
 from epass.io import atomic_write
 from epass.linker import owners_text
 from epass.manager import PassManager
-from epass.pipeline import PassSpec, format_item
+from epass.pipeline import PassSpec, format_item, pass_spec
 from epass.records import PassInfo, PassRecord, PipelineResult, count_text, op_name, state_text
-from epass.registry import format_value, spec_of
+from epass.registry import format_value
 
 __all__ = ["SCHEMA", "VERDICTS", "RunLog", "build_report", "render_html", "verdict", "write_report"]
 
@@ -70,7 +70,7 @@ def _json_value(value: Any) -> Any:
 
 
 def _pass_spec(p: Any) -> tuple[str | None, dict[str, Any]]:
-    spec = spec_of(p)
+    spec = pass_spec(p)
     if spec is None:
         return None, {}
     name, options = spec

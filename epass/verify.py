@@ -295,6 +295,10 @@ def check_arguments(output: ExportedProgram, source: ExportedProgram) -> None:
 def verify_program(ep: ExportedProgram) -> None:
     """Run ``ep.validate()`` and the state checks.
 
+    ``validate()`` is skipped for a program epass built (whose constructor has just
+    run it) while nothing torch's verifier reads has changed since
+    (``_program.still_validated``).
+
     Raises:
         ArgumentTypeError: ``ep`` is not an ExportedProgram.
         ProgramError: torch's verifier rejects the program, or its state and
@@ -303,7 +307,8 @@ def verify_program(ep: ExportedProgram) -> None:
     if not isinstance(ep, ExportedProgram):
         raise ArgumentTypeError(f"verify_program takes an ExportedProgram, got {type(ep).__name__}")
     try:
-        ep.validate()
+        if not _program.still_validated(ep):
+            ep.validate()
     except Exception as exc:
         raise ProgramError(f"{type(exc).__name__}: {exc}", [str(exc)]) from exc
     problems = state_problems(ep)

@@ -293,3 +293,35 @@ def test_serialized_builtin_targets_are_named_as_torch_writes_them() -> None:
 
 def test_pytree_type_names_include_the_builtin_containers() -> None:
     assert {"builtins.tuple", "builtins.list", "builtins.dict"} <= _program.pytree_type_names()
+
+
+def test_the_verifier_reads_what_still_validated_compares():
+    # _program._verified_state lists what torch's base Verifier reads; a check
+    # torch adds would read something the comparison may not cover.
+    import inspect
+
+    from torch._export.verifier import Verifier
+
+    body = inspect.getsource(Verifier.check)
+    calls = [line.strip() for line in body.splitlines() if line.strip()]
+    calls = [c for c in calls if not c.startswith(("def ", "@"))]
+    assert calls == [
+        "self._check_graph_module(ep.graph_module)",
+        "_verify_exported_program_module_call_graph(ep)",
+        "_verify_exported_program_signature(ep)",
+    ]
+    init = inspect.getsource(torch.export.ExportedProgram.__init__)
+    assert "self.validate()" in init
+
+
+def test_a_program_new_program_built_counts_as_validated_until_it_changes():
+    ep = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    built = _program.new_program(
+        ep, ep.graph_module, ep.graph_signature, ep.state_dict, ep.constants
+    )
+    assert _program.still_validated(built)
+    assert _program.still_validated(_program.shallow_clone(built))
+    assert not _program.still_validated(ep)  # torch built it; epass never saw it validated
+    node = next(n for n in built.graph.nodes if n.op == "call_function")
+    node.meta["val"] = node.meta["val"].clone()
+    assert not _program.still_validated(built)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import pickle
 import re
@@ -20,6 +19,7 @@ from epass.errors import InstrumentError
 from epass.instrumentation import Instrument
 from epass.io import module_origin
 from epass.pipeline import to_text
+from epass.protocol import adapt
 from epass.records import PassInfo
 
 __all__ = ["Reproducer", "docstring_text", "pipeline_text", "qualified_name", "script"]
@@ -261,13 +261,11 @@ class Reproducer(Instrument):
         ``imports`` (``--import``), then those defining the passes' classes and
         functions, nested pipelines included (epass's and torch's own left out)."""
         found = list(self.imports)
-        stack = list(passes)
+        stack = [adapt(p) for p in passes]
         while stack:
-            p = stack.pop(0)
-            stack.extend(getattr(p, "passes", ()) or ())
-            inner = getattr(p, "inner", p)  # a registered function under its name
-            owner = inner if inspect.isroutine(inner) or isinstance(inner, type) else type(inner)
-            module = getattr(owner, "__module__", None)
+            model = stack.pop(0)
+            stack.extend(model.children)
+            module = model.module
             if (
                 isinstance(module, str)
                 and module.split(".")[0] not in ("epass", "torch", "builtins", "__main__")
