@@ -1092,7 +1092,7 @@ class ReadOnce(io.RawIOBase):
         self._starts: list[int] = []  # kept bytes: sorted, disjoint chunks
         self._chunks: list[bytes] = []
         self._raw: list[tuple[int, int]] = []  # sorted (start, end) of raw tensor data
-        self.name = getattr(file, "name", "<archive>")
+        self.name = str(file.name)  # a regular file opened by path
 
     @staticmethod
     def usable(file: IO[bytes]) -> bool:
