@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 import threading
@@ -47,6 +48,8 @@ _DEFAULT_LIMIT = 64 * 1024 * 1024
 # An entry is a few kilobytes; anything much larger is not one of ours.
 _MAX_ENTRY = 4 * 1024 * 1024
 _HASH = re.compile(r"^[0-9a-f]{64}$")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 _LOCK = threading.Lock()
 _STATS = {"hits": 0, "misses": 0, "writes": 0, "rejected": 0}
@@ -96,13 +99,18 @@ def _entries_dir(create: bool) -> Path | None:
             os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError:
             return None
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        _warn(f"{path} belongs to another user")
-        return None
+    for folder in (root, path):
+        try:
+            st = folder.stat()
+        except OSError:
+            return None
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            _warn(f"{folder} belongs to another user")
+            return None
+        # Whoever can write here can plant entries (or swap the entries folder).
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            _warn(f"{folder} is writable by other users; the disk cache is off")
+            return None
     return path
 
 
@@ -132,8 +140,8 @@ def load(key: Any) -> Any:
     text, name = digest(key)
     path = folder / f"{name}.json"
     try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_ENTRY + 1)
+        # Not following a link, and not waiting on a FIFO or a device for a writer.
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
     except FileNotFoundError:
         with _LOCK:
             _STATS["misses"] += 1
@@ -141,7 +149,14 @@ def load(key: Any) -> Any:
     except OSError as exc:
         _warn(f"cannot read {path.name} ({exc})")
         return None
-    problem, data = _parse(raw, text)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+            raw = f.read(_MAX_ENTRY + 1) if regular else b""
+    except OSError as exc:
+        _warn(f"cannot read {path.name} ({exc})")
+        return None
+    problem, data = _parse(raw, text) if regular else ("is not a regular file", None)
     if problem:
         _warn(f"entry {path.name} {problem}")
         discard(key)
