@@ -169,7 +169,13 @@ def load(
     if p.is_dir():
         raise LoadError(f"{p}: is a directory, not a .pt2 file", path=str(p))
     try:
-        with open(p, "rb") as f:
+        # Not waiting on a FIFO for a writer: a program is a regular file (its reader
+        # seeks, and the screen and torch must read the same bytes).
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LoadError(f"{p}: not a regular file", path=str(p))
+        with open(fd, "rb") as f:
             say = _phases(progress, f"{p.name} ({_size_text(os.fstat(f.fileno()).st_size)})")
             if trust:
                 say("loading")
