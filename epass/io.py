@@ -205,7 +205,7 @@ def _phases(progress: ProgressCallback | None, what: str) -> Callable[[str], Non
 
 def _load_screened(f: Any, name: str, say: Callable[[str], None]) -> ExportedProgram:
     say("screening")
-    view = ReadOnce(f) if ReadOnce.usable(f) else None
+    view = ReadOnce(f, name) if ReadOnce.usable(f) else None
     if view is not None and readers_agree(typing.cast(IO[bytes], view)):
         screen(typing.cast(IO[bytes], view), name=name)
         view.seal()
