@@ -359,3 +359,26 @@ def test_an_entry_that_is_a_fifo_or_a_symlink_is_ignored_without_blocking(cache,
     assert other.exists()  # what the link points at is left alone
     assert _template_store.store(key, {"inputs": []})  # and the entry is rebuilt
     assert path.is_file() and not path.is_symlink()
+
+
+def test_an_entry_whose_result_does_not_match_the_operator_is_rejected_and_rebuilt(cache):
+    # Well-formed, with the right checksum, but not what the operator returns: its
+    # result has another structure, or another shape than the operator's.
+    _, ep, _ = models.export("transformer")
+    Decompose(method="incremental")(ep)
+    ops = {p: json.loads(p.read_text())["key"]["op"] for p in _entries(cache)}
+    linear = next(p for p, op in ops.items() if op == "aten.linear.default")
+    transpose = next(p for p, op in ops.items() if op == "aten.transpose.int")
+    _rewrite(linear, lambda e: e["template"].update(output={"ref": 1}))  # the weight
+    _rewrite(transpose, lambda e: e["template"].update(output={"list": []}))
+    _decomp.clear_cache()
+    before = _template_store.info()["rejected"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = Decompose(method="incremental")(ep)
+    assert len([w for w in caught if "template cache" in str(w.message)]) == 1
+    assert _template_store.info()["rejected"] - before == 2
+    assert result.notes["method"] == "incremental"
+    assert _decomp.first_difference(result.program, _decomp.run_decompositions(ep)) is None
+    for path in (linear, transpose):  # rebuilt
+        assert json.loads(path.read_text())["template"]["output"] != {"list": []}
