@@ -271,12 +271,20 @@ def prune(max_bytes: int | None = None) -> int:
     return removed
 
 
+def _is_dir(path: Path) -> bool:
+    # Path.is_dir raises for some errors (a name too long, no permission to search).
+    try:
+        return stat.S_ISDIR(path.stat().st_mode)
+    except OSError:
+        return False
+
+
 def info() -> dict[str, Any]:
     """Where the disk cache is, how big it is, and this process's use of it."""
     root = directory()
     folder = None if root is None else root / _SUBDIR
     entries = size = 0
-    if folder is not None and folder.is_dir():
+    if folder is not None and _is_dir(folder):
         for _, st in _files(folder):
             entries += 1
             size += st.st_size
@@ -297,12 +305,16 @@ def clear() -> int:
     root = directory()
     folder = None if root is None else root / _SUBDIR
     removed = 0
-    if folder is not None and folder.is_dir():
+    if folder is not None and _is_dir(folder):
         for path, _ in list(_files(folder)):
             with contextlib.suppress(OSError):
                 path.unlink()
                 removed += 1
-        for name in os.listdir(folder):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            names = []
+        for name in names:
             if name.startswith(".") and name.endswith(".tmp"):
                 with contextlib.suppress(OSError):
                     os.unlink(folder / name)

@@ -382,3 +382,13 @@ def test_an_entry_whose_result_does_not_match_the_operator_is_rejected_and_rebui
     assert _decomp.first_difference(result.program, _decomp.run_decompositions(ep)) is None
     for path in (linear, transpose):  # rebuilt
         assert json.loads(path.read_text())["template"]["output"] != {"list": []}
+
+
+def test_cache_info_and_clear_report_an_unusable_directory_as_empty(monkeypatch, tmp_path):
+    # A name the file system refuses (too long): stat raises, not just "missing".
+    monkeypatch.setenv("EPASS_CACHE_DIR", str(tmp_path / ("x" * 300)))
+    info = _template_store.info()
+    assert info["enabled"] is True and info["entries"] == 0
+    assert _template_store.clear() == 0
+    assert _template_store.store({"k": 1}, {"inputs": []}) is False
+    assert _template_store.load({"k": 1}) is None
