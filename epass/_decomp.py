@@ -723,7 +723,7 @@ def _template(
             _STATS["hits"] += 1
             return hit, inputs
     disk_key = _disk_key(op, spec, parts, tables)
-    template = None if disk_key is None else _load(disk_key, values, tables, fake_mode)
+    template = None if disk_key is None else _load(disk_key, (op, args, kwargs), tables, fake_mode)
     if template is None:
         if session.deadline is not None and time.perf_counter() > session.deadline:
             raise OutOfTime
@@ -861,11 +861,18 @@ def _store(key: dict[str, Any], template: _Template, tables: Tables) -> None:
 
 
 def _load(
-    key: dict[str, Any], values: list[Any], tables: Tables, fake_mode: Any
+    key: dict[str, Any],
+    call: tuple[Any, tuple[Any, ...], dict[str, Any]],
+    tables: Tables,
+    fake_mode: Any,
 ) -> _Template | None:
     body = _template_store.load(key)
     if body is None:
         return None
+    op, args, kwargs = call
+    values = [
+        a.meta["val"] for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.fx.Node)
+    ]
     fakes = [_fresh_fake(fake_mode, v) if isinstance(v, torch.Tensor) else v for v in values]
     try:
         graph, inherited, own = _template_store.decode(body, fakes, fake_mode, _INHERITED_META)
@@ -877,10 +884,39 @@ def _load(
         template = _Template(graph, len(values), inherited, own)
         if not _storable(template, tables):
             raise ValueError("holds an operator the table rewrites")
+        # An entry the checks above accept can still describe another computation;
+        # one that does not even return what the operator returns is caught here.
+        with fake_mode:
+            expected = op(*_values(args), **_values(kwargs))
+        problem = _result_mismatch(graph, expected)
+        if problem:
+            raise ValueError(problem)
     except Exception as exc:
         _template_store.reject(key, f"{type(exc).__name__}: {exc}")
         return None
     return template
+
+
+def _result_mismatch(graph: torch.fx.Graph, expected: Any) -> str:
+    """What differs between a template's result and the operator's own (shape, dtype,
+    device and structure; strides may differ, as the retrace's do); empty: nothing."""
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    got = pytree.tree_leaves(_values(out.args[0]))
+    want = pytree.tree_leaves(expected)
+    if len(got) != len(want):
+        return f"returns {len(got)} values where the operator returns {len(want)}"
+    for a, b in zip(got, want, strict=True):
+        if isinstance(b, torch.Tensor):
+            if not (
+                isinstance(a, torch.Tensor)
+                and a.shape == b.shape
+                and a.dtype == b.dtype
+                and a.device == b.device
+            ):
+                return f"returns {_describe_val(a)} where the operator returns {_describe_val(b)}"
+        elif type(a) is not type(b):
+            return f"returns a {type(a).__name__} where the operator returns a {type(b).__name__}"
+    return ""
 
 
 # --- splicing -----------------------------------------------------------------------

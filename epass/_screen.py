@@ -1083,7 +1083,7 @@ class ReadOnce(io.RawIOBase):
     read is kept, so the view costs the memory of what was screened, not of the file.
     """
 
-    def __init__(self, file: IO[bytes]) -> None:
+    def __init__(self, file: IO[bytes], name: str = "<archive>") -> None:
         super().__init__()
         self._file = file  # holds the descriptor open
         self._fd = file.fileno()
@@ -1092,7 +1092,7 @@ class ReadOnce(io.RawIOBase):
         self._starts: list[int] = []  # kept bytes: sorted, disjoint chunks
         self._chunks: list[bytes] = []
         self._raw: list[tuple[int, int]] = []  # sorted (start, end) of raw tensor data
-        self.name = str(file.name)  # a regular file opened by path
+        self.name = name  # for messages
 
     @staticmethod
     def usable(file: IO[bytes]) -> bool:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 import threading
@@ -47,6 +48,8 @@ _DEFAULT_LIMIT = 64 * 1024 * 1024
 # An entry is a few kilobytes; anything much larger is not one of ours.
 _MAX_ENTRY = 4 * 1024 * 1024
 _HASH = re.compile(r"^[0-9a-f]{64}$")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 _LOCK = threading.Lock()
 _STATS = {"hits": 0, "misses": 0, "writes": 0, "rejected": 0}
@@ -96,13 +99,18 @@ def _entries_dir(create: bool) -> Path | None:
             os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError:
             return None
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        _warn(f"{path} belongs to another user")
-        return None
+    for folder in (root, path):
+        try:
+            st = folder.stat()
+        except OSError:
+            return None
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            _warn(f"{folder} belongs to another user")
+            return None
+        # Whoever can write here can plant entries (or swap the entries folder).
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            _warn(f"{folder} is writable by other users; the disk cache is off")
+            return None
     return path
 
 
@@ -132,8 +140,8 @@ def load(key: Any) -> Any:
     text, name = digest(key)
     path = folder / f"{name}.json"
     try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_ENTRY + 1)
+        # Not following a link, and not waiting on a FIFO or a device for a writer.
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
     except FileNotFoundError:
         with _LOCK:
             _STATS["misses"] += 1
@@ -141,7 +149,14 @@ def load(key: Any) -> Any:
     except OSError as exc:
         _warn(f"cannot read {path.name} ({exc})")
         return None
-    problem, data = _parse(raw, text)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+            raw = f.read(_MAX_ENTRY + 1) if regular else b""
+    except OSError as exc:
+        _warn(f"cannot read {path.name} ({exc})")
+        return None
+    problem, data = _parse(raw, text) if regular else ("is not a regular file", None)
     if problem:
         _warn(f"entry {path.name} {problem}")
         discard(key)
@@ -256,12 +271,20 @@ def prune(max_bytes: int | None = None) -> int:
     return removed
 
 
+def _is_dir(path: Path) -> bool:
+    # Path.is_dir raises for some errors (a name too long, no permission to search).
+    try:
+        return stat.S_ISDIR(path.stat().st_mode)
+    except OSError:
+        return False
+
+
 def info() -> dict[str, Any]:
     """Where the disk cache is, how big it is, and this process's use of it."""
     root = directory()
     folder = None if root is None else root / _SUBDIR
     entries = size = 0
-    if folder is not None and folder.is_dir():
+    if folder is not None and _is_dir(folder):
         for _, st in _files(folder):
             entries += 1
             size += st.st_size
@@ -282,12 +305,16 @@ def clear() -> int:
     root = directory()
     folder = None if root is None else root / _SUBDIR
     removed = 0
-    if folder is not None and folder.is_dir():
+    if folder is not None and _is_dir(folder):
         for path, _ in list(_files(folder)):
             with contextlib.suppress(OSError):
                 path.unlink()
                 removed += 1
-        for name in os.listdir(folder):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            names = []
+        for name in names:
             if name.startswith(".") and name.endswith(".tmp"):
                 with contextlib.suppress(OSError):
                     os.unlink(folder / name)

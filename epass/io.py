@@ -169,7 +169,13 @@ def load(
     if p.is_dir():
         raise LoadError(f"{p}: is a directory, not a .pt2 file", path=str(p))
     try:
-        with open(p, "rb") as f:
+        # Not waiting on a FIFO for a writer: a program is a regular file (its reader
+        # seeks, and the screen and torch must read the same bytes).
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LoadError(f"{p}: not a regular file", path=str(p))
+        with open(fd, "rb") as f:
             say = _phases(progress, f"{p.name} ({_size_text(os.fstat(f.fileno()).st_size)})")
             if trust:
                 say("loading")
@@ -199,7 +205,7 @@ def _phases(progress: ProgressCallback | None, what: str) -> Callable[[str], Non
 
 def _load_screened(f: Any, name: str, say: Callable[[str], None]) -> ExportedProgram:
     say("screening")
-    view = ReadOnce(f) if ReadOnce.usable(f) else None
+    view = ReadOnce(f, name) if ReadOnce.usable(f) else None
     if view is not None and readers_agree(typing.cast(IO[bytes], view)):
         screen(typing.cast(IO[bytes], view), name=name)
         view.seal()

@@ -261,22 +261,76 @@ def adapt(
             "taking an ExportedProgram and returning a PassResult or ExportedProgram, "
             "a torch.fx PassBase, or FxPass(fn) around a GraphModule function"
         )
-    merge = getattr(p, "merge", None)
-    declared = getattr(p, "origin", None)
+    try:
+        declared = _declared(p)
+    except Exception as exc:
+        raise _raised(p, exc) from exc
+    label = declared["name"]
+    name = label if isinstance(label, str) and label else _own_name(p)
+    for attr in ("requires", "ensures", "skip_reason"):
+        if declared[attr] is not None and not callable(declared[attr]):
+            raise _wrong(name, attr, declared[attr], "a callable taking the program, or None")
+    if not isinstance(declared["changes_input"], bool):
+        raise _wrong(name, "changes_input", declared["changes_input"], "True or False")
+    imports = _names(declared["imports"], name, "imports", (str,))
+    merge = declared["merge"]
     return PassModel(
         pass_=p,
-        name=pass_name(p),
-        origin=origin if origin is not None else _origin(declared),
-        requires=getattr(p, "requires", None),
-        ensures=getattr(p, "ensures", None),
-        skip_reason=getattr(p, "skip_reason", None),
-        changes_input=bool(getattr(p, "changes_input", True)),
+        name=name,
+        origin=origin if origin is not None else _origin(declared["origin"]),
+        requires=declared["requires"],
+        ensures=declared["ensures"],
+        skip_reason=declared["skip_reason"],
+        changes_input=declared["changes_input"],
         merge=merge if callable(merge) else None,
-        run_before=_targets(getattr(p, "run_before", ())),
-        run_after=_targets(getattr(p, "run_after", ())),
-        imports=tuple(getattr(p, "imports", ()) or ()),
+        run_before=_names(declared["run_before"], name, "run_before", (str, type)),
+        run_after=_names(declared["run_after"], name, "run_after", (str, type)),
+        imports=imports,
         module=_module(p.fn if isinstance(p, FxPass) else p),
-        children=tuple(m for m in getattr(p, "models", ()) if isinstance(m, PassModel)),
+        children=tuple(m for m in declared["models"] or () if isinstance(m, PassModel)),
+    )
+
+
+def _declared(p: Any) -> dict[str, Any]:
+    """What ``p`` declares, each attribute read once (or its default)."""
+    return {
+        "name": getattr(p, "name", None),
+        "requires": getattr(p, "requires", None),
+        "ensures": getattr(p, "ensures", None),
+        "skip_reason": getattr(p, "skip_reason", None),
+        "changes_input": getattr(p, "changes_input", True),
+        "merge": getattr(p, "merge", None),
+        "run_before": getattr(p, "run_before", ()),
+        "run_after": getattr(p, "run_after", ()),
+        "imports": getattr(p, "imports", ()),
+        "origin": getattr(p, "origin", None),
+        "models": getattr(p, "models", ()),
+    }
+
+
+def _own_name(p: Any) -> str:
+    return str(p.__name__) if hasattr(p, "__name__") else type(p).__name__
+
+
+def _raised(p: Any, exc: Exception) -> ArgumentTypeError:
+    """A declared attribute (a property) raised: name the pass and the attribute."""
+    attr, name = "?", _own_name(p)
+    for candidate in (*CONTRACT, "models"):
+        try:
+            value = getattr(p, candidate, None)
+        except Exception:
+            attr = candidate
+            break
+        if candidate == "name" and isinstance(value, str) and value:
+            name = value
+    return ArgumentTypeError(
+        f"pass {name!r}: reading its {attr!r} raised {type(exc).__name__}: {exc}"
+    )
+
+
+def _wrong(name: str, attr: str, value: Any, wanted: str) -> ArgumentTypeError:
+    return ArgumentTypeError(
+        f"pass {name!r}: {attr} must be {wanted}, not {value!r:.60} ({type(value).__name__})"
     )
 
 
@@ -288,10 +342,19 @@ def _origin(value: Any) -> Origin | None:
     return None
 
 
-def _targets(value: Any) -> tuple[Any, ...]:
+def _names(value: Any, name: str, attr: str, kinds: tuple[type, ...]) -> tuple[Any, ...]:
+    """A declared sequence of names, where one string stands for itself (not its letters)."""
     if isinstance(value, (str, type)):
-        return (value,)
-    return tuple(value or ())
+        value = (value,)
+    try:
+        names = tuple(value or ())
+    except TypeError:
+        names = (value,)
+    if not all(isinstance(n, kinds) for n in names):
+        raise _wrong(
+            name, attr, value, f"a {' or '.join(k.__name__ for k in kinds)} or a sequence of them"
+        )
+    return names
 
 
 def _module(p: Any) -> str | None:

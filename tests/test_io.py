@@ -631,6 +631,31 @@ def test_load_errors_are_load_errors(tmp_path: Path) -> None:
         epass.load(tmp_path / "text.pt2")
 
 
+@pytest.mark.parametrize("trust", [False, True])
+def test_loading_a_fifo_fails_at_once_instead_of_waiting_for_a_writer(
+    tmp_path: Path, trust: bool
+) -> None:
+    fifo = tmp_path / "pipe.pt2"
+    os.mkfifo(fifo)
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            epass.load(fifo, trust=trust)
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(60)
+    if worker.is_alive():
+        with open(fifo, "wb"):  # let the reader go
+            pass
+        pytest.fail("epass.load waited on a FIFO")
+    assert len(errors) == 1 and isinstance(errors[0], LoadError), errors
+    assert "not a regular file" in str(errors[0])
+
+
 # --- threads ---------------------------------------------------------------------------
 
 

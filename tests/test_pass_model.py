@@ -205,3 +205,46 @@ def test_string_passes_resolve_with_only_the_engine_imported():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def _probe(**declared: Any) -> Any:
+    def call(self: Any, ep: Any) -> PassResult:
+        return PassResult(ep, False)
+
+    return type("Probe", (), {"__call__": call, **declared})()
+
+
+def _raises(self: Any) -> Any:
+    raise RuntimeError("kaboom")
+
+
+@pytest.mark.parametrize("attr", CONTRACT)
+def test_a_contract_property_that_raises_is_an_argument_error_naming_the_pass(attr: str):
+    with pytest.raises(epass.errors.ArgumentTypeError, match=rf"Probe.*{attr}.*kaboom"):
+        PassManager([_probe(**{attr: property(_raises)})])
+
+
+@pytest.mark.parametrize(
+    ("declared", "culprit"),
+    [
+        ({"changes_input": None}, "changes_input"),
+        ({"changes_input": "no"}, "changes_input"),
+        ({"changes_input": 0}, "changes_input"),
+        ({"requires": "is_decomposed"}, "requires"),
+        ({"ensures": ("a",)}, "ensures"),
+        ({"skip_reason": "never"}, "skip_reason"),
+        ({"run_before": 5}, "run_before"),
+        ({"run_after": [5]}, "run_after"),
+        ({"imports": [1]}, "imports"),
+    ],
+)
+def test_a_contract_attribute_of_the_wrong_type_is_an_argument_error_naming_it(
+    declared: dict[str, Any], culprit: str
+):
+    with pytest.raises(epass.errors.ArgumentTypeError, match=rf"'probe'.*{culprit}"):
+        PassManager([_probe(name="probe", **declared)])
+
+
+def test_imports_given_as_one_string_name_one_module():
+    assert adapt(_probe(imports="json")).imports == ("json",)
+    assert adapt(_probe(run_before="dce")).run_before == ("dce",)

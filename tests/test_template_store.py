@@ -3,6 +3,7 @@ retrace, safe against whatever lies in its directory, shared by concurrent proce
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -307,3 +308,87 @@ def test_auto_keeps_the_fallback_reason_of_a_program_it_cannot_rewrite(cache, mo
     assert result.notes["method"] == "retrace"
     assert "mutating op" in result.notes["fallback"]
     assert "decision" not in result.notes
+
+
+def test_a_cache_directory_others_can_write_is_not_used(cache):
+    # Another user could plant entries there; created by epass it is 0700.
+    cache.mkdir()
+    os.chmod(cache, 0o777)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _template_store.store({"k": 1}, {"inputs": []}) is False
+        assert _template_store.load({"k": 1}) is None
+    assert any("writable by other users" in str(w.message) for w in caught)
+    assert not (cache / "templates-v1").exists() or not _entries(cache)
+    os.chmod(cache, 0o700)
+    (cache / "templates-v1").mkdir(exist_ok=True)
+    os.chmod(cache / "templates-v1", 0o757)
+    assert _template_store.store({"k": 1}, {"inputs": []}) is False
+
+
+def test_an_entry_that_is_a_fifo_or_a_symlink_is_ignored_without_blocking(cache, tmp_path):
+    import threading
+
+    key = {"k": 1}
+    assert _template_store.store(key, {"inputs": []})
+    path = cache / "templates-v1" / f"{_template_store.digest(key)[1]}.json"
+    results: list = []
+
+    def load():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results.append((_template_store.load(key), [str(w.message) for w in caught]))
+
+    path.unlink()
+    os.mkfifo(path)  # opening it for reading would wait for a writer forever
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(60)
+    if worker.is_alive():
+        with open(path, "wb"):  # let the reader go, then fail
+            pass
+        pytest.fail("reading a FIFO entry blocked")
+    assert results[0][0] is None and results[0][1]
+    other = tmp_path / "elsewhere.json"
+    other.write_text(path.read_text() if path.is_file() else "{}")
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    os.symlink(other, path)
+    load()
+    assert results[1][0] is None
+    assert other.exists()  # what the link points at is left alone
+    assert _template_store.store(key, {"inputs": []})  # and the entry is rebuilt
+    assert path.is_file() and not path.is_symlink()
+
+
+def test_an_entry_whose_result_does_not_match_the_operator_is_rejected_and_rebuilt(cache):
+    # Well-formed, with the right checksum, but not what the operator returns: its
+    # result has another structure, or another shape than the operator's.
+    _, ep, _ = models.export("transformer")
+    Decompose(method="incremental")(ep)
+    ops = {p: json.loads(p.read_text())["key"]["op"] for p in _entries(cache)}
+    linear = next(p for p, op in ops.items() if op == "aten.linear.default")
+    transpose = next(p for p, op in ops.items() if op == "aten.transpose.int")
+    _rewrite(linear, lambda e: e["template"].update(output={"ref": 1}))  # the weight
+    _rewrite(transpose, lambda e: e["template"].update(output={"list": []}))
+    _decomp.clear_cache()
+    before = _template_store.info()["rejected"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = Decompose(method="incremental")(ep)
+    assert len([w for w in caught if "template cache" in str(w.message)]) == 1
+    assert _template_store.info()["rejected"] - before == 2
+    assert result.notes["method"] == "incremental"
+    assert _decomp.first_difference(result.program, _decomp.run_decompositions(ep)) is None
+    for path in (linear, transpose):  # rebuilt
+        assert json.loads(path.read_text())["template"]["output"] != {"list": []}
+
+
+def test_cache_info_and_clear_report_an_unusable_directory_as_empty(monkeypatch, tmp_path):
+    # A name the file system refuses (too long): stat raises, not just "missing".
+    monkeypatch.setenv("EPASS_CACHE_DIR", str(tmp_path / ("x" * 300)))
+    info = _template_store.info()
+    assert info["enabled"] is True and info["entries"] == 0
+    assert _template_store.clear() == 0
+    assert _template_store.store({"k": 1}, {"inputs": []}) is False
+    assert _template_store.load({"k": 1}) is None
