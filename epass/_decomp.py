@@ -63,6 +63,10 @@ INTERNALS = (
     "torch.export.exported_program._get_updated_module_call_graph",
     "torch.export.exported_program._special_op_to_preserve_cia",
     "torch._export.utils._is_cia_op",
+    "torch._export.utils._is_preservable_cia_op",
+    "torch._export.utils._get_decomp_for_cia",
+    "torch._decomp._core_aten_decompositions_post_autograd",
+    "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS",
     "torch._export.utils._compiling_state_context",
     "torch.export._trace._ignore_backend_decomps",
     "torch._C._dispatch_get_registrations_for_dispatch_key",
@@ -252,6 +256,145 @@ def _cia_registrations() -> frozenset[str]:
     )
 
 
+class _DefaultSide(Mapping[Any, Callable[..., Any]]):
+    """One side (``"cia"`` or ``"python"``) of torch's default table less ``keep``,
+    split as ``run_decompositions`` splits it.
+
+    Building that split walks every operator torch knows (about 0.3 s, once per
+    process), while a program asks about a few dozen: a lookup answers for one
+    operator from the same rules torch's table and split follow (pinned operator by
+    operator against torch's own split by a test), and iterating builds torch's split
+    itself, which lookups use from then on.
+    """
+
+    def __init__(self, split: _DefaultSplit, side: str) -> None:
+        self._split = split
+        self._side = side
+
+    def _whole(self) -> Mapping[Any, Callable[..., Any]]:
+        return self._split.materialize()[0 if self._side == "cia" else 1]
+
+    def __getitem__(self, op: Any) -> Callable[..., Any]:
+        built = self._split.built
+        value: Callable[..., Any] | None
+        if built is not None:
+            value = built[0 if self._side == "cia" else 1][op]
+        else:
+            value = self._split.lookup(op)[0 if self._side == "cia" else 1]
+        if value is None:
+            raise KeyError(op)
+        return value
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._whole())
+
+    def __len__(self) -> int:
+        return len(self._whole())
+
+
+class _DefaultSplit:
+    """torch's default table less ``keep``: answered operator by operator, built whole
+    on demand (see :class:`_DefaultSide`)."""
+
+    def __init__(self, keep: frozenset[Any]) -> None:
+        from torch._decomp import _core_aten_decompositions_post_autograd
+
+        self.keep = keep
+        self.core = _core_aten_decompositions_post_autograd()
+        self.built: tuple[dict[Any, Any], dict[Any, Any]] | None = None
+        self._answers: dict[Any, tuple[Any, Any]] = {}
+
+    def lookup(self, op: Any) -> tuple[Any, Any]:
+        """``op``'s entry on the CIA side and on the Python side (None: no entry).
+
+        torch's default table holds the core ATen decompositions and, for every
+        CompositeImplicitAutograd op it may preserve (functional, not aliasing, with
+        a kernel) outside a short ATen list it keeps, the op's own decomposition;
+        ``keep`` comes off. The split moves every such preservable op to the CIA side,
+        with the preserve marker where the table has no entry for it.
+        """
+        answer = self._answers.get(op)
+        if answer is not None:
+            return answer
+        from torch._export.utils import _get_decomp_for_cia, _is_preservable_cia_op
+        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+        from torch.export.exported_program import _special_op_to_preserve_cia
+
+        entry: Any = None
+        if _program.is_op_overload(op):
+            preservable = _is_preservable_cia_op(op)
+            if op not in self.keep:
+                if op in self.core:
+                    entry = self.core[op]
+                elif preservable and (op.namespace != "aten" or op not in PRESERVED_ATEN_CIA_OPS):
+                    entry = _get_decomp_for_cia(op)
+            if preservable:
+                answer = (_special_op_to_preserve_cia if entry is None else entry, None)
+            else:
+                answer = (None, entry)
+        else:
+            answer = (None, None)  # the table's keys are operator overloads
+        self._answers[op] = answer
+        return answer
+
+    def materialize(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
+        """torch's own split of the table (built once)."""
+        from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+        with LOCK:
+            if self.built is None:
+                full = torch.export.default_decompositions()
+                for op in self.keep:
+                    full.pop(op, None)
+                self.built = _split_decomp_table_to_cia_and_python_decomp(dict(full.materialize()))
+            return self.built
+
+
+def _default_table_id(split: _DefaultSplit, regs: frozenset[str]) -> str:
+    """A name for torch's default table less ``keep`` made from what decides its
+    contents, without building it: the core decompositions, the Python
+    CompositeImplicitAutograd kernels of the operators loaded so far (an op's own
+    decomposition runs that kernel where there is one; a kernel needs its op loaded),
+    the ops torch keeps, ``keep``, the functions torch uses for the rest, and the
+    CompositeImplicitAutograd registrations. The torch build decides everything else
+    (part of every key)."""
+    from torch._export.utils import _get_decomp_for_cia
+    from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+    from torch.export.exported_program import _special_op_to_preserve_cia
+
+    fingerprint = _template_store.fingerprint
+    cia_key = torch._C.DispatchKey.CompositeImplicitAutograd
+    kernels = []
+    for space_name in list(torch.ops):
+        space = getattr(torch.ops, space_name)
+        for packet_name in list(space):
+            packet = getattr(space, packet_name)
+            for overload_name in list(packet):
+                kernel = getattr(packet, overload_name).py_kernels.get(cia_key)
+                if kernel is not None:
+                    name = f"{space_name}.{packet_name}.{overload_name}"
+                    kernels.append(
+                        (
+                            name,
+                            str(kernel)
+                            if isinstance(kernel, type(cia_key))
+                            else fingerprint(kernel),
+                        )
+                    )
+    return _template_store.digest(
+        [
+            "default",
+            sorted((str(op), fingerprint(fn)) for op, fn in split.core.items()),
+            sorted(kernels),
+            sorted(str(op) for op in PRESERVED_ATEN_CIA_OPS),
+            sorted(str(op) for op in split.keep),
+            fingerprint(_get_decomp_for_cia),
+            fingerprint(_special_op_to_preserve_cia),
+            sorted(regs),
+        ]
+    )[1]
+
+
 def split_table(
     table: Mapping[Any, Callable[..., Any]] | None, keep: tuple[Any, ...] = ()
 ) -> Tables:
@@ -263,7 +406,8 @@ def split_table(
     and by ``keep`` for the default table, or by the table's operators and callables
     for an explicit one. The key holds the callables themselves, never their ``id()``:
     a freed table's address can go to another function, which must not be served this
-    table's templates. The key is the split's ``token``.
+    table's templates. The key is the split's ``token``. The default table's sides
+    answer lookups without building torch's split (see :class:`_DefaultSide`).
     """
     from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
 
@@ -279,14 +423,11 @@ def split_table(
             _SPLITS.move_to_end(key)
             return cached
     if table is None:
-        full = torch.export.default_decompositions()
-        for op in keep:
-            full.pop(op, None)
-        materialized = dict(full.materialize())
+        split = _DefaultSplit(frozenset(keep))
+        tables = Tables(_DefaultSide(split, "cia"), _DefaultSide(split, "python"), key)
     else:
-        materialized = dict(table)
-    cia, python = _split_decomp_table_to_cia_and_python_decomp(materialized)
-    tables = Tables(cia, python, key)
+        cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+        tables = Tables(cia, python, key)
     with LOCK:
         if any(k[1] != regs for k in _SPLITS):
             _SPLITS.clear()
@@ -294,6 +435,15 @@ def split_table(
         while len(_SPLITS) > 32:
             _SPLITS.popitem(last=False)
     return tables
+
+
+def has_packet_keys(tables: Tables) -> bool:
+    """Whether the table's Python side has an operator packet key (which stands for
+    every overload of the op)."""
+    python = tables.python
+    if isinstance(python, _DefaultSide):
+        return False  # torch's default table is keyed by overloads (a test pins it)
+    return any(_program.is_op_packet(k) for k in python)
 
 
 def rewrites(op: Any, tables: Tables) -> bool:
@@ -361,7 +511,7 @@ def unsafe_reason(ep: ExportedProgram, tables: Tables) -> str | None:
             return "effect tokens"
         if out.kind != OutputKind.USER_OUTPUT:
             return f"a mutation output ({out.kind.name.lower()} {out.target})"
-    if any(_program.is_op_packet(k) for k in tables.python):
+    if has_packet_keys(tables):
         return "the table has an operator packet key"
     for node in ep.graph.nodes:
         if node.op in ("get_attr", "call_module"):
@@ -797,13 +947,10 @@ def _table_id(tables: Tables) -> str | None:
         if tables.token in _TABLE_IDS:
             return _TABLE_IDS[tables.token]
     try:
-        items = sorted(
-            (kind, str(op), _template_store.fingerprint(fn))
-            for kind, part in (("cia", tables.cia), ("python", tables.python))
-            for op, fn in part.items()
-        )
-        # and the CompositeImplicitAutograd registrations the split was made with
-        ident: str | None = _template_store.digest([items, sorted(tables.token[1])])[1]
+        if isinstance(tables.cia, _DefaultSide):
+            ident: str | None = _default_table_id(tables.cia._split, tables.token[1])
+        else:
+            ident = _explicit_table_id(tables)
     except _template_store.Unrepresentable:
         ident = None
     with LOCK:
@@ -811,6 +958,16 @@ def _table_id(tables: Tables) -> str | None:
         while len(_TABLE_IDS) > 64:
             _TABLE_IDS.pop(next(iter(_TABLE_IDS)))
     return ident
+
+
+def _explicit_table_id(tables: Tables) -> str:
+    items = sorted(
+        (kind, str(op), _template_store.fingerprint(fn))
+        for kind, part in (("cia", tables.cia), ("python", tables.python))
+        for op, fn in part.items()
+    )
+    # and the CompositeImplicitAutograd registrations the split was made with
+    return _template_store.digest([items, sorted(tables.token[1])])[1]
 
 
 def _disk_key(op: Any, spec: str, parts: tuple[Any, ...], tables: Tables) -> dict[str, Any] | None:

@@ -311,3 +311,92 @@ def test_torch_state_restores_kernels_when_the_override_fails_half_way():
     ):
         pass
     assert [dict(op.py_kernels) for op in ops] == before
+
+
+def _torch_split(keep):
+    from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+    table = torch.export.default_decompositions()
+    for op in keep:
+        table.pop(op, None)
+    return _split_decomp_table_to_cia_and_python_decomp(dict(table.materialize()))
+
+
+def _loaded_overloads():
+    for space_name in list(torch.ops):
+        space = getattr(torch.ops, space_name)
+        for packet_name in list(space):
+            packet = getattr(space, packet_name)
+            for overload_name in list(packet):
+                yield getattr(packet, overload_name)
+
+
+@pytest.fixture
+def cia_op():
+    """A custom CompositeImplicitAutograd operator (a non-ATen entry of the table)."""
+    lib = torch.library.Library("epass_split_test", "FRAGMENT")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+    try:
+        yield torch.ops.epass_split_test.twice.default
+    finally:
+        lib._destroy()
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [(), (aten.linear.default, aten.gelu.default, aten.addmm.default), ("custom",)],
+    ids=["default", "keep-aten", "keep-custom"],
+)
+def test_the_default_table_answers_every_operator_as_torchs_split(keep, cia_op):
+    from epass import _template_store
+
+    keep = tuple(cia_op if op == "custom" else op for op in keep)
+    lazy = _decomp._DefaultSplit(frozenset(keep))
+    cia, python = _torch_split(keep)
+    ops = {*cia, *python, *keep, cia_op, *_loaded_overloads()}
+    assert len(ops) > len(cia) + len(python)  # operators outside the table are asked too
+    disagree = []
+    for op in ops:
+        got = lazy.lookup(op)
+        want = (cia.get(op), python.get(op))
+        for side, g, w in zip(("cia", "python"), got, want, strict=True):
+            same = g is w or (
+                g is not None
+                and w is not None
+                and _template_store.fingerprint(g) == _template_store.fingerprint(w)
+            )
+            if not same:
+                disagree.append(f"{op} ({side}): {g!r} vs torch's {w!r}")
+    assert not disagree, disagree[:10]
+    assert lazy.built is None  # answered without building the split
+    assert all(isinstance(op, torch._ops.OpOverload) for op in python)  # has_packet_keys
+    if cia_op in keep:
+        assert cia[cia_op] is lazy.lookup(cia_op)[0]  # the preserve marker
+
+
+def test_the_default_tables_sides_build_torchs_split_when_iterated():
+    tables = _decomp.split_table(None, keep=(aten.hardswish.default,))
+    split = tables.cia._split
+    cia, python = _torch_split((aten.hardswish.default,))
+    assert set(tables.cia) == set(cia) and len(tables.python) == len(python)
+    assert split.built is not None
+    assert dict(tables.python.items()).keys() == python.keys()
+
+
+def test_the_default_tables_name_follows_what_decides_its_contents(cia_op):
+    first = _decomp._default_table_id(_decomp._DefaultSplit(frozenset()), frozenset({"a"}))
+    same = _decomp._default_table_id(_decomp._DefaultSplit(frozenset()), frozenset({"a"}))
+    assert first == same
+    kept = _decomp._DefaultSplit(frozenset({aten.gelu.default}))
+    assert _decomp._default_table_id(kept, frozenset({"a"})) != first
+    assert _decomp._default_table_id(_decomp._DefaultSplit(frozenset()), frozenset({"b"})) != first
+    # A Python CompositeImplicitAutograd kernel is what the op's own decomposition runs.
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    cia_op.py_impl(key)(lambda x: x * 3)
+    try:
+        changed = _decomp._default_table_id(_decomp._DefaultSplit(frozenset()), frozenset({"a"}))
+    finally:
+        del cia_op.py_kernels[key]
+        cia_op._dispatch_cache.clear()
+    assert changed != first

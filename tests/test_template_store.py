@@ -392,3 +392,16 @@ def test_cache_info_and_clear_report_an_unusable_directory_as_empty(monkeypatch,
     assert _template_store.clear() == 0
     assert _template_store.store({"k": 1}, {"inputs": []}) is False
     assert _template_store.load({"k": 1}) is None
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "convbn"])
+def test_a_filled_cache_serves_torchs_default_table_without_building_its_split(cache, name):
+    # Building torch's split walks every operator torch knows; a process whose
+    # templates are all on disk has no trace to run and so no use for it.
+    _, ep, _ = models.export(name)
+    first = Decompose()(ep)
+    _decomp.clear_cache()  # a new process: templates and splits forgotten, disk kept
+    again = Decompose()(ep)
+    assert again.notes["method"] == "incremental"
+    assert Decompose()._tables().cia._split.built is None
+    assert _decomp.first_difference(again.program, first.program) is None
