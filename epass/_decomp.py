@@ -65,6 +65,7 @@ INTERNALS = (
     "torch._export.utils._is_cia_op",
     "torch._export.utils._is_preservable_cia_op",
     "torch._export.utils._get_decomp_for_cia",
+    "torch._export.utils._collect_all_valid_cia_ops",
     "torch._decomp._core_aten_decompositions_post_autograd",
     "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS",
     "torch._export.utils._compiling_state_context",
@@ -214,10 +215,20 @@ def torch_state(ops: Iterable[Any]) -> Iterator[None]:
                 fake_impls.op_implementations_checks[:] = checks
 
 
+def _patchable_ops() -> frozenset[Any]:
+    """The operators torch's CompositeImplicitAutograd override patches for any table
+    (the CIA side of a split holds these and the table's own keys). Not cached, as
+    torch does not cache it: a library can go and come back with new operator
+    objects under the same names."""
+    from torch._export.utils import _collect_all_valid_cia_ops
+
+    return frozenset(_collect_all_valid_cia_ops())
+
+
 def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgram:
     """``ep.run_decompositions(table)``, under :func:`torch_state` for every operator its
     CompositeImplicitAutograd override can patch. The only way epass calls it."""
-    ops = set(split_table(None).cia)
+    ops = set(_patchable_ops())
     if table is not None:
         # keys(): a CustomDecompTable is a dict whose entries live elsewhere
         keys = table.keys()

@@ -400,3 +400,10 @@ def test_the_default_tables_name_follows_what_decides_its_contents(cia_op):
         del cia_op.py_kernels[key]
         cia_op._dispatch_cache.clear()
     assert changed != first
+
+
+@pytest.mark.parametrize("keep", [(), (aten.linear.default, aten.gelu.default)])
+def test_the_ops_saved_around_a_retrace_cover_every_op_its_override_patches(keep, cia_op):
+    cia, _ = _torch_split((*keep, cia_op))
+    assert set(cia) <= _decomp._patchable_ops()
+    assert cia_op in cia and aten.linear.default in cia
