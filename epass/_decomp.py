@@ -989,9 +989,12 @@ def _disk_key(op: Any, spec: str, parts: tuple[Any, ...], tables: Tables) -> dic
         return None
     text = repr(parts)
     if "'sym'" in text:
-        # Symbolic templates stay in memory: recomputing their values outside the
-        # trace's dispatch stack can add guards (fake convolution guards its batch
-        # size) to the program's shape environment, which the trace does not.
+        # Symbolic templates stay in memory. A decomposition can branch on what the
+        # program's shape environment knows of a size (its range, earlier guards),
+        # which a symbol's name does not carry to another program; and recomputing
+        # the values outside the trace evaluates meta functions the trace found in
+        # fake tensor's cache, adding guards (fake convolution guards its batch
+        # size) to the program's shape environment.
         return None
     return {
         **_template_store.environment(),
