@@ -392,6 +392,12 @@ def run_graph_pass(
     return build_program(ep, new_gm), True
 
 
+def graphs(gm: torch.fx.GraphModule) -> list[torch.fx.Graph]:
+    """The graph of ``gm`` and of every GraphModule in its module tree (``torch.cond``
+    branches, ``while_loop`` bodies, and theirs), each once, in module order."""
+    return [m.graph for _, m in _graph_modules(gm)]
+
+
 def _graph_modules(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
     return [(n, m) for n, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule)]
 

@@ -65,14 +65,36 @@ def directory() -> Path | None:
     return Path(base) / "epass"
 
 
+# Bytes, or a number with a binary unit: 500000, 64M, 64MiB, 1.5G (K, M, G, T; 1024-based).
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:I?B)?|B)?", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_BAD_SIZES: set[str] = set()
+
+
 def limit() -> int:
-    """The size bound in bytes (``EPASS_CACHE_SIZE``, default 64 MiB)."""
-    text = os.environ.get(SIZE_ENV, "")
-    try:
-        value = int(text) if text else _DEFAULT_LIMIT
-    except ValueError:
+    """The size bound in bytes (``EPASS_CACHE_SIZE``, default 64 MiB).
+
+    A value that is not a size is reported once, naming it, and the default used.
+    """
+    text = os.environ.get(SIZE_ENV, "").strip()
+    if not text:
         return _DEFAULT_LIMIT
-    return max(value, 0)
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        with _LOCK:
+            first = text not in _BAD_SIZES
+            _BAD_SIZES.add(text)
+        if first:
+            warnings.warn(
+                f"{SIZE_ENV}={text!r:.60} is not a size (bytes, or a number with K, M, G "
+                f"or T, as in 64M); the template cache uses the default, "
+                f"{_DEFAULT_LIMIT >> 20} MiB",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return _DEFAULT_LIMIT
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[(unit or "").upper()])
 
 
 def _warn(message: str) -> None:
@@ -216,7 +238,9 @@ def store(key: Any, template: Any) -> bool:
         "template": template,
     }
     data = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
-    if len(data) > _MAX_ENTRY:
+    bound = limit()
+    # One that cannot fit would be evicted at once, and evict every other entry first.
+    if len(data) > min(_MAX_ENTRY, bound):
         return False
     name = digest(key)[1]
     try:
@@ -233,6 +257,7 @@ def store(key: Any, template: Any) -> bool:
         return False
     with _LOCK:
         _STATS["writes"] += 1
+    _keep_bound(folder, len(data), bound)
     return True
 
 
@@ -258,17 +283,49 @@ def prune(max_bytes: int | None = None) -> int:
     if folder is None:
         return 0
     bound = limit() if max_bytes is None else max_bytes
+    return _prune(folder, bound, bound)[0]
+
+
+def _prune(folder: Path, bound: int, target: int) -> tuple[int, int]:
+    """When the entries take more than ``bound`` bytes, remove the least recently used
+    until they take at most ``target``. Returns how many were removed and the bytes
+    left. One scan of the directory."""
     files = sorted(_files(folder), key=lambda f: f[1].st_mtime)
     total = sum(st.st_size for _, st in files)
+    if total <= bound:
+        return 0, total
     removed = 0
     for path, st in files:
-        if total <= bound:
+        if total <= target:
             break
         with contextlib.suppress(OSError):
             path.unlink()
             removed += 1
         total -= st.st_size
-    return removed
+    return removed, total
+
+
+# The directory's size at this process's last scan of it plus what it wrote there
+# since: when that passes the bound, the next scan is due. Other processes' writes
+# show at the next scan; each process keeps its own writes within the bound.
+_KNOWN: dict[Path, int] = {}
+# A prune goes this far below the bound, so that a full cache is scanned once per
+# fifth of the bound written rather than at every write.
+_LOW_WATER = 0.8
+
+
+def _keep_bound(folder: Path, written: int, bound: int) -> None:
+    with _LOCK:
+        known = _KNOWN.pop(folder, None)
+        if known is None and not written:
+            return  # nothing written there by this process: nothing of its own to bound
+        if known is not None and known + written <= bound:
+            _KNOWN[folder] = known + written
+            return
+    left = _prune(folder, bound, int(bound * _LOW_WATER))[1]
+    with _LOCK:
+        _KNOWN.clear()  # one directory at a time is all a process uses
+        _KNOWN[folder] = left
 
 
 def _is_dir(path: Path) -> bool:
@@ -730,19 +787,14 @@ def reject(key: Any, reason: str) -> None:
     discard(key)
 
 
-_PRUNED_AT = [-1]
-
-
 def prune_soon() -> None:
-    """Keep the bound: prune after this process's first write, then every 64 writes
-    (each prune is one scan of the directory)."""
+    """Prune when this process's writes could have taken the cache past its bound
+    (read again: it may have been lowered since). :func:`store` checks at every
+    write; neither scans the directory unless a prune may be due."""
     with _LOCK:
-        writes = _STATS["writes"]
-        due = writes > 0 and (_PRUNED_AT[0] < 0 or writes - _PRUNED_AT[0] >= 64)
-        if due:
-            _PRUNED_AT[0] = writes
-    if due:
-        prune()
+        folders = list(_KNOWN)
+    for folder in folders:
+        _keep_bound(folder, 0, limit())
 
 
 def cache_info() -> dict[str, Any]:

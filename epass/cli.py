@@ -257,7 +257,8 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     ep = _demo_program()
     out.line(f"exported a 2-layer TransformerEncoder in {time.perf_counter() - start:.2f}s")
     if args.save:
-        io.save(ep, args.save)
+        with _spinner(args) as spinner:
+            io.save(ep, args.save, progress=spinner)
         out.line(f"wrote {args.save} (the exported program, before any pass)")
     pm, text = _demo_pipeline()
     if text != "lower":

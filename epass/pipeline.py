@@ -389,7 +389,6 @@ def _build(items: Sequence[Item], text: str) -> list[tuple[Any, tuple[str, dict[
             continue
         try:
             obj, options = registry.instantiate(item.name, dict(item.options), declared_only=True)
-            out.append((label(obj, item.name, options), (item.name, options)))
         except registry.UnknownPassError as exc:
             hint = f"; did you mean {exc.suggestions[0]!r}?" if exc.suggestions else ""
             raise PipelineError(f"unknown pass {item.name!r}", text, item.pos, hint) from None
@@ -417,6 +416,8 @@ def _build(items: Sequence[Item], text: str) -> list[tuple[Any, tuple[str, dict[
             raise PipelineError(
                 f"bad options for pass {item.name!r}", text, pos, f": {message}"
             ) from exc
+        # Outside the try: a pass whose name raises is not a matter of options.
+        out.append((label(obj, item.name, options), (item.name, options)))
     return out
 
 
@@ -527,12 +528,12 @@ def resolve(spec: str, /, **options: Any) -> tuple[Any, tuple[str, dict[str, Any
     if registry.NAME_PATTERN.fullmatch(spec.strip()):
         try:
             obj, converted = registry.instantiate(spec.strip(), options)
-            return label(obj, spec.strip(), converted), (spec.strip(), converted)
         except OptionError:
             raise
         except (TypeError, ValueError) as exc:
             error = ArgumentTypeError if isinstance(exc, TypeError) else ArgumentValueError
             raise error(f"bad options for pass {spec.strip()!r}: {registry.reason(exc)}") from exc
+        return label(obj, spec.strip(), converted), (spec.strip(), converted)
     if options:
         raise ArgumentTypeError("pass options either in the text or as keywords, not both")
     made = _build(parse(spec), spec)

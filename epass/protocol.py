@@ -147,13 +147,22 @@ class PassModel:
 
 
 def pass_name(p: Any) -> str:
-    """The name a pass goes by in records and errors."""
-    name = getattr(p, "name", None)
-    if isinstance(name, str) and name:
-        return name
-    if hasattr(p, "__name__"):
-        return str(p.__name__)
-    return type(p).__name__
+    """The name a pass goes by in records and errors.
+
+    Raises:
+        ArgumentTypeError: when reading its ``name`` raises (a property).
+    """
+    name = _read_name(p)
+    return name if isinstance(name, str) and name else _own_name(p)
+
+
+def _read_name(p: Any) -> Any:
+    """``p.name`` or None; a ``name`` that raises is the pass author's error to fix,
+    so it is named like any other contract attribute that raises."""
+    try:
+        return getattr(p, "name", None)
+    except Exception as exc:
+        raise _raised(p, exc, "name") from exc
 
 
 class NamedPass:
@@ -184,7 +193,7 @@ def label(obj: Any, name: str, options: Mapping[str, Any]) -> Any:
     with both: a pass without a name of its own takes the registry name (a fresh
     instance is ours to label; anything else is wrapped in :class:`NamedPass`), and
     ``origin`` records how to make it again, where the object takes attributes."""
-    own = getattr(obj, "name", None)
+    own = _read_name(obj)
     if not (isinstance(own, str) and own):
         if isinstance(obj, type) or inspect.isroutine(obj):
             obj = NamedPass(name, obj)
@@ -309,13 +318,18 @@ def _declared(p: Any) -> dict[str, Any]:
 
 
 def _own_name(p: Any) -> str:
-    return str(p.__name__) if hasattr(p, "__name__") else type(p).__name__
+    try:
+        name = getattr(p, "__name__", None)
+    except Exception:  # only names the pass in a message: the class will do
+        name = None
+    return str(name) if name is not None else type(p).__name__
 
 
-def _raised(p: Any, exc: Exception) -> ArgumentTypeError:
-    """A declared attribute (a property) raised: name the pass and the attribute."""
-    attr, name = "?", _own_name(p)
-    for candidate in (*CONTRACT, "models"):
+def _raised(p: Any, exc: Exception, attr: str | None = None) -> ArgumentTypeError:
+    """A declared attribute (a property) raised: name the pass and the attribute
+    (``attr``, or the first that raises again)."""
+    name = _own_name(p)
+    for candidate in () if attr is not None else (*CONTRACT, "models"):
         try:
             value = getattr(p, candidate, None)
         except Exception:
@@ -324,7 +338,7 @@ def _raised(p: Any, exc: Exception) -> ArgumentTypeError:
         if candidate == "name" and isinstance(value, str) and value:
             name = value
     return ArgumentTypeError(
-        f"pass {name!r}: reading its {attr!r} raised {type(exc).__name__}: {exc}"
+        f"pass {name!r}: reading its {attr or '?'!r} raised {type(exc).__name__}: {exc}"
     )
 
 

@@ -152,3 +152,42 @@ def test_passes_do_not_merge_or_fold_reads_of_a_buffer_a_body_writes(kind: str, 
     out = PassManager([make()]).run(copy.deepcopy(ep))
     assert _reads_of_buffer(out) == 2  # buf * 3 before and after the write, both kept
     assert torch.equal(_run(copy.deepcopy(out)), torch.full((4,), EXPECTED[kind]))
+
+
+# --- the walk over nested graphs -------------------------------------------------------
+
+
+class _NestedBodies(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def true_fn(t: torch.Tensor) -> torch.Tensor:
+            return torch.cond(t.sum() > 1, lambda u: u.relu(), lambda u: u.neg(), (t,))
+
+        y = torch.cond(x.sum() > 0, true_fn, lambda t: t.tanh(), (x,))
+        _, z = torch._higher_order_ops.while_loop(
+            lambda i, z: i < 2, lambda i, z: (i + 1, z.relu() + 1), (torch.tensor(0), y)
+        )
+        return z  # type: ignore[no-any-return]
+
+
+def _nested_bodies() -> torch.export.ExportedProgram:
+    return torch.export.export(_NestedBodies(), (torch.ones(4),)).run_decompositions()
+
+
+def test_graphs_lists_every_nested_graph_once_in_module_order() -> None:
+    gm = _nested_bodies().graph_module
+    modules = dict(gm.named_modules())
+    names = ["", "true_graph_0", "true_graph_0.true_graph_0", "true_graph_0.false_graph_0"]
+    names += ["false_graph_0", "while_loop_cond_graph_0", "while_loop_body_graph_0"]
+    assert _graph.graphs(gm) == [modules[name].graph for name in names]
+
+
+@pytest.mark.parametrize("body", ["true_graph_0.true_graph_0", "while_loop_body_graph_0"])
+def test_decompose_skip_reason_reads_nested_cond_branches_and_while_bodies(body: str) -> None:
+    from epass import Decompose
+
+    ep = _nested_bodies()
+    assert Decompose().skip_reason(ep) is not None  # already decomposed everywhere
+    graph = dict(ep.graph_module.named_modules())[body].graph
+    relu = next(n for n in graph.nodes if n.target is aten.relu.default)
+    relu.target = aten.silu.default  # which the default table decomposes
+    assert Decompose().skip_reason(ep) is None

@@ -224,6 +224,43 @@ def test_a_contract_property_that_raises_is_an_argument_error_naming_the_pass(at
         PassManager([_probe(**{attr: property(_raises)})])
 
 
+class _FxProbe(PassBase):
+    name = property(_raises)
+
+    def call(self, graph_module: Any) -> FxPassResult:
+        return FxPassResult(graph_module, False)
+
+
+def test_a_torch_fx_pass_whose_name_raises_is_an_argument_error_naming_it():
+    with pytest.raises(epass.errors.ArgumentTypeError, match=r"'_FxProbe'.*'name'.*kaboom"):
+        PassManager([_FxProbe()])
+    with pytest.raises(epass.errors.ArgumentTypeError, match=r"'_FxProbe'.*'name'.*kaboom"):
+        FxPass(_FxProbe())
+
+
+@pytest.fixture
+def raising_name_registered():
+    registry.register_pass("raising-name-test", lambda: _probe(name=property(_raises)))
+    yield
+    registry.unregister_pass("raising-name-test")
+
+
+def test_a_registered_pass_whose_name_raises_is_an_argument_error_naming_it(
+    raising_name_registered: None,
+):
+    expected = r"^pass 'Probe': reading its 'name' raised RuntimeError: kaboom$"
+    with pytest.raises(epass.errors.ArgumentTypeError, match=expected):
+        epass.create_pass("raising-name-test")
+    with pytest.raises(epass.errors.ArgumentTypeError, match=expected):
+        PassManager.from_text("dce, raising-name-test")
+
+
+def test_pass_name_names_a_pass_whose_name_raises():
+    with pytest.raises(epass.errors.ArgumentTypeError, match=r"'Probe'.*'name'.*kaboom"):
+        epass.protocol.pass_name(_probe(name=property(_raises)))
+    assert epass.protocol.pass_name(_probe(name="")) == "Probe"
+
+
 @pytest.mark.parametrize(
     ("declared", "culprit"),
     [

@@ -229,6 +229,99 @@ def test_a_hit_refreshes_the_entry_for_eviction(cache):
     assert all(p.stat().st_mtime > 1000 for p in _entries(cache))
 
 
+@pytest.mark.parametrize("value", ["lots", "-5", "1e9x", "64 M B", "0x10"])
+def test_a_cache_size_that_is_not_a_size_warns_once_naming_it_and_keeps_the_default(
+    cache, monkeypatch, value
+):
+    monkeypatch.setattr(_template_store, "_BAD_SIZES", set(), raising=False)
+    monkeypatch.setenv("EPASS_CACHE_SIZE", value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _template_store.limit() == 64 * 1024 * 1024
+        assert _template_store.info()["max_bytes"] == 64 * 1024 * 1024
+    assert len(caught) == 1
+    assert f"EPASS_CACHE_SIZE={value!r}" in str(caught[0].message)
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [("100000", 100000), ("32M", 32 << 20), ("32MiB", 32 << 20), ("32mb", 32 << 20),
+     ("1G", 1 << 30), ("1.5g", 3 << 29), ("512 K", 512 << 10), ("10B", 10), ("0", 0)],
+)  # fmt: skip
+def test_a_cache_size_takes_bytes_or_binary_units(monkeypatch, value, size):
+    monkeypatch.setenv("EPASS_CACHE_SIZE", value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _template_store.limit() == size
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in _entries(folder))
+
+
+def test_a_small_cache_stays_within_its_bound_over_many_writes(cache, monkeypatch):
+    monkeypatch.setenv("EPASS_CACHE_SIZE", "16K")
+    monkeypatch.setattr(_template_store, "_KNOWN", {}, raising=False)
+    scans = []
+    files = _template_store._files
+    monkeypatch.setattr(_template_store, "_files", lambda d: scans.append(d) or files(d))
+    writes = 0
+    for session in range(30):  # as the decomposition engine does: writes, then prune_soon
+        for i in range(10):
+            assert _template_store.store({"session": session, "i": i}, {"pad": "x" * 900})
+            writes += 1
+            assert _disk_bytes(cache) <= 16 * 1024, (session, i)
+        _template_store.prune_soon()
+    assert _disk_bytes(cache) > 16 * 1024 * 0.7  # pruned to fit, not emptied
+    assert len(scans) < writes / 3  # no directory scan per write
+
+
+def test_an_entry_larger_than_the_bound_is_not_written_and_evicts_nothing(cache, monkeypatch):
+    monkeypatch.setenv("EPASS_CACHE_SIZE", "4K")
+    assert _template_store.store({"small": 1}, {"pad": "x"})
+    assert not _template_store.store({"large": 1}, {"pad": "x" * 5000})
+    assert [json.loads(p.read_text())["key"] for p in _entries(cache)] == [{"small": 1}]
+    monkeypatch.setenv("EPASS_CACHE_SIZE", "0")  # keeps nothing
+    assert not _template_store.store({"small": 2}, {"pad": "x"})
+
+
+# Writes COUNT entries of about 1 kB from START, calling prune_soon every 10 as the
+# decomposition engine does after a program; stdlib only, so processes start fast.
+_WRITER = textwrap.dedent(
+    """
+    import sys
+    from epass import _template_store
+    start, count = int(sys.argv[1]), int(sys.argv[2])
+    for i in range(start, start + count):
+        assert _template_store.store({"writer": i}, {"pad": "x" * 900})
+        if i % 10 == 9:
+            _template_store.prune_soon()
+    """
+)
+
+
+def test_processes_writing_one_small_cache_keep_it_bounded(tmp_path):
+    cache = tmp_path / "cache"
+    bound = 16 * 1024
+    env = {**os.environ, "EPASS_CACHE_DIR": str(cache), "EPASS_CACHE_SIZE": str(bound)}
+    env["PYTHONPATH"] = str(ROOT)
+
+    def writer(start: int, count: int) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(start), str(count)], cwd=ROOT, env=env, text=True
+        )
+
+    for start in (0, 200):  # one after the other: each finds what the last one left
+        assert writer(start, 200).wait(timeout=120) == 0
+        assert _disk_bytes(cache) <= bound
+    both = [writer(start, 200) for start in (1000, 2000)]  # at once
+    assert [p.wait(timeout=120) for p in both] == [0, 0]
+    # Each keeps its own writes within the bound; the other's show at its next scan.
+    assert _disk_bytes(cache) <= 2 * bound
+    assert writer(3000, 1).wait(timeout=120) == 0  # a later writer's first write scans
+    assert _disk_bytes(cache) <= bound
+
+
 def _closure_table(value):
     def silu(x):
         return aten.mul.Tensor(aten.sigmoid.default(x), value)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Literal
 
 import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _decomp, _program
+from epass import _decomp, _graph, _program
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -129,12 +129,6 @@ def _check_enabled(check: bool | None) -> bool:
     if check is not None:
         return check
     return os.environ.get(CHECK_ENV, "") not in ("", "0")
-
-
-def _graphs(ep: ExportedProgram) -> Iterator[torch.fx.Graph]:
-    for module in ep.graph_module.modules():
-        if isinstance(module, torch.fx.GraphModule):
-            yield module.graph
 
 
 @attrs.define(eq=False)
@@ -314,7 +308,7 @@ class Decompose:
             return None
         seen: set[Any] = set()
         hops = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
-        for graph in _graphs(ep):
+        for graph in _graph.graphs(ep.graph_module):
             for node in graph.nodes:
                 if node.op != "call_function" or node.target in seen:
                     continue
@@ -410,9 +404,10 @@ class Decompose:
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         match = re.search(r"While executing %(\w+)", text)
         node_name = match.group(1) if match else None
+        graphs = _graph.graphs(ep.graph_module)
         node = None
         if node_name is not None:
-            node = next((n for g in _graphs(ep) for n in g.nodes if n.name == node_name), None)
+            node = next((n for g in graphs for n in g.nodes if n.name == node_name), None)
         op = str(node.target) if node is not None else None
         where = f"at node {node_name!r} ({op})" if node_name else "while retracing"
         source = ""
@@ -422,7 +417,7 @@ class Decompose:
         suggestion = None
         sdpa = [
             n.name
-            for g in _graphs(ep)
+            for g in graphs
             for n in g.nodes
             if n.op == "call_function" and str(n.target).startswith(_SDPA)
         ]
