@@ -519,9 +519,10 @@ class PassManager:
             view = _program.private_view(current, copy_graph=copy_graph, copy_state=copy_state)
             watch = StoreWatch.of([current], fingerprint=self.fingerprint)
         program: _graph.ProgramSnapshot | None = None
-        # Nested pipelines and fx passes report their own flag; every other pass
-        # may return its view edited in place, which only a snapshot tells.
-        if not isinstance(p, (PassManager, FxPass)):
+        # Nested pipelines, fx passes and passes annotated to return a PassResult
+        # report their own flag; every other pass may return its view edited in
+        # place, which only a snapshot tells.
+        if not (model.reports_modified or isinstance(p, (PassManager, FxPass))):
             if copy_graph:  # current's own graph and meta are the snapshot
                 program = _graph.ProgramSnapshot(view, copied_from=current)
             else:
@@ -675,6 +676,14 @@ def _normalize(out: Any, prepared: _Prepared, info: PassInfo) -> tuple[ExportedP
     if isinstance(out, ExportedProgram):
         if out is not prepared.view:
             return out, True
+        if prepared.snapshot.program is None:
+            # It got no snapshot on the strength of its annotation, so whether it
+            # edited its view cannot be told: refuse rather than guess.
+            raise PassError(
+                "it returned the program it was given, but its __call__ is annotated "
+                "to return a PassResult; return PassResult(program, modified)",
+                **info.location(),
+            )
         return out, _edited(prepared, info)
     if isinstance(out, PassResult):
         return out.program, out.modified
