@@ -187,10 +187,19 @@ class _Argument:
     required: bool
 
 
-_SCHEMAS: dict[Any, tuple[_Argument, ...]] = {}
+@attrs.frozen
+class _Signature:
+    """An operator's arguments, reduced, with what every call checks first."""
+
+    arguments: tuple[_Argument, ...]
+    positional: int  # arguments that may be passed by position (they come first)
+    names: frozenset[str]
 
 
-def _arguments(target: Any, schema: Any) -> tuple[_Argument, ...]:
+_SCHEMAS: dict[Any, _Signature] = {}
+
+
+def _signature(target: Any, schema: Any) -> _Signature:
     """The schema's arguments, reduced once per operator (overloads live for the
     whole process, so holding them as keys frees nothing that could be reused)."""
     found = _SCHEMAS.get(target)
@@ -204,7 +213,11 @@ def _arguments(target: Any, schema: Any) -> tuple[_Argument, ...]:
             )
             for a in schema.arguments
         )
-        found = _SCHEMAS[target] = arguments
+        found = _SCHEMAS[target] = _Signature(
+            arguments,
+            sum(not a.kwarg_only for a in arguments),
+            frozenset(a.name for a in arguments),
+        )
     return found
 
 
@@ -228,33 +241,37 @@ def _fits(value: Any, t: _Type) -> bool:
 
 
 def _node_argument_problems(node: torch.fx.Node, schema: Any) -> list[str]:
-    arguments = _arguments(node.target, schema)
+    signature = _signature(node.target, schema)
+    args, kwargs = node.args, node.kwargs
     problems: list[str] = []
-    where = f"node {node.name!r} ({node.target})"
-    positional = [a for a in arguments if not a.kwarg_only]
-    if len(node.args) > len(positional):
+    if len(args) > signature.positional:
         return [
-            f"{where} gets {len(node.args)} positional arguments, its schema takes "
-            f"{len(positional)}"
+            f"{_where(node)} gets {len(args)} positional arguments, its schema takes "
+            f"{signature.positional}"
         ]
-    for key in node.kwargs:
-        if all(a.name != key for a in arguments):
-            problems.append(f"{where} gets an unknown keyword argument {key!r}")
-    for i, arg in enumerate(arguments):
-        if i < len(node.args) and not arg.kwarg_only:
-            value = node.args[i]
-        elif arg.name in node.kwargs:
-            value = node.kwargs[arg.name]
+    for key in kwargs:
+        if key not in signature.names:
+            problems.append(f"{_where(node)} gets an unknown keyword argument {key!r}")
+    for i, arg in enumerate(signature.arguments):
+        # Positional arguments come first in a schema, so index i < len(args) is one.
+        if i < len(args):
+            value = args[i]
+        elif arg.name in kwargs:
+            value = kwargs[arg.name]
         else:
             if arg.required:
-                problems.append(f"{where} is missing its argument {arg.name!r}")
+                problems.append(f"{_where(node)} is missing its argument {arg.name!r}")
             continue
-        if not _fits(value, arg.type):
+        if type(value) is not torch.fx.Node and not _fits(value, arg.type):
             problems.append(
-                f"{where} passes {value!r} ({type(value).__name__}) as {arg.name!r}, "
+                f"{_where(node)} passes {value!r} ({type(value).__name__}) as {arg.name!r}, "
                 f"which its schema types {arg.type.text}"
             )
     return problems
+
+
+def _where(node: torch.fx.Node) -> str:
+    return f"node {node.name!r} ({node.target})"
 
 
 def argument_problems(ep: ExportedProgram) -> list[str]:
