@@ -167,6 +167,9 @@ class _Type:
     optional: bool = False
     element: _Type | None = None  # for lists
     text: str = ""
+    # The literals every item of a list of this type may be without a closer look:
+    # graph values and the element type's literals (None when items need one).
+    items: tuple[type, ...] | None = None
 
 
 def _reduce(jit_type: Any) -> _Type:
@@ -175,7 +178,10 @@ def _reduce(jit_type: Any) -> _Type:
         inner = _reduce(jit_type.getElementType())
         return attrs.evolve(inner, optional=True, text=str(jit_type))
     if kind == "ListType":
-        return _Type(kind, element=_reduce(jit_type.getElementType()), text=str(jit_type))
+        element = _reduce(jit_type.getElementType())
+        allowed = _LITERALS.get(element.kind)
+        items = (torch.fx.Node, *allowed) if element.element is None and allowed else None
+        return _Type(kind, element=element, text=str(jit_type), items=items)
     return _Type(kind, text=str(jit_type))
 
 
@@ -233,6 +239,9 @@ def _fits(value: Any, t: _Type) -> bool:
         return t.optional or t.kind in ("NoneType", "AnyType")
     if t.element is not None:
         if isinstance(value, (list, tuple)):
+            items = t.items
+            if items is not None and all(isinstance(v, items) for v in value):
+                return True  # what _fits says of each item, in one pass
             return all(_fits(v, t.element) for v in value)
         # int[2] stride=1: a single int stands for the list in ATen's schemas.
         return t.element.kind in ("IntType", "SymIntType") and _fits(value, t.element)
