@@ -144,21 +144,19 @@ def coalesce(models: Sequence[PassModel]) -> list[PassModel]:
 _Entry = tuple[str, str, Any, "tuple[int | None, bool]"]
 
 
-def _mark(value: torch.Tensor) -> tuple[int | None, bool]:
-    """What an in-place change of a store tensor changes: its version counter, and
-    its ``requires_grad`` flag (``requires_grad_`` does not count as a write)."""
-    return _program.tensor_version(value), value.requires_grad
-
-
 def _store_entries(ep: ExportedProgram) -> list[_Entry]:
     # list(d.items()) copies in one step, so keys another thread adds meanwhile
     # neither break the loop nor join the snapshot.
-    return [
-        (label, key, value, _mark(value))
+    items = [
+        (label, key, value)
         for label, d in (("state_dict", ep.state_dict), ("constants", ep.constants))
         for key, value in list(d.items())
         if isinstance(value, torch.Tensor)
     ]
+    # A mark is the version counter and the requires_grad flag
+    # (requires_grad_ does not count as a write).
+    marks = _program.tensor_marks([value for _, _, value in items])
+    return [(*item, mark) for item, mark in zip(items, marks, strict=True)]
 
 
 def _fingerprint(entries: list[_Entry]) -> list[int | None]:
@@ -210,8 +208,8 @@ class StoreWatch:
         / ``"constants:<key>"``. A flipped ``requires_grad`` flag counts and is set
         back (the one change that can be undone)."""
         touched = []
-        for label, key, value, mark in self.entries:
-            now = _mark(value)
+        marks = _program.tensor_marks([value for _, _, value, _ in self.entries])
+        for (label, key, value, mark), now in zip(self.entries, marks, strict=True):
             if now != mark:
                 touched.append(f"{label}:{key}")
                 if now[1] != mark[1]:
