@@ -596,18 +596,39 @@ def in_place_writes(gm: torch.fx.GraphModule) -> InPlaceWrites:
             if operands:
                 writers[node] = roots_of(operands)
             continue
-        if isinstance(first, torch.fx.Node) and any(r.alias_info for r in schema.returns):
+        returns_alias, written_args = _ALIASES.get(node.target) or _aliases(node.target, schema)
+        if returns_alias and isinstance(first, torch.fx.Node):
             root[node] = root.get(first, first)  # a view or an in-place result
-        if not schema.is_mutable:
+        if written_args is None:
             continue
         writers[node] = roots_of(
             [
-                node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-                for i, arg in enumerate(schema.arguments)
-                if arg.alias_info is not None and arg.alias_info.is_write
+                node.args[i] if i < len(node.args) else node.kwargs.get(name)
+                for i, name in written_args
             ]
         )
     return InPlaceWrites(root, writers)
+
+
+# Per operator overload: whether a result aliases an input, and the arguments it
+# writes (position, name), None when its schema is not mutable. Reading a schema's
+# alias information from C++ costs more than the rest of the walk; overloads live
+# for the whole process, so holding them as keys frees nothing that could be reused.
+_ALIASES: dict[Any, tuple[bool, tuple[tuple[int, str], ...] | None]] = {}
+
+
+def _aliases(target: Any, schema: Any) -> tuple[bool, tuple[tuple[int, str], ...] | None]:
+    written = (
+        tuple(
+            (i, arg.name)
+            for i, arg in enumerate(schema.arguments)
+            if arg.alias_info is not None and arg.alias_info.is_write
+        )
+        if schema.is_mutable
+        else None
+    )
+    found = _ALIASES[target] = (any(r.alias_info for r in schema.returns), written)
+    return found
 
 
 def _body_writes(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.Node]:

@@ -42,6 +42,7 @@ __all__ = [
     "set_state",
     "shallow_clone",
     "still_validated",
+    "tensor_marks",
     "tree_leaves",
 ]
 
@@ -313,6 +314,20 @@ def tensor_version(value: Any) -> int | None:
         except (RuntimeError, AttributeError):  # inference tensors and some subclasses
             return None
     return None
+
+
+def tensor_marks(values: list[torch.Tensor]) -> list[tuple[int | None, bool]]:
+    """What an in-place change of each tensor changes: its write counter (as
+    :func:`tensor_version`) and its ``requires_grad`` flag, read in one loop (the
+    manager reads them for every store entry around every pass)."""
+    marks: list[tuple[int | None, bool]] = []
+    for t in values:
+        try:
+            version: int | None = int(t._version)
+        except (RuntimeError, AttributeError):  # inference tensors and some subclasses
+            version = None
+        marks.append((version, t.requires_grad))
+    return marks
 
 
 def same_view(a: Any, b: Any) -> bool:

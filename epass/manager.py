@@ -144,21 +144,19 @@ def coalesce(models: Sequence[PassModel]) -> list[PassModel]:
 _Entry = tuple[str, str, Any, "tuple[int | None, bool]"]
 
 
-def _mark(value: torch.Tensor) -> tuple[int | None, bool]:
-    """What an in-place change of a store tensor changes: its version counter, and
-    its ``requires_grad`` flag (``requires_grad_`` does not count as a write)."""
-    return _program.tensor_version(value), value.requires_grad
-
-
 def _store_entries(ep: ExportedProgram) -> list[_Entry]:
     # list(d.items()) copies in one step, so keys another thread adds meanwhile
     # neither break the loop nor join the snapshot.
-    return [
-        (label, key, value, _mark(value))
+    items = [
+        (label, key, value)
         for label, d in (("state_dict", ep.state_dict), ("constants", ep.constants))
         for key, value in list(d.items())
         if isinstance(value, torch.Tensor)
     ]
+    # A mark is the version counter and the requires_grad flag
+    # (requires_grad_ does not count as a write).
+    marks = _program.tensor_marks([value for _, _, value in items])
+    return [(*item, mark) for item, mark in zip(items, marks, strict=True)]
 
 
 def _fingerprint(entries: list[_Entry]) -> list[int | None]:
@@ -210,8 +208,8 @@ class StoreWatch:
         / ``"constants:<key>"``. A flipped ``requires_grad`` flag counts and is set
         back (the one change that can be undone)."""
         touched = []
-        for label, key, value, mark in self.entries:
-            now = _mark(value)
+        marks = _program.tensor_marks([value for _, _, value, _ in self.entries])
+        for (label, key, value, mark), now in zip(self.entries, marks, strict=True):
             if now != mark:
                 touched.append(f"{label}:{key}")
                 if now[1] != mark[1]:
@@ -519,9 +517,10 @@ class PassManager:
             view = _program.private_view(current, copy_graph=copy_graph, copy_state=copy_state)
             watch = StoreWatch.of([current], fingerprint=self.fingerprint)
         program: _graph.ProgramSnapshot | None = None
-        # Nested pipelines and fx passes report their own flag; every other pass
-        # may return its view edited in place, which only a snapshot tells.
-        if not isinstance(p, (PassManager, FxPass)):
+        # Nested pipelines, fx passes and passes annotated to return a PassResult
+        # report their own flag; every other pass may return its view edited in
+        # place, which only a snapshot tells.
+        if not (model.reports_modified or isinstance(p, (PassManager, FxPass))):
             if copy_graph:  # current's own graph and meta are the snapshot
                 program = _graph.ProgramSnapshot(view, copied_from=current)
             else:
@@ -675,6 +674,14 @@ def _normalize(out: Any, prepared: _Prepared, info: PassInfo) -> tuple[ExportedP
     if isinstance(out, ExportedProgram):
         if out is not prepared.view:
             return out, True
+        if prepared.snapshot.program is None:
+            # It got no snapshot on the strength of its annotation, so whether it
+            # edited its view cannot be told: refuse rather than guess.
+            raise PassError(
+                "it returned the program it was given, but its __call__ is annotated "
+                "to return a PassResult; return PassResult(program, modified)",
+                **info.location(),
+            )
         return out, _edited(prepared, info)
     if isinstance(out, PassResult):
         return out.program, out.modified

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, get_type_hints, runtime_checkable
 
 import attrs
 import torch
@@ -89,6 +89,10 @@ class Pass(Protocol):
       ones registering the custom ops it works on, ``("torchao",)``);
     * ``origin``: the registry name and options that recreate the pass, as
       ``(name, options)``; :func:`~epass.create_pass` sets it on what it makes.
+
+    A ``__call__`` annotated to return :class:`PassResult` (or a subclass) tells the
+    manager that the pass reports its own ``modified`` flag: it takes no snapshot
+    to find out, and a bare program returned instead is a :class:`~epass.PassError`.
     """
 
     def __call__(self, ep: ExportedProgram, /) -> PassResult | ExportedProgram: ...
@@ -129,6 +133,9 @@ class PassModel:
         imports: modules to import before a program is loaded for it.
         module: the module defining its function or class.
         children: the models of a nested pipeline's passes.
+        reports_modified: its ``__call__`` is annotated to return a
+            :class:`PassResult` (or a subclass), which carries its own ``modified``
+            flag: the manager takes no before-snapshot to find out.
     """
 
     pass_: Any
@@ -144,6 +151,7 @@ class PassModel:
     imports: tuple[str, ...] = ()
     module: str | None = None
     children: tuple[PassModel, ...] = ()
+    reports_modified: bool = False
 
 
 def pass_name(p: Any) -> str:
@@ -297,6 +305,7 @@ def adapt(
         imports=imports,
         module=_module(p.fn if isinstance(p, FxPass) else p),
         children=tuple(m for m in declared["models"] or () if isinstance(m, PassModel)),
+        reports_modified=_reports_modified(p),
     )
 
 
@@ -315,6 +324,21 @@ def _declared(p: Any) -> dict[str, Any]:
         "origin": getattr(p, "origin", None),
         "models": getattr(p, "models", ()),
     }
+
+
+def _reports_modified(p: Any) -> bool:
+    """Whether ``p``'s ``__call__`` (a function's own signature) is annotated to
+    return a :class:`PassResult`. An annotation that does not resolve counts as none."""
+    inner = p.inner if isinstance(p, NamedPass) else p
+    if isinstance(inner, type):  # calling it constructs: its __init__ says nothing
+        return False
+    try:
+        returned = get_type_hints(inner if inspect.isroutine(inner) else type(inner).__call__).get(
+            "return"
+        )
+    except Exception:  # names that do not resolve, odd callables
+        return False
+    return isinstance(returned, type) and issubclass(returned, PassResult)
 
 
 def _own_name(p: Any) -> str:

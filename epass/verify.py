@@ -167,6 +167,9 @@ class _Type:
     optional: bool = False
     element: _Type | None = None  # for lists
     text: str = ""
+    # The literals every item of a list of this type may be without a closer look:
+    # graph values and the element type's literals (None when items need one).
+    items: tuple[type, ...] | None = None
 
 
 def _reduce(jit_type: Any) -> _Type:
@@ -175,7 +178,10 @@ def _reduce(jit_type: Any) -> _Type:
         inner = _reduce(jit_type.getElementType())
         return attrs.evolve(inner, optional=True, text=str(jit_type))
     if kind == "ListType":
-        return _Type(kind, element=_reduce(jit_type.getElementType()), text=str(jit_type))
+        element = _reduce(jit_type.getElementType())
+        allowed = _LITERALS.get(element.kind)
+        items = (torch.fx.Node, *allowed) if element.element is None and allowed else None
+        return _Type(kind, element=element, text=str(jit_type), items=items)
     return _Type(kind, text=str(jit_type))
 
 
@@ -187,10 +193,19 @@ class _Argument:
     required: bool
 
 
-_SCHEMAS: dict[Any, tuple[_Argument, ...]] = {}
+@attrs.frozen
+class _Signature:
+    """An operator's arguments, reduced, with what every call checks first."""
+
+    arguments: tuple[_Argument, ...]
+    positional: int  # arguments that may be passed by position (they come first)
+    names: frozenset[str]
 
 
-def _arguments(target: Any, schema: Any) -> tuple[_Argument, ...]:
+_SCHEMAS: dict[Any, _Signature] = {}
+
+
+def _signature(target: Any, schema: Any) -> _Signature:
     """The schema's arguments, reduced once per operator (overloads live for the
     whole process, so holding them as keys frees nothing that could be reused)."""
     found = _SCHEMAS.get(target)
@@ -204,7 +219,11 @@ def _arguments(target: Any, schema: Any) -> tuple[_Argument, ...]:
             )
             for a in schema.arguments
         )
-        found = _SCHEMAS[target] = arguments
+        found = _SCHEMAS[target] = _Signature(
+            arguments,
+            sum(not a.kwarg_only for a in arguments),
+            frozenset(a.name for a in arguments),
+        )
     return found
 
 
@@ -220,6 +239,9 @@ def _fits(value: Any, t: _Type) -> bool:
         return t.optional or t.kind in ("NoneType", "AnyType")
     if t.element is not None:
         if isinstance(value, (list, tuple)):
+            items = t.items
+            if items is not None and all(isinstance(v, items) for v in value):
+                return True  # what _fits says of each item, in one pass
             return all(_fits(v, t.element) for v in value)
         # int[2] stride=1: a single int stands for the list in ATen's schemas.
         return t.element.kind in ("IntType", "SymIntType") and _fits(value, t.element)
@@ -228,33 +250,37 @@ def _fits(value: Any, t: _Type) -> bool:
 
 
 def _node_argument_problems(node: torch.fx.Node, schema: Any) -> list[str]:
-    arguments = _arguments(node.target, schema)
+    signature = _signature(node.target, schema)
+    args, kwargs = node.args, node.kwargs
     problems: list[str] = []
-    where = f"node {node.name!r} ({node.target})"
-    positional = [a for a in arguments if not a.kwarg_only]
-    if len(node.args) > len(positional):
+    if len(args) > signature.positional:
         return [
-            f"{where} gets {len(node.args)} positional arguments, its schema takes "
-            f"{len(positional)}"
+            f"{_where(node)} gets {len(args)} positional arguments, its schema takes "
+            f"{signature.positional}"
         ]
-    for key in node.kwargs:
-        if all(a.name != key for a in arguments):
-            problems.append(f"{where} gets an unknown keyword argument {key!r}")
-    for i, arg in enumerate(arguments):
-        if i < len(node.args) and not arg.kwarg_only:
-            value = node.args[i]
-        elif arg.name in node.kwargs:
-            value = node.kwargs[arg.name]
+    for key in kwargs:
+        if key not in signature.names:
+            problems.append(f"{_where(node)} gets an unknown keyword argument {key!r}")
+    for i, arg in enumerate(signature.arguments):
+        # Positional arguments come first in a schema, so index i < len(args) is one.
+        if i < len(args):
+            value = args[i]
+        elif arg.name in kwargs:
+            value = kwargs[arg.name]
         else:
             if arg.required:
-                problems.append(f"{where} is missing its argument {arg.name!r}")
+                problems.append(f"{_where(node)} is missing its argument {arg.name!r}")
             continue
-        if not _fits(value, arg.type):
+        if type(value) is not torch.fx.Node and not _fits(value, arg.type):
             problems.append(
-                f"{where} passes {value!r} ({type(value).__name__}) as {arg.name!r}, "
+                f"{_where(node)} passes {value!r} ({type(value).__name__}) as {arg.name!r}, "
                 f"which its schema types {arg.type.text}"
             )
     return problems
+
+
+def _where(node: torch.fx.Node) -> str:
+    return f"node {node.name!r} ({node.target})"
 
 
 def argument_problems(ep: ExportedProgram) -> list[str]:

@@ -313,3 +313,77 @@ def test_a_built_program_edited_harmlessly_is_validated_again(monkeypatch):
     calls = _count_validations(monkeypatch)
     PassManager([_cast_then(retarget)])(ep)
     assert len(calls) == 2  # the constructor's, and verification's after the edit
+
+
+# --- no before-snapshot for a pass that reports its own flag --------------------------
+
+
+def _count_snapshots(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    import epass._graph
+
+    calls: list[Any] = []
+    real = epass._graph.ProgramSnapshot.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(self)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(epass._graph.ProgramSnapshot, "__init__", counting)
+    return calls
+
+
+def test_a_pass_annotated_to_return_a_pass_result_gets_no_snapshot(monkeypatch):
+    from epass.passes import presets
+
+    ep = _mlp()
+    calls = _count_snapshots(monkeypatch)
+    PassManager([Unchanged(), Unchanged("again")])(ep)
+    presets.lower()(ep)
+    assert calls == []
+
+
+def test_an_unannotated_pass_still_gets_a_snapshot(monkeypatch):
+    calls = _count_snapshots(monkeypatch)
+    result = PassManager([EditInPlace(lambda ep: None, changes_input=False)])(_mlp())
+    assert len(calls) == 1
+    assert not result.records[0].modified
+
+
+def test_reports_modified_is_read_from_the_return_annotation():
+    from epass.protocol import NamedPass, adapt
+
+    def annotated(ep: Any) -> PassResult:
+        return PassResult(ep, False)
+
+    def bare(ep: Any) -> Any:
+        return ep
+
+    def unresolvable(ep: Any) -> NoSuchResult:  # type: ignore[name-defined]  # noqa: F821
+        return ep
+
+    assert adapt(annotated).reports_modified
+    assert adapt(Unchanged()).reports_modified  # a method's annotation
+    assert adapt(NamedPass("named", annotated)).reports_modified
+    assert not adapt(bare).reports_modified
+    assert not adapt(unresolvable).reports_modified
+    assert not adapt(EditInPlace(lambda ep: None, changes_input=True)).reports_modified
+
+
+@pytest.mark.parametrize("edit", [*GRAPH_EDITS.values(), None], ids=[*GRAPH_EDITS, "no edit"])
+def test_an_annotated_pass_returning_its_view_bare_is_an_error(edit):
+    # The pass got no snapshot; an edit it made to its view (or none) is refused,
+    # never taken for "unmodified".
+    class Annotated:
+        changes_input = True
+        name = "annotated"
+
+        def __call__(self, ep: Any) -> PassResult:
+            if edit is not None:
+                edit(ep)
+            return ep  # type: ignore[return-value]
+
+    ep = _mlp()
+    before = fingerprint(ep)
+    with pytest.raises(PassError, match="annotated to return a PassResult"):
+        PassManager([Unchanged(), Annotated()])(ep)
+    assert fingerprint(ep) == before

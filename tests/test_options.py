@@ -256,3 +256,48 @@ def test_exported_and_lowered_zoo_programs_have_no_argument_problems(
     _, ep, _ = models.export(name, dynamic=dynamic)
     assert argument_problems(ep) == []
     assert argument_problems(presets.lower().run(ep)) == []
+
+
+def _relu_node(ep: ExportedProgram) -> torch.fx.Node:
+    return next(n for n in ep.graph.nodes if n.target is aten.relu.default)
+
+
+def _retarget_relu(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def edit(ep: ExportedProgram) -> None:
+        node = _relu_node(ep)
+        node.target, node.args, node.kwargs = target, (node.args[0], *args), kwargs
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "line"),
+    [
+        (
+            _retarget_relu(aten.relu.default, (1,), {}),
+            "gets 2 positional arguments, its schema takes 1",
+        ),
+        (
+            _retarget_relu(aten.relu.default, (), {"alpha": 1}),
+            "gets an unknown keyword argument 'alpha'",
+        ),
+        (_retarget_relu(aten.clamp_min.default, (), {}), "is missing its argument 'min'"),
+        (
+            _retarget_relu(aten.clamp_min.default, (), {"min": "x"}),
+            "passes 'x' (str) as 'min', which its schema types number",
+        ),
+        (
+            _retarget_relu(aten.sum.dim_IntList, ([0, "y"],), {}),
+            "passes [0, 'y'] (immutable_list) as 'dim', which its schema types Optional[List[int]]",
+        ),
+    ],
+    ids=["too many", "unknown keyword", "missing", "keyword literal", "list literal"],
+)
+def test_each_kind_of_argument_problem_names_the_node_and_operator(edit: Any, line: str) -> None:
+    _, ep, _ = models.export("mlp")
+    lowered = Decompose()(ep).program
+    assert argument_problems(lowered) == []
+    edit(lowered)
+    (problem,) = argument_problems(lowered)
+    node = next(n for n in lowered.graph.nodes if n.name == problem.split("'")[1])
+    assert problem == f"node {node.name!r} ({node.target}) {line}"

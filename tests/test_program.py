@@ -126,6 +126,20 @@ def test_tensor_version_counts_in_place_writes():
     assert _program.tensor_version("not a tensor") is None
 
 
+def test_tensor_marks_read_each_version_and_requires_grad_flag():
+    a, b = torch.zeros(2), torch.nn.Parameter(torch.zeros(2))
+    with torch.inference_mode():
+        c = torch.zeros(2)  # an inference tensor has no version counter
+    before = _program.tensor_marks([a, b, c])
+    assert before == [(_program.tensor_version(a), False), (_program.tensor_version(b), True),
+                      (None, False)]  # fmt: skip
+    a.add_(1)
+    b.requires_grad_(False)
+    assert _program.tensor_marks([a, b, c]) == [
+        (before[0][0] + 1, False), (before[1][0], False), (None, False)
+    ]  # fmt: skip
+
+
 def test_same_view_reads_no_bytes_and_checks_layout():
     t = torch.randn(4, 4)
     assert _program.same_view(t, t.view(4, 4))
