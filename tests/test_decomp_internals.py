@@ -311,3 +311,24 @@ def test_torch_state_restores_kernels_when_the_override_fails_half_way():
     ):
         pass
     assert [dict(op.py_kernels) for op in ops] == before
+
+
+def test_the_proxy_mode_graph_grows_as_nodes_are_created():
+    # A batched template trace tells which call created each node by the length of
+    # the graph being traced before and after it.
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+
+    lengths = []
+
+    def fn(x):
+        graph = get_proxy_mode().tracer.graph
+        lengths.append(len(graph.nodes))
+        y = x.sin()
+        lengths.append(len(graph.nodes))
+        z = torch.zeros(3) + y
+        lengths.append(len(graph.nodes))
+        return z
+
+    gm = make_fx(fn)(torch.randn(3))
+    assert lengths == [1, 2, 4]
+    assert [n.op for n in gm.graph.nodes] == ["placeholder", *["call_function"] * 3, "output"]
