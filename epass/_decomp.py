@@ -584,12 +584,11 @@ class _Session:
     table, entered at the first trace and left (with torch's state put back) at the
     end of the decomposition, and the templates one batched trace made for it."""
 
-    def __init__(
-        self, tables: Tables, deadline: float | None = None, program: ExportedProgram | None = None
-    ) -> None:
+    def __init__(self, tables: Tables, deadline: float | None = None) -> None:
         self.tables = tables
         self.deadline = deadline
-        self.program = program
+        # The program being decomposed, whose missing templates one batch traces.
+        self.program: ExportedProgram | None = None
         self.traced = 0
         self.batched: dict[Any, _Template] = {}
         self._stack = contextlib.ExitStack()
