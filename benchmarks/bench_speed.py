@@ -614,6 +614,9 @@ def first_child(mode: str, path: str) -> None:
     start = time.process_time()
     if mode == "retrace":
         ep.run_decompositions()
+    elif mode == "auto":
+        result = Decompose()(ep)  # either path: auto chooses
+        print(result.notes["method"])
     else:
         result = Decompose()(ep)
         assert result.notes["method"] == "incremental", result.notes
@@ -666,6 +669,79 @@ def bench_first_run(repeats: int, quick: bool) -> list[Row]:
                  f"{med['filled']:.2f}s / {med['retrace']:.2f}s, fresh processes"),
             ]  # fmt: skip
     return rows
+
+
+def _auto_programs(quick: bool) -> dict[str, Callable[[], Any]]:
+    """Programs of many distinct ops and few nodes, where tracing weighs the most."""
+    import models
+
+    from epass.cli import _demo_program
+
+    programs: dict[str, Callable[[], Any]] = {
+        name: (lambda name=name: models.export(name)[1]) for name in models.CASES
+    }
+    programs["demo model"] = _demo_program
+    if quick:
+        return programs
+    if importlib.util.find_spec("transformers") is not None:
+        import hf_models
+
+        for name in hf_models.ZOO:
+            programs[f"zoo {name}"] = lambda name=name: hf_models.export(name)[1]
+    programs["12-layer encoder"] = lambda: torch.export.export(
+        bench_core.encoder(12).eval(), (torch.randn(2, 16, 256),)
+    )
+    return programs
+
+
+def bench_auto_first_run(repeats: int, quick: bool) -> list[Row]:
+    """``method="auto"``'s first Decompose() of a fresh process, empty template cache,
+    against the first run_decompositions() of a fresh process, on every program of
+    `_auto_programs`: alternating, medians per program, the worst ratio printed; and
+    the same for a process that finds the cache the first one filled."""
+    import tempfile
+
+    ratios: dict[str, tuple[float, float, str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, make in _auto_programs(quick).items():
+            torch.manual_seed(0)
+            path = os.path.join(tmp, "program.pt2")
+            torch.export.save(make(), path)
+
+            def child(mode: str, cache: str, path: str = path) -> tuple[float, str]:
+                env = {**os.environ, "PYTHONPATH": str(ROOT), "EPASS_CACHE_DIR": cache}
+                done = subprocess.run(
+                    [sys.executable, __file__, "--first-child", mode, path],
+                    env=env, cwd=ROOT, check=True, capture_output=True, text=True,
+                )  # fmt: skip
+                lines = done.stdout.strip().splitlines()
+                return float(lines[-1]), lines[-2] if len(lines) > 1 else ""
+
+            times: dict[str, list[float]] = {"retrace": [], "cold": [], "filled": []}
+            methods = set()
+            for round_ in range(repeats):
+                cache = os.path.join(tmp, f"{len(ratios)}-{round_}")
+                times["retrace"].append(child("retrace", cache + "-unused")[0])
+                cold, method = child("auto", cache)
+                times["cold"].append(cold)
+                methods.add(method)
+                times["filled"].append(child("auto", cache)[0])  # finds what cold left
+            med = {k: statistics.median(v) for k, v in times.items()}
+            ratios[label] = (
+                med["cold"] / med["retrace"],
+                med["filled"] / med["retrace"],
+                "/".join(sorted(methods)),
+            )
+    worst = max(ratios, key=lambda k: ratios[k][0])
+    worst_filled = max(ratios, key=lambda k: ratios[k][1])
+    each = ", ".join(f"{k} {v[0]:.2f} ({v[2]})" for k, v in ratios.items())
+    return [
+        (f"auto's first Decompose(), empty cache / first run_decompositions(), worst of "
+         f"{len(ratios)} programs ({worst})", ratios[worst][0], 1.00,
+         f"fresh processes, alternating; {each}"),
+        (f"  the same, cache filled by that first run, worst ({worst_filled})",
+         ratios[worst_filled][1], 0.25, "fresh processes, alternating"),
+    ]  # fmt: skip
 
 
 def bench_guards(repeats: int) -> list[Row]:
@@ -741,8 +817,9 @@ def main() -> None:
     parser.add_argument("--first-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument(
         "--only",
-        choices=["first-run", "incremental", "io", "overhead"],
-        help="one group: first-run, incremental, io (load, save, end to end) or overhead",
+        choices=["first-run", "auto", "incremental", "io", "overhead"],
+        help="one group: first-run, auto (auto's first run on many programs), incremental, "
+        "io (load, save, end to end) or overhead",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)  # tracing is Python-bound; idle OpenMP threads only add noise
@@ -758,6 +835,9 @@ def main() -> None:
     os.environ.setdefault("EPASS_CACHE_DIR", tempfile.mkdtemp(prefix="epass-bench-cache-"))
     if args.only == "first-run":
         print_table(bench_first_run(repeats=3 if args.quick else 5, quick=args.quick))
+        return
+    if args.only == "auto":
+        print_table(bench_auto_first_run(repeats=3, quick=args.quick))
         return
     if args.only == "incremental":
         print_table(bench_incremental(repeats=3 if args.quick else 7, quick=args.quick))
@@ -776,6 +856,7 @@ def main() -> None:
     rows += bench_skip(repeats=3 if quick else 7)
     rows += bench_coalesce(repeats=2 if quick else 5, layers=2 if quick else 6)
     rows += bench_first_run(repeats=3 if quick else 5, quick=quick)
+    rows += bench_auto_first_run(repeats=3, quick=quick)
     rows += bench_incremental(repeats=3 if quick else 7, quick=quick)
     rows += bench_overhead(repeats=2 if quick else 5)
     rows += bench_guards(repeats=5 if quick else 20)

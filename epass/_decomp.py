@@ -45,6 +45,7 @@ __all__ = [
     "const_key",
     "clear_cache",
     "decompose",
+    "fill",
     "first_difference",
     "is_plain_call",
     "missing_templates",
@@ -52,6 +53,7 @@ __all__ = [
     "run_decompositions",
     "splices",
     "split_table",
+    "template_work",
     "torch_state",
     "unsafe_reason",
 ]
@@ -78,6 +80,7 @@ INTERNALS = (
     "torch._functorch._aot_autograd.functional_utils.has_metadata_mutation",
     "torch._guards.detect_fake_mode",
     "torch.fx.experimental.proxy_tensor.make_fx",
+    "torch.fx.experimental.proxy_tensor.get_proxy_mode",  # .tracer.graph
     "torch._dispatch.python.enable_python_dispatcher",
     "torch.fx.traceback.preserve_node_meta",
     "torch.fx.traceback.set_current_meta",
@@ -740,14 +743,27 @@ def _symbol_count(shape_env: Any) -> Any:
 class _Session:
     """The traces of one decomposition: the CompositeImplicitAutograd override of the
     table, entered at the first trace and left (with torch's state put back) at the
-    end of the decomposition."""
+    end of the decomposition, and the templates one batched trace made for it."""
 
     def __init__(self, tables: Tables, deadline: float | None = None) -> None:
         self.tables = tables
         self.deadline = deadline
+        # The program being decomposed, whose missing templates one batch traces.
+        self.program: ExportedProgram | None = None
         self.traced = 0
+        self.batched: dict[Any, _Template] = {}
         self._stack = contextlib.ExitStack()
         self._entered = False
+        self._batch_done = False
+
+    def take(self, key: Any, fake_mode: Any) -> _Template | None:
+        """The template of ``key`` from the program's batched trace, which runs at the
+        first template that is neither in memory nor on disk (a warm run never pays
+        for the walk that collects them)."""
+        if self.program is not None and not self._batch_done:
+            self._batch_done = True
+            _prefill(self.program, self.tables, fake_mode, self)
+        return self.batched.pop(key, None)
 
     @contextlib.contextmanager
     def overrides(self) -> Iterator[None]:
@@ -762,59 +778,59 @@ class _Session:
     def close(self) -> None:
         self._stack.close()
         self._entered = False
+        self.batched.clear()
 
 
 class OutOfTime(Exception):
     """A cache-filling decomposition reached its deadline."""
 
 
-def _trace(
-    op: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    inputs: list[Any],
-    tables: Tables,
-    fake_mode: Any,
-    session: _Session,
-) -> _Template:
-    """Trace ``op`` on fresh fake inputs with the table, functionalized as export does."""
-    from torch._dispatch.python import enable_python_dispatcher
-    from torch._export.utils import _compiling_state_context
+def _blank() -> torch.fx.Node:
+    """The node meta each decomposition runs under: no annotations, and a marker for
+    every field the rewritten node's own value will fill in."""
+    blank = torch.fx.Graph().placeholder("blank")
+    blank.meta["custom"] = {}
+    blank.meta.update(_MARKERS)
+    return blank
+
+
+def _call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.fx.Node) -> Any:
+    """Run ``op`` on the traced inputs ``xs`` (the tensor leaves of ``flat``),
+    functionalized as export does; raise :class:`Fallback` when it mutates one."""
     from torch._functorch._aot_autograd.functional_utils import (
         from_fun,
         has_data_mutation,
         has_metadata_mutation,
         to_fun,
     )
+
+    xs = list(xs)
+    funs = [to_fun(x) for x in xs]
+    it = iter(funs)
+    filled = [next(it) if isinstance(a, torch.fx.Node) else a for a in flat]
+    a, k = pytree.tree_unflatten(filled, spec)
+    # The retrace runs each node under that node's meta (the interpreter's
+    # set_current_meta), which drops annotations of the tracer's own frames.
+    with torch.fx.traceback.set_current_meta(blank):
+        out = op(*a, **k)
+    for f, x in zip(funs, xs, strict=True):
+        if isinstance(f, torch.Tensor) and (
+            has_data_mutation(f) or has_metadata_mutation(f, x, check_only_storage_mutation=False)
+        ):
+            raise Fallback(f"the decomposition of {op} mutates an input")
+    return pytree.tree_map(from_fun, out)
+
+
+def _make_fx(
+    fn: Callable[..., Any], fakes: list[Any], tables: Tables, fake_mode: Any, session: _Session
+) -> torch.fx.GraphModule:
+    """``make_fx(fn)(*fakes)`` under the stack a template trace runs in."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._export.utils import _compiling_state_context
     from torch._subclasses.functional_tensor import FunctionalTensorMode
     from torch.export._trace import _ignore_backend_decomps
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    flat, spec = pytree.tree_flatten((args, kwargs))
-    blank = torch.fx.Graph().placeholder("blank")
-    blank.meta["custom"] = {}
-    blank.meta.update(_MARKERS)
-
-    def fn(*xs: Any) -> Any:
-        funs = [to_fun(x) for x in xs]
-        it = iter(funs)
-        filled = [next(it) if isinstance(a, torch.fx.Node) else a for a in flat]
-        a, k = pytree.tree_unflatten(filled, spec)
-        # The retrace runs each node under that node's meta (the interpreter's
-        # set_current_meta), which drops annotations of the tracer's own frames.
-        with torch.fx.traceback.set_current_meta(blank):
-            out = op(*a, **k)
-        for f, x in zip(funs, xs, strict=True):
-            if isinstance(f, torch.Tensor) and (
-                has_data_mutation(f)
-                or has_metadata_mutation(f, x, check_only_storage_mutation=False)
-            ):
-                raise Fallback(f"the decomposition of {op} mutates an input")
-        return pytree.tree_map(from_fun, out)
-
-    shape_env = fake_mode.shape_env
-    before = _symbol_count(shape_env)
-    fakes = [_fresh_fake(fake_mode, v) if isinstance(v, torch.Tensor) else v for v in inputs]
     # The same stack as AOTAutograd's graph capture inside export's retrace, less the
     # CompositeImplicitAutograd override: patching every such operator costs more
     # than most traces, so a session enters it once for all of a program's traces.
@@ -828,15 +844,17 @@ def _trace(
         enable_python_dispatcher(),
         FunctionalTensorMode(pre_dispatch=False, export=False, _allow_token_discovery=True),
     ):
-        gm = make_fx(
+        return make_fx(
             fn,
             decomposition_table=dict(tables.python),
             record_module_stack=True,
             pre_dispatch=False,
         )(*fakes)
-    if shape_env is not None and _symbol_count(shape_env) != before:
-        raise Fallback(f"the decomposition of {op} creates new symbols")
-    for node in gm.graph.nodes:
+
+
+def _check_template(graph: torch.fx.Graph, op: Any, tables: Tables) -> None:
+    """Raise :class:`Fallback` when a traced decomposition of ``op`` cannot be spliced."""
+    for node in graph.nodes:
         if node.op == "get_attr":
             raise Fallback(f"the decomposition of {op} creates constants")
         if node.op == "call_function" and _program.is_op_overload(node.target):
@@ -846,7 +864,276 @@ def _trace(
                 raise Fallback(f"the decomposition of {op} leaves {node.target} behind")
         elif node.op == "call_function" and not is_plain_call(node.target):
             raise Fallback(f"the decomposition of {op} calls {node.target!r}")
+
+
+def _fakes(fake_mode: Any, values: Iterable[Any]) -> list[Any]:
+    return [_fresh_fake(fake_mode, v) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _trace(
+    op: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    inputs: list[Any],
+    tables: Tables,
+    fake_mode: Any,
+    session: _Session,
+) -> _Template:
+    """Trace ``op`` on fresh fake inputs with the table, functionalized as export does."""
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    blank = _blank()
+
+    def fn(*xs: Any) -> Any:
+        return _call(op, flat, spec, xs, blank)
+
+    shape_env = fake_mode.shape_env
+    before = _symbol_count(shape_env)
+    gm = _make_fx(fn, _fakes(fake_mode, inputs), tables, fake_mode, session)
+    if shape_env is not None and _symbol_count(shape_env) != before:
+        raise Fallback(f"the decomposition of {op} creates new symbols")
+    _check_template(gm.graph, op, tables)
     return _Template(gm.graph, len(inputs), *_split_meta(gm.graph))
+
+
+# --- one trace for many templates ---------------------------------------------------
+
+
+@attrs.frozen(eq=False)
+class _Pending:
+    """A template decomposing a program needs, neither in memory nor on disk."""
+
+    key: Any
+    disk_key: dict[str, Any] | None
+    op: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    values: list[Any]
+
+
+# fx names a node after its target, plus ``_<n>`` when the name is taken.
+_NAME = re.compile(r"^(.*?)(?:_(\d+))?$")
+_SUFFIXED = re.compile(r"_\d+$")
+
+
+def _trace_batch(
+    calls: list[_Pending], tables: Tables, fake_mode: Any, session: _Session
+) -> dict[Any, _Template]:
+    """The templates of ``calls`` from one ``make_fx`` call, by key: each op runs on
+    its own fresh inputs, exactly as :func:`_trace` runs it, and the graph is split
+    back into one template per call, each the graph :func:`_trace` gives.
+
+    A call whose part of the graph fails a check of :func:`_trace`, or is not its
+    own (a node reading another call's nodes), is left out; so is every call when the
+    trace fails or creates symbols. Those are traced one at a time, as before.
+    """
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    plans = [pytree.tree_flatten((c.args, c.kwargs)) for c in calls]
+    bounds: list[tuple[int, int]] = []
+
+    def fn(*xs: Any) -> Any:
+        mode = get_proxy_mode()
+        assert mode is not None
+        graph = mode.tracer.graph
+        outs = []
+        pos = 0
+        for call, (flat, spec) in zip(calls, plans, strict=True):
+            # Nodes are appended as they are created: a call owns the ones created
+            # while it ran, factory ops (no inputs) included.
+            start = len(graph.nodes)
+            # Each call its own blank meta: a decomposition may annotate it.
+            mine = xs[pos : pos + len(call.values)]
+            outs.append(_call(call.op, flat, spec, mine, _blank()))
+            bounds.append((start, len(graph.nodes)))
+            pos += len(call.values)
+        return tuple(outs)
+
+    shape_env = fake_mode.shape_env
+    before = _symbol_count(shape_env)
+    fakes = _fakes(fake_mode, (v for c in calls for v in c.values))
+    try:
+        gm = _make_fx(fn, fakes, tables, fake_mode, session)
+    except Exception:  # each call's own trace raises (or not) as it always did
+        return {}
+    if shape_env is not None and _symbol_count(shape_env) != before:
+        return {}
+    nodes = list(gm.graph.nodes)
+    n_inputs = len(fakes)
+    output = nodes[-1]
+    results = output.args[0]
+    if (
+        any(n.op != "placeholder" for n in nodes[:n_inputs])
+        or output.op != "output"
+        or not isinstance(results, tuple)
+        or len(results) != len(calls)
+        or [b[0] for b in bounds] != [n_inputs] + [b[1] for b in bounds[:-1]]
+        or bounds[-1][1] != len(nodes) - 1
+    ):
+        return {}  # some node claimed twice or by no call
+    templates: dict[Any, _Template] = {}
+    pos = 0
+    for call, (start, end), result in zip(calls, bounds, results, strict=True):
+        placeholders = nodes[pos : pos + len(call.values)]
+        pos += len(call.values)
+        template = _partition(placeholders, nodes[start:end], result, output, call.op, tables)
+        if template is not None:
+            templates[call.key] = template
+    return templates
+
+
+def _partition(
+    placeholders: list[torch.fx.Node],
+    body: list[torch.fx.Node],
+    result: Any,
+    output: torch.fx.Node,
+    op: Any,
+    tables: Tables,
+) -> _Template | None:
+    """One call's part of a batched trace as the graph its own trace gives (None:
+    it cannot be told apart from the rest, or fails a check of :func:`_trace`)."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for i, ph in enumerate(placeholders):
+        # make_fx names its inputs arg0_1, arg1_1, ... by position.
+        name = f"arg{i}_1"
+        new = graph.create_node("placeholder", name, name=name, type_expr=ph.type)
+        new.meta = ph.meta
+        env[ph] = new
+
+    def mapped(n: torch.fx.Node) -> torch.fx.Node:
+        return env[n]  # KeyError: a node of another call
+
+    try:
+        for node in body:
+            match = _NAME.match(node.name)
+            assert match is not None
+            base = match.group(1)
+            target = node.target
+            natural = getattr(getattr(target, "overloadpacket", target), "__name__", "")
+            if _SUFFIXED.search(base) or _SUFFIXED.search(re.sub(r"\W", "_", str(natural))):
+                # A name that ends in digits of its own: the trace's name is not
+                # known from the batch's.
+                return None
+            new = graph.create_node(
+                node.op,
+                target,
+                torch.fx.node.map_arg(node.args, mapped),
+                torch.fx.node.map_arg(node.kwargs, mapped),
+                name=base,
+                type_expr=node.type,
+            )
+            new.meta = node.meta
+            env[node] = new
+        out = graph.output(torch.fx.node.map_arg(result, mapped))
+    except KeyError:
+        return None
+    out.meta = dict(output.meta)
+    try:
+        _check_template(graph, op, tables)
+    except Fallback:
+        return None
+    return _Template(graph, len(placeholders), *_split_meta(graph))
+
+
+def _pending(
+    ep: ExportedProgram, tables: Tables, checked: bool = False
+) -> tuple[list[_Pending], int, int]:
+    """The distinct templates decomposing ``ep`` needs that are neither in memory nor
+    on disk, keyed from the nodes' values before any rewrite, in program order; how
+    many calls could not be keyed; how many nodes the program has. One walk
+    (``checked``: :func:`unsafe_reason` found nothing already).
+
+    Raises:
+        Fallback: when the incremental path cannot be taken at all.
+    """
+    from torch._guards import detect_fake_mode
+
+    reason = None if checked else unsafe_reason(ep, tables)
+    if reason is not None:
+        raise Fallback(reason)  # the incremental path says so, and no estimate is due
+    vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    seen: set[Any] = set()
+    pending: list[_Pending] = []
+    unkeyed = 0
+    nodes = 0
+    for node in ep.graph.nodes:
+        nodes += 1
+        if not (
+            node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload)
+            and rewrites(node.target, tables)
+        ):
+            continue
+        try:
+            args, kwargs = normalize(node.target, node.args, dict(node.kwargs))
+            spec, parts, inputs = _template_key(node.target, args, kwargs)
+        except Exception:
+            unkeyed += 1  # counted as a trace; the walk itself decides
+            continue
+        key = (node.target, spec, parts, tables.token, fake_mode)
+        if key in seen:
+            continue
+        seen.add(key)
+        with LOCK:
+            if key in _CACHE:
+                continue
+        disk_key = _disk_key(node.target, spec, parts, tables)
+        if disk_key is None or not _template_store.exists(disk_key):
+            values = [a.meta["val"] for a in inputs]
+            pending.append(_Pending(key, disk_key, node.target, args, kwargs, values))
+    return pending, unkeyed, nodes
+
+
+def _batchable(call: _Pending) -> bool:
+    # Symbolic templates are traced one at a time: calls sharing a symbol would
+    # share its size nodes, and each trace's guards stay its own.
+    return "'sym'" not in repr(call.key[2])
+
+
+def _prefill(ep: ExportedProgram, tables: Tables, fake_mode: Any, session: _Session) -> None:
+    """Trace the templates ``ep`` needs at once, for the walk to take."""
+    try:
+        pending, _, _ = _pending(ep, tables, checked=True)
+    except Exception:
+        return  # the walk decides, and explains
+    calls = [c for c in pending if _batchable(c) and c.key[4] is fake_mode]
+    if len(calls) > 1:
+        session.batched.update(_trace_batch(calls, tables, fake_mode, session))
+
+
+def fill(ep: ExportedProgram, tables: Tables, limit: int | None = None) -> int:
+    """Trace, in one batch, up to ``limit`` (None: all) of the templates decomposing
+    ``ep`` needs that are neither in memory nor on disk, in program order, and keep
+    them for later decompositions (on disk where their key allows). Returns how many
+    were kept. Holds :data:`LOCK`.
+
+    Raises:
+        Fallback: when the incremental path cannot be taken at all.
+    """
+    with LOCK:
+        pending, _, _ = _pending(ep, tables)
+        fake_mode = _fake_mode(ep)
+        calls = [c for c in pending if _batchable(c)][:limit]
+        if not calls:
+            return 0
+        session = _Session(tables)
+        try:
+            templates = _trace_batch(calls, tables, fake_mode, session)
+        finally:
+            session.close()
+            _template_store.prune_soon()
+        for call in calls:
+            template = templates.get(call.key)
+            if template is None:
+                continue
+            if call.disk_key is not None:
+                _store(call.disk_key, template, tables)
+            _STATS["misses"] += 1
+            _CACHE[call.key] = template
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+        return len(templates)
 
 
 def _template_key(
@@ -888,7 +1175,9 @@ def _template(
     if template is None:
         if session.deadline is not None and time.perf_counter() > session.deadline:
             raise OutOfTime
-        template = _trace(op, args, kwargs, values, tables, fake_mode, session)
+        template = session.take(key, fake_mode)
+        if template is None:
+            template = _trace(op, args, kwargs, values, tables, fake_mode, session)
         session.traced += 1
         if disk_key is not None:
             _store(disk_key, template, tables)
@@ -909,41 +1198,23 @@ def missing_templates(ep: ExportedProgram, tables: Tables) -> tuple[int, int]:
     Raises:
         Fallback: when the incremental path cannot be taken at all.
     """
-    from torch._guards import detect_fake_mode
+    pending, unkeyed, nodes = _pending(ep, tables)
+    return len(pending) + unkeyed, nodes
 
-    reason = unsafe_reason(ep, tables)
-    if reason is not None:
-        raise Fallback(reason)  # the incremental path says so, and no estimate is due
-    vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
-    fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-    seen: set[Any] = set()
-    missing = 0
-    nodes = 0
-    for node in ep.graph.nodes:
-        nodes += 1
-        if not (
-            node.op == "call_function"
-            and isinstance(node.target, torch._ops.OpOverload)
-            and rewrites(node.target, tables)
-        ):
-            continue
-        try:
-            args, kwargs = normalize(node.target, node.args, dict(node.kwargs))
-            spec, parts, _ = _template_key(node.target, args, kwargs)
-        except Exception:
-            missing += 1  # counted as a trace; the walk itself decides
-            continue
-        key = (node.target, spec, parts, tables.token, fake_mode)
-        if key in seen:
-            continue
-        seen.add(key)
-        with LOCK:
-            if key in _CACHE:
-                continue
-        disk_key = _disk_key(node.target, spec, parts, tables)
-        if disk_key is None or not _template_store.exists(disk_key):
-            missing += 1
-    return missing, nodes
+
+def template_work(ep: ExportedProgram, tables: Tables) -> tuple[int, int, int]:
+    """What decomposing ``ep`` would trace: how many missing templates one batched
+    trace takes, how many are traced one at a time (symbolic ones, and calls that
+    cannot be keyed before the walk), and how many nodes the program has. One walk.
+
+    Raises:
+        Fallback: when the incremental path cannot be taken at all.
+    """
+    pending, unkeyed, nodes = _pending(ep, tables)
+    batched = sum(_batchable(c) for c in pending)
+    if batched < 2:
+        batched = 0  # a batch of one is a trace of its own
+    return batched, len(pending) + unkeyed - batched, nodes
 
 
 # --- templates on disk (epass/_template_store.py holds the files and the format) -----
@@ -1318,6 +1589,7 @@ def _decompose(
     if reason is not None:
         raise Fallback(reason)
     fake_mode = _fake_mode(ep)
+    session.program = ep
     builder = _Builder(tables, fake_mode, session)
     old_graph = ep.graph
     for node in old_graph.nodes:

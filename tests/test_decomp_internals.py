@@ -407,3 +407,24 @@ def test_the_ops_saved_around_a_retrace_cover_every_op_its_override_patches(keep
     cia, _ = _torch_split((*keep, cia_op))
     assert set(cia) <= _decomp._patchable_ops()
     assert cia_op in cia and aten.linear.default in cia
+
+
+def test_the_proxy_mode_graph_grows_as_nodes_are_created():
+    # A batched template trace tells which call created each node by the length of
+    # the graph being traced before and after it.
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+
+    lengths = []
+
+    def fn(x):
+        graph = get_proxy_mode().tracer.graph
+        lengths.append(len(graph.nodes))
+        y = x.sin()
+        lengths.append(len(graph.nodes))
+        z = torch.zeros(3) + y
+        lengths.append(len(graph.nodes))
+        return z
+
+    gm = make_fx(fn)(torch.randn(3))
+    assert lengths == [1, 2, 4]
+    assert [n.op for n in gm.graph.nodes] == ["placeholder", *["call_function"] * 3, "output"]

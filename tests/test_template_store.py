@@ -349,19 +349,49 @@ def test_public_cache_info_and_clear_cover_memory_and_disk(cache):
     assert info["memory"]["size"] == 0 and info["disk"]["entries"] == 0
 
 
-def test_auto_retraces_when_tracing_would_cost_more_and_fills_the_cache(cache, monkeypatch):
+def test_auto_decomposes_a_cold_program_incrementally_with_one_batch(cache):
+    _, ep, _ = models.export("transformer")
+    tables = _decomp.split_table(None)
+    batched, alone, nodes = _decomp.template_work(ep, tables)
+    assert batched > 1 and alone == 0 and nodes == len(ep.graph.nodes)
+    result = Decompose()(ep)  # a batched trace costs less than the retrace
+    assert result.notes["method"] == "incremental"
+    assert "decision" not in result.notes
+    assert _decomp.missing_templates(ep, tables)[0] == 0
+
+
+def test_auto_retraces_when_tracing_would_cost_more_and_fills_what_fits(cache, monkeypatch):
     _, ep, _ = models.export("transformer")
     tables = _decomp.split_table(None)
     missing, nodes = _decomp.missing_templates(ep, tables)
-    assert missing > 0 and nodes == len(ep.graph.nodes)
-    monkeypatch.setattr(decompose_module, "_TRACE_SECONDS", 1000.0)
-    monkeypatch.setattr(decompose_module, "_FILL_SHARE", 1000.0)
+    assert missing > 3 and nodes == len(ep.graph.nodes)
+    # A batch of every template costs far more than the retrace's estimate, of which
+    # the retrace leaves about 3 templates' worth for the fill.
+    monkeypatch.setattr(decompose_module, "_SESSION_SECONDS", 0.0)
+    monkeypatch.setattr(decompose_module, "_BATCH_SECONDS", 0.0)
+    monkeypatch.setattr(decompose_module, "_BATCH_TEMPLATE_SECONDS", 100.0)
+    monkeypatch.setattr(decompose_module, "_RETRACE_SECONDS", 350.0)
     result = Decompose()(ep)
     assert result.notes["method"] == "retrace"
-    assert result.notes["decision"].startswith(f"retrace: {missing} templates to trace")
-    assert "then traced all templates" in result.notes["decision"]
-    assert _decomp.missing_templates(ep, tables)[0] == 0
-    again = Decompose()(ep)  # nothing left to trace: the cheap path
+    decision = result.notes["decision"]
+    assert decision.startswith(f"retrace: {missing} templates to trace ({missing} in one batch")
+    assert f"then traced 3 of {missing} templates for next time" in decision
+    assert _decomp.missing_templates(ep, tables)[0] == missing - 3
+
+
+def test_auto_fills_nothing_when_the_retrace_leaves_no_time(cache, monkeypatch):
+    _, ep, _ = models.export("transformer")
+    tables = _decomp.split_table(None)
+    missing, _ = _decomp.missing_templates(ep, tables)
+    with monkeypatch.context() as m:
+        m.setattr(decompose_module, "_BATCH_TEMPLATE_SECONDS", 1000.0)
+        m.setattr(decompose_module, "_RETRACE_SECONDS", 0.0)
+        m.setattr(decompose_module, "_RETRACE_NODE_SECONDS", 0.0)
+        result = Decompose()(ep)
+    assert result.notes["method"] == "retrace"
+    assert "traced nothing for next time" in result.notes["decision"]
+    assert _decomp.missing_templates(ep, tables)[0] == missing  # nothing was traced
+    again = Decompose()(ep)  # with the real estimates the batch is cheaper
     assert again.notes["method"] == "incremental"
     assert "decision" not in again.notes
 

@@ -31,17 +31,18 @@ CHECK_ENV = "EPASS_DECOMPOSE_CHECK"
 
 _SDPA = "aten.scaled_dot_product_attention"
 
-# The cost model of method="auto", in seconds (measured on a 2-core machine with
-# torch 2.13; only their ratios matter): entering the table's CompositeImplicitAutograd
-# override once per decomposition, one template trace, and a retrace's fixed and
-# per-node costs. A cold transformer layer needs about 10 templates over 50 nodes.
+# The cost model of method="auto", in seconds of a first decomposition in a fresh
+# process (measured on a 2-core machine with torch 2.13; only their ratios matter):
+# entering the table's CompositeImplicitAutograd override and the first trace's
+# warm-up, once per decomposition that traces; one batched trace of the missing
+# static templates, fixed and per template; a template traced alone (symbolic ones);
+# a retrace's fixed and per-node costs.
 _SESSION_SECONDS = 0.6
+_BATCH_SECONDS = 0.05
+_BATCH_TEMPLATE_SECONDS = 0.015
 _TRACE_SECONDS = 0.035
 _RETRACE_SECONDS = 0.9
 _RETRACE_NODE_SECONDS = 0.0065
-# After choosing the retrace, templates are traced for the next run for at most this
-# share of the retrace's own time.
-_FILL_SHARE = 0.5
 
 
 def _table(value: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
@@ -198,12 +199,12 @@ class Decompose:
         fallback: str | None = None
         decision: str | None = None
         if self.method == "auto" and not check:
-            decision = self._weigh(ep)
+            decision, estimate, batched = self._weigh(ep)
             if decision.startswith("retrace"):
                 began = time.perf_counter()
                 ref = self._retrace(ep)
-                filled = self._fill(ep, time.perf_counter() - began)
-                decision += f"; then traced {filled} for next time"
+                spent = time.perf_counter() - began
+                decision += f"; {self._fill(ep, batched, estimate - spent)}"
                 return self._result(ep, ref, "retrace", decision, None, False, decision)
         if self.method != "retrace":
             fast, rewritten, fallback = self._incremental(ep)
@@ -219,31 +220,52 @@ class Decompose:
             raise DecompositionMismatchError(difference)
         return self._result(ep, fast, "incremental", None, rewritten, True)
 
-    def _weigh(self, ep: ExportedProgram) -> str:
+    def _weigh(self, ep: ExportedProgram) -> tuple[str, float, int]:
         """Whether tracing the templates ``ep`` needs (those neither in memory nor on
-        disk) would cost more than one retrace; says which path and why."""
+        disk) would cost more than one retrace; says which path and why. Returns that,
+        the retrace's estimate and how many templates one batched trace would take."""
         try:
-            missing, nodes = _decomp.missing_templates(ep, self._tables())
+            batched, alone, nodes = _decomp.template_work(ep, self._tables())
         except Exception as exc:  # the incremental path decides, and explains
-            return f"incremental: no estimate ({type(exc).__name__})"
-        trace = (_SESSION_SECONDS if missing else 0.0) + missing * _TRACE_SECONDS
+            return f"incremental: no estimate ({type(exc).__name__})", 0.0, 0
+        trace = _trace_estimate(batched) + alone * _TRACE_SECONDS
+        if alone and not batched:
+            trace += _SESSION_SECONDS
         retrace = _RETRACE_SECONDS + nodes * _RETRACE_NODE_SECONDS
         why = (
-            f"{missing} templates to trace (about {trace:.2f} s) against a retrace "
-            f"of {nodes} nodes (about {retrace:.2f} s)"
+            f"{batched + alone} templates to trace ({batched} in one batch, {alone} one at "
+            f"a time; about {trace:.2f} s) against a retrace of {nodes} nodes "
+            f"(about {retrace:.2f} s)"
         )
-        return f"{'retrace' if trace > retrace else 'incremental'}: {why}"
+        return f"{'retrace' if trace > retrace else 'incremental'}: {why}", retrace, batched
 
-    def _fill(self, ep: ExportedProgram, budget: float) -> str:
-        """Trace missing templates for the next run, for at most ``budget`` seconds."""
+    def _fill(self, ep: ExportedProgram, batched: int, budget: float) -> str:
+        """Trace, for the next run, as many of the ``batched`` templates as one batch
+        can in ``budget`` seconds (what the retrace left of its estimate), so that this
+        run costs no more than the retrace was expected to; says what it did."""
+        fits = 0
+        if budget > _SESSION_SECONDS + _BATCH_SECONDS:
+            fits = int((budget - _SESSION_SECONDS - _BATCH_SECONDS) // _BATCH_TEMPLATE_SECONDS)
+        limit = min(batched, fits)
+        if not batched:
+            return (
+                "traced nothing for next time: no two of its templates can share a "
+                "batch (symbolic ones are traced one at a time, and kept in memory only)"
+            )
+        if limit <= 0:
+            return (
+                f"traced nothing for next time: a batch of the {batched} templates "
+                f"(about {_trace_estimate(batched):.2f} s) does not fit in the "
+                f"{max(budget, 0.0):.2f} s the retrace left of its estimate"
+            )
         try:
-            deadline = time.perf_counter() + budget * _FILL_SHARE
-            _decomp.decompose(ep, self._tables(), deadline=deadline)
-        except _decomp.OutOfTime:
-            return "some templates"
+            filled = _decomp.fill(ep, self._tables(), limit=limit)
         except Exception:
-            return "no templates"
-        return "all templates"
+            filled = 0
+        return (
+            f"then traced {filled} of {batched} templates for next time, in one batch "
+            f"that fits in the {budget:.2f} s the retrace left of its estimate"
+        )
 
     def _incremental(
         self, ep: ExportedProgram
@@ -438,6 +460,13 @@ class Decompose:
     def _decomposes_sdpa(self, ep: ExportedProgram) -> bool:
         sdpa = torch.ops.aten.scaled_dot_product_attention.default
         return sdpa not in self.keep and (self.table is None or sdpa in self.table)
+
+
+def _trace_estimate(batched: int) -> float:
+    """The estimated cost of one batched trace of ``batched`` templates."""
+    if not batched:
+        return 0.0
+    return _SESSION_SECONDS + _BATCH_SECONDS + batched * _BATCH_TEMPLATE_SECONDS
 
 
 def _numerics(fast: ExportedProgram, ref: ExportedProgram) -> str | None:

@@ -1,0 +1,197 @@
+"""One batched trace for all of a program's missing templates: each template it gives
+is the one its own trace gives, and what it cannot tell apart is traced alone."""
+
+from __future__ import annotations
+
+import re
+
+import models
+import pytest
+import torch
+
+from epass import Decompose, _decomp
+from epass.errors import IncrementalDecompositionError
+
+aten = torch.ops.aten
+
+# Programs whose templates are compared: the zoo of tests/models.py that the
+# incremental path takes, a 3-layer encoder, and dynamic-batch programs.
+PROGRAMS = [
+    ("no_constants", False),
+    ("mlp", False),
+    ("convbn", False),
+    ("transformer", False),
+    ("encoder", False),
+    ("mlp", True),
+    ("convbn", True),
+    ("transformer", True),
+]
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EPASS_CACHE_DIR", str(tmp_path / "cache"))
+    _decomp.clear_cache()
+    yield
+    _decomp.clear_cache()
+
+
+def _export(name: str, dynamic: bool) -> torch.export.ExportedProgram:
+    if name == "encoder":
+        torch.manual_seed(0)
+        module = models.transformer_encoder(layers=3, d_model=16, nhead=2).eval()
+        return torch.export.export(module, (torch.randn(2, 4, 16),))
+    return models.export(name, dynamic=dynamic)[1]
+
+
+def _describe(template) -> tuple:
+    """Everything of a template the splice and the disk cache read."""
+    nodes = []
+    for node in template.graph.nodes:
+        meta = {}
+        for field, value in node.meta.items():
+            if field in ("seq_nr", "tensor_meta"):
+                continue  # the tracer's counters; never read from a template
+            if field == "val":
+                meta[field] = _decomp._describe_val(value)
+            else:
+                # from_node names the blank meta's graph by its id: one per trace
+                meta[field] = re.sub(r"graph_id=\d+", "", repr(value))
+        nodes.append(
+            (
+                node.name,
+                node.op,
+                str(node.target),
+                repr(node.args),
+                repr(node.kwargs),
+                repr(node.type),
+                sorted(meta.items()),
+                template.inherited.get(node),
+                repr(template.own.get(node)),
+            )
+        )
+    return template.graph.python_code("self").src, nodes, template.n_inputs
+
+
+def _both_ways(ep, tables, calls):
+    fake_mode = _decomp._fake_mode(ep)
+    session = _decomp._Session(tables)
+    try:
+        batch = _decomp._trace_batch(calls, tables, fake_mode, session)
+        single = {}
+        for c in calls:
+            try:
+                single[c.key] = _decomp._trace(
+                    c.op, c.args, c.kwargs, c.values, tables, fake_mode, session
+                )
+            except _decomp.Fallback as exc:
+                single[c.key] = exc
+    finally:
+        session.close()
+    return batch, single
+
+
+@pytest.mark.parametrize(("name", "dynamic"), PROGRAMS)
+def test_batched_templates_are_the_templates_traced_one_at_a_time(name, dynamic):
+    ep = _export(name, dynamic)
+    tables = _decomp.split_table(None)
+    calls, _, _ = _decomp._pending(ep, tables)
+    assert calls
+    batch, single = _both_ways(ep, tables, calls)
+    for call in calls:
+        if call.key in batch:
+            assert not isinstance(single[call.key], Exception), call.op
+            assert _describe(batch[call.key]) == _describe(single[call.key]), call.op
+    if not dynamic:
+        # Nothing of a static program is left to trace alone.
+        assert set(batch) == {c.key for c in calls}
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_calls_sharing_symbols_are_left_out_of_the_batch(name):
+    # Each fresh input of a dynamic program carries the program's symbols; their size
+    # nodes would be shared between calls, so no part of the graph is one call's own.
+    ep = _export(name, dynamic=True)
+    tables = _decomp.split_table(None)
+    calls, _, _ = _decomp._pending(ep, tables)
+    assert calls and not any(_decomp._batchable(c) for c in calls)
+    batch, _ = _both_ways(ep, tables, calls)
+    assert batch == {}
+
+
+@pytest.mark.parametrize(("name", "dynamic"), PROGRAMS)
+def test_a_batched_decomposition_equals_the_retrace(name, dynamic, monkeypatch):
+    ep = _export(name, dynamic)
+    tables = _decomp.split_table(None)
+    calls, _, _ = _decomp._pending(ep, tables)
+    batchable = sum(_decomp._batchable(c) for c in calls)
+    alone = []
+    trace = _decomp._trace
+    monkeypatch.setattr(_decomp, "_trace", lambda op, *a: alone.append(op) or trace(op, *a))
+    result = Decompose(check=True)(ep)  # raises on any difference from the retrace
+    assert result.notes["method"] == "incremental" and result.notes["checked"]
+    # The batch traced every static template; only symbolic ones (and those whose key
+    # changed after an upstream rewrite) were traced alone.
+    assert len(alone) <= len(calls) - (batchable if batchable > 1 else 0)
+    if not dynamic and batchable > 1:
+        assert alone == []
+
+
+def _sigmoid(x):
+    return 1 / (1 + torch.exp(-x))
+
+
+def _relu_with_a_factory(x):
+    # The zero is a factory op: a node with no inputs, which belongs to this call.
+    return torch.maximum(x, torch.zeros((), dtype=x.dtype))
+
+
+def _relu_with_a_constant(x):
+    return x * torch.tensor(2.0)
+
+
+class _Two(torch.nn.Module):
+    def forward(self, x):
+        return x.sigmoid() + x.relu()
+
+
+def test_a_factory_op_belongs_to_the_call_that_created_it():
+    ep = torch.export.export(_Two(), (torch.randn(3, 4),))
+    tables = _decomp.split_table(
+        {aten.sigmoid.default: _sigmoid, aten.relu.default: _relu_with_a_factory}
+    )
+    calls, _, _ = _decomp._pending(ep, tables)
+    assert [c.op for c in calls] == [aten.sigmoid.default, aten.relu.default]
+    batch, single = _both_ways(ep, tables, calls)
+    assert set(batch) == {c.key for c in calls}
+    relu = batch[calls[1].key]
+    assert any(not n.all_input_nodes for n in relu.graph.nodes if n.op == "call_function")
+    for call in calls:
+        assert _describe(batch[call.key]) == _describe(single[call.key])
+
+
+def test_a_template_failing_a_check_is_left_out_and_keeps_its_fallback_reason():
+    ep = torch.export.export(_Two(), (torch.randn(3, 4),))
+    table = {aten.sigmoid.default: _sigmoid, aten.relu.default: _relu_with_a_constant}
+    tables = _decomp.split_table(table)
+    calls, _, _ = _decomp._pending(ep, tables)
+    batch, single = _both_ways(ep, tables, calls)
+    assert set(batch) == {calls[0].key}  # the sigmoid's template is kept
+    assert "creates constants" in single[calls[1].key].reason
+    # The decomposition traces it alone, and gives today's reason.
+    with pytest.raises(IncrementalDecompositionError, match="creates constants"):
+        Decompose(table=table, method="incremental")(ep)
+
+
+def test_fill_keeps_the_batched_templates_for_the_next_decomposition(monkeypatch):
+    ep = _export("transformer", False)
+    tables = _decomp.split_table(None)
+    missing, _ = _decomp.missing_templates(ep, tables)
+    assert _decomp.fill(ep, tables, limit=3) == 3
+    assert _decomp.missing_templates(ep, tables)[0] == missing - 3
+    assert _decomp.fill(ep, tables) == missing - 3
+    assert _decomp.missing_templates(ep, tables)[0] == 0
+    _decomp.clear_cache()
+    assert _decomp.missing_templates(ep, tables)[0] == 0  # each on disk, under its key
+    monkeypatch.setattr(_decomp, "_trace", None)  # nothing may be traced now
+    assert Decompose(method="incremental", check=True)(ep).notes["checked"]
