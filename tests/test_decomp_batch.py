@@ -108,15 +108,25 @@ def test_batched_templates_are_the_templates_traced_one_at_a_time(name, dynamic)
 
 
 @pytest.mark.parametrize("name", ["mlp", "transformer"])
-def test_calls_sharing_symbols_are_left_out_of_the_batch(name):
+def test_calls_sharing_symbols_are_left_out_of_the_batch(name, monkeypatch):
     # Each fresh input of a dynamic program carries the program's symbols; their size
     # nodes would be shared between calls, so no part of the graph is one call's own.
     ep = _export(name, dynamic=True)
     tables = _decomp.split_table(None)
     calls, _, _ = _decomp._pending(ep, tables)
     assert calls and not any(_decomp._batchable(c) for c in calls)
-    batch, _ = _both_ways(ep, tables, calls)
-    assert batch == {}
+    batched = []
+    trace_batch = _decomp._trace_batch
+
+    def record(calls, *rest):
+        batched.extend(calls)
+        return trace_batch(calls, *rest)
+
+    monkeypatch.setattr(_decomp, "_trace_batch", record)
+    _decomp.clear_cache()
+    result = Decompose(method="incremental")(ep)
+    assert result.notes["method"] == "incremental"
+    assert batched == []  # every symbolic template was traced on its own
 
 
 @pytest.mark.parametrize(("name", "dynamic"), PROGRAMS)
