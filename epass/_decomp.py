@@ -283,18 +283,17 @@ class _DefaultSide(Mapping[Any, Callable[..., Any]]):
 
     def __init__(self, split: _DefaultSplit, side: str) -> None:
         self._split = split
-        self._side = side
+        self._index = ("cia", "python").index(side)
 
     def _whole(self) -> Mapping[Any, Callable[..., Any]]:
-        return self._split.materialize()[0 if self._side == "cia" else 1]
+        return self._split.materialize()[self._index]
 
     def __getitem__(self, op: Any) -> Callable[..., Any]:
         built = self._split.built
-        value: Callable[..., Any] | None
-        if built is not None:
-            value = built[0 if self._side == "cia" else 1][op]
-        else:
-            value = self._split.lookup(op)[0 if self._side == "cia" else 1]
+        side = built[self._index] if built is not None else None
+        value: Callable[..., Any] | None = (
+            side[op] if side is not None else self._split.lookup(op)[self._index]
+        )
         if value is None:
             raise KeyError(op)
         return value
