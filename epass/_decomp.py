@@ -67,7 +67,12 @@ INTERNALS = (
     "torch._export.utils._is_cia_op",
     "torch._export.utils._is_preservable_cia_op",
     "torch._export.utils._get_decomp_for_cia",
-    "torch._export.utils._collect_all_valid_cia_ops",
+    "torch._export.utils._collect_all_valid_cia_ops",  # walked as it walks
+    "torch._export.utils._collect_all_valid_cia_ops_for_aten_namespace",
+    "torch._export.utils._materialize_cpp_cia_ops",
+    "torch._ops._OpNamespace",
+    "torch._ops._Ops._dir",
+    "torch._ops.OpOverloadPacket.op_overloads",
     "torch._decomp._core_aten_decompositions_post_autograd",
     "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS",
     "torch._export.utils._compiling_state_context",
@@ -220,12 +225,28 @@ def torch_state(ops: Iterable[Any]) -> Iterator[None]:
 
 def _patchable_ops() -> frozenset[Any]:
     """The operators torch's CompositeImplicitAutograd override patches for any table
-    (the CIA side of a split holds these and the table's own keys). Not cached, as
-    torch does not cache it: a library can go and come back with new operator
-    objects under the same names."""
-    from torch._export.utils import _collect_all_valid_cia_ops
+    (the CIA side of a split holds these and the table's own keys): the set of
+    ``_collect_all_valid_cia_ops``, walked the way it walks, with the C++ registrations
+    loaded once rather than once per namespace (a test pins the two sets equal). Not
+    cached, as torch does not cache it: a library can go and come back with new
+    operator objects under the same names."""
+    from torch._export.utils import (
+        _collect_all_valid_cia_ops_for_aten_namespace,
+        _is_preservable_cia_op,
+        _materialize_cpp_cia_ops,
+    )
 
-    return frozenset(_collect_all_valid_cia_ops())
+    _materialize_cpp_cia_ops()
+    ops = set(_collect_all_valid_cia_ops_for_aten_namespace())  # torch caches this one
+    for space_name in list(torch.ops._dir):
+        space = getattr(torch.ops, space_name)
+        if space_name == "aten" or not isinstance(space, torch._ops._OpNamespace):
+            continue
+        for packet_name in list(space):
+            for op in getattr(space, packet_name).op_overloads():
+                if _is_preservable_cia_op(op):
+                    ops.add(op)
+    return frozenset(ops)
 
 
 def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgram:
@@ -495,6 +516,12 @@ def splices(node: torch.fx.Node, tables: Tables) -> bool:
 # --- safety -------------------------------------------------------------------------
 
 
+def _returns_nothing(target: Any) -> bool:
+    """An operator that returns nothing (``_assert_tensor_metadata``, say): a loaded
+    program's node for it carries no ``val``, and needs none."""
+    return _program.is_op_overload(target) and not target._schema.returns
+
+
 def is_plain_call(target: Any) -> bool:
     """Whether a call target is Python arithmetic on sizes or tuple indexing, which
     a retrace reproduces unchanged."""
@@ -550,7 +577,7 @@ def unsafe_reason(ep: ExportedProgram, tables: Tables) -> str | None:
             return f"a higher-order op ({target.name()} at {node.name})"
         elif not is_plain_call(target):
             return f"an unknown call target ({target!r} at {node.name})"
-        if "val" not in node.meta:
+        if "val" not in node.meta and not _returns_nothing(target):
             return f"node {node.name} carries no value"
     return None
 

@@ -37,6 +37,9 @@ def test_every_listed_internal_exists(path):
     if path in ("torch._ops.OpOverload.py_kernels", "torch._ops.OpOverload._dispatch_cache"):
         assert isinstance(getattr(aten.linear.default, path.rsplit(".", 1)[1]), dict)
         return
+    if path == "torch._ops._Ops._dir":  # an instance attribute: the namespaces loaded
+        assert "aten" in torch.ops._dir and isinstance(torch.ops.aten, torch._ops._OpNamespace)
+        return
     if path == "torch.fx.graph._Namespace._obj_to_name":  # instance attributes
         namespace = torch.fx.Graph()._graph_namespace
         assert isinstance(namespace._obj_to_name, dict)
@@ -404,8 +407,11 @@ def test_the_default_tables_name_follows_what_decides_its_contents(cia_op):
 
 @pytest.mark.parametrize("keep", [(), (aten.linear.default, aten.gelu.default)])
 def test_the_ops_saved_around_a_retrace_cover_every_op_its_override_patches(keep, cia_op):
+    from torch._export.utils import _collect_all_valid_cia_ops
+
     cia, _ = _torch_split((*keep, cia_op))
     assert set(cia) <= _decomp._patchable_ops()
+    assert _decomp._patchable_ops() == _collect_all_valid_cia_ops()  # walked as torch walks
     assert cia_op in cia and aten.linear.default in cia
 
 

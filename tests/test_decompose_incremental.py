@@ -47,6 +47,26 @@ def test_incremental_matches_run_decompositions_on_models(name, dynamic):
     torch.testing.assert_close(result.program.module()(*args), ep.module()(*args))
 
 
+@pytest.mark.parametrize("loaded", [False, True], ids=["exported", "loaded"])
+def test_ops_that_return_nothing_need_no_value(loaded, tmp_path):
+    # A dtype cast exports an _assert_tensor_metadata node, which returns nothing and
+    # carries no value; it must not send the program to the retrace.
+    class Casts(nn.Module):
+        def forward(self, x):
+            return nn.functional.gelu(x.to(torch.float64)).to(torch.float32) + 1
+
+    ep = torch.export.export(Casts(), (torch.randn(2, 3),))
+    if loaded:
+        torch.export.save(ep, tmp_path / "casts.pt2")
+        ep = torch.export.load(tmp_path / "casts.pt2")
+    asserts = [n for n in ep.graph.nodes if n.target == aten._assert_tensor_metadata.default]
+    assert asserts and all(n.meta.get("val") is None for n in asserts)
+    result = _assert_same_as_torch(ep)
+    assert result.notes["method"] == "incremental" and result.notes["fallback"] is None
+    kept = [n for n in result.program.graph.nodes if n.target == asserts[0].target]
+    assert len(kept) == len(asserts)
+
+
 def test_incremental_is_the_default_and_is_recorded():
     _, ep, _ = models.export("mlp")
     result = PassManager([Decompose()])(ep)
