@@ -71,8 +71,9 @@ INTERNALS = (
     "torch._export.utils._collect_all_valid_cia_ops_for_aten_namespace",
     "torch._export.utils._materialize_cpp_cia_ops",
     "torch._ops._OpNamespace",
-    "torch._ops._Ops._dir",
     "torch._ops.OpOverloadPacket.op_overloads",
+    "torch._ops.OpOverload._overloadpacket",
+    "torch._ops.OpOverload._overloadname",
     "torch._decomp._core_aten_decompositions_post_autograd",
     "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS",
     "torch._export.utils._compiling_state_context",
@@ -238,7 +239,7 @@ def _patchable_ops() -> frozenset[Any]:
 
     _materialize_cpp_cia_ops()
     ops = set(_collect_all_valid_cia_ops_for_aten_namespace())  # torch caches this one
-    for space_name in list(torch.ops._dir):
+    for space_name in list(torch.ops):
         space = getattr(torch.ops, space_name)
         if space_name == "aten" or not isinstance(space, torch._ops._OpNamespace):
             continue
@@ -326,6 +327,25 @@ class _DefaultSide(Mapping[Any, Callable[..., Any]]):
         return len(self._whole())
 
 
+def _walk_meets(op: Any) -> bool:
+    """Whether torch's walk of the loaded operators (``_collect_all_valid_cia_ops``, what
+    its table and split take as preservable) meets this very object: its namespace's
+    packet, and the overload that packet lists under its name. An object made by
+    ``getattr(packet, "")`` is another object for the default overload, and the walk
+    never meets it."""
+    if op.namespace not in torch.ops:  # iterates what is loaded, creating nothing
+        return False
+    space = getattr(torch.ops, op.namespace)
+    packet = op._overloadpacket
+    return (
+        isinstance(space, torch._ops._OpNamespace)
+        and packet.__name__ in space
+        and getattr(space, packet.__name__) is packet
+        and op._overloadname in packet.overloads()
+        and getattr(packet, op._overloadname) is op
+    )
+
+
 class _DefaultSplit:
     """torch's default table less ``keep``: answered operator by operator, built whole
     on demand (see :class:`_DefaultSide`)."""
@@ -356,7 +376,7 @@ class _DefaultSplit:
 
         entry: Any = None
         if _program.is_op_overload(op):
-            preservable = _is_preservable_cia_op(op)
+            preservable = _is_preservable_cia_op(op) and _walk_meets(op)
             if op not in self.keep:
                 if op in self.core:
                     entry = self.core[op]
