@@ -356,8 +356,21 @@ def test_auto_decomposes_a_cold_program_incrementally_with_one_batch(cache):
     assert batched > 1 and alone == 0 and nodes == len(ep.graph.nodes)
     result = Decompose()(ep)  # a batched trace costs less than the retrace
     assert result.notes["method"] == "incremental"
-    assert "decision" not in result.notes
+    decision = result.notes["decision"]
+    assert decision.startswith(f"incremental: {batched} templates to trace ({batched} in one")
+    assert f"against a retrace of {nodes} nodes" in decision
     assert _decomp.missing_templates(ep, tables)[0] == 0
+
+
+def test_auto_says_why_it_went_either_way_and_only_when_it_weighed(cache):
+    _, ep, _ = models.export("mlp")
+    for method in ("incremental", "retrace"):  # nothing to weigh
+        assert "decision" not in Decompose(method=method)(ep).notes
+    again = Decompose()(ep)  # the incremental run traced every template
+    assert again.notes["method"] == "incremental"
+    assert again.notes["decision"] == (
+        "incremental: every template it needs is in memory or on disk"
+    )
 
 
 def test_auto_retraces_when_tracing_would_cost_more_and_fills_what_fits(cache, monkeypatch):
@@ -393,7 +406,7 @@ def test_auto_fills_nothing_when_the_retrace_leaves_no_time(cache, monkeypatch):
     assert _decomp.missing_templates(ep, tables)[0] == missing  # nothing was traced
     again = Decompose()(ep)  # with the real estimates the batch is cheaper
     assert again.notes["method"] == "incremental"
-    assert "decision" not in again.notes
+    assert again.notes["decision"].startswith(f"incremental: {missing} templates to trace")
 
 
 def test_cache_command_starts_without_torch(cache):
@@ -430,7 +443,7 @@ def test_auto_keeps_the_fallback_reason_of_a_program_it_cannot_rewrite(cache, mo
     result = Decompose()(ep)
     assert result.notes["method"] == "retrace"
     assert "mutating op" in result.notes["fallback"]
-    assert "decision" not in result.notes
+    assert "decision" not in result.notes  # nothing to weigh: the fallback says why
 
 
 def test_a_cache_directory_others_can_write_is_not_used(cache):

@@ -94,9 +94,12 @@ class DecomposeResult(PassResult):
             ``method="retrace"`` was asked for).
         rewritten: how many nodes the incremental path rewrote (None for a retrace).
         checked: whether both paths ran and were found equivalent.
-        decision: set when ``method="auto"`` retraced because tracing the missing
-            templates (neither in memory nor on disk) was estimated to cost more;
-            the estimate, and how many templates were traced for next time.
+        decision: set when ``method="auto"`` weighed the program: which path it
+            chose and why (the templates to trace, neither in memory nor on disk,
+            against the retrace's estimate) and, when it retraced, how many
+            templates it traced for next time. None where there was nothing to
+            weigh: ``method`` was given, or the program is one the incremental path
+            cannot take (``fallback`` says why).
     """
 
     method: str = "retrace"
@@ -108,7 +111,7 @@ class DecomposeResult(PassResult):
     @property
     def notes(self) -> dict[str, Any]:
         """JSON-ready summary, copied into the pass's record (``decision``: only when
-        ``method="auto"`` chose the retrace as cheaper than tracing missing templates)."""
+        ``method="auto"`` weighed the program)."""
         notes: dict[str, Any] = {
             "method": self.method,
             "fallback": self.fallback,
@@ -200,7 +203,7 @@ class Decompose:
         decision: str | None = None
         if self.method == "auto" and not check:
             decision, estimate, batched = self._weigh(ep)
-            if decision.startswith("retrace"):
+            if decision is not None and decision.startswith("retrace"):
                 began = time.perf_counter()
                 ref = self._retrace(ep)
                 spent = time.perf_counter() - began
@@ -211,27 +214,30 @@ class Decompose:
             if fast is None and self.method == "incremental":
                 raise IncrementalDecompositionError(str(fallback))
         if fast is not None and not check:
-            return self._result(ep, fast, "incremental", None, rewritten, False)
+            return self._result(ep, fast, "incremental", None, rewritten, False, decision)
         ref = self._retrace(ep)
         if fast is None:
-            return self._result(ep, ref, "retrace", fallback, None, False)
+            return self._result(ep, ref, "retrace", fallback, None, False, decision)
         difference = _decomp.first_difference(fast, ref) or _numerics(fast, ref)
         if difference is not None:
             raise DecompositionMismatchError(difference)
         return self._result(ep, fast, "incremental", None, rewritten, True)
 
-    def _weigh(self, ep: ExportedProgram) -> tuple[str, float, int]:
+    def _weigh(self, ep: ExportedProgram) -> tuple[str | None, float, int]:
         """Whether tracing the templates ``ep`` needs (those neither in memory nor on
-        disk) would cost more than one retrace; says which path and why. Returns that,
-        the retrace's estimate and how many templates one batched trace would take."""
+        disk) would cost more than one retrace; says which path and why (None: no
+        estimate, the incremental path decides and explains). Returns that, the
+        retrace's estimate and how many templates one batched trace would take."""
         try:
             batched, alone, nodes = _decomp.template_work(ep, self._tables())
-        except Exception as exc:  # the incremental path decides, and explains
-            return f"incremental: no estimate ({type(exc).__name__})", 0.0, 0
+        except Exception:  # a program the incremental path cannot take: it explains
+            return None, 0.0, 0
         trace = _trace_estimate(batched) + alone * _TRACE_SECONDS
         if alone and not batched:
             trace += _SESSION_SECONDS
         retrace = _RETRACE_SECONDS + nodes * _RETRACE_NODE_SECONDS
+        if not batched + alone:
+            return "incremental: every template it needs is in memory or on disk", retrace, 0
         why = (
             f"{batched + alone} templates to trace ({batched} in one batch, {alone} one at "
             f"a time; about {trace:.2f} s) against a retrace of {nodes} nodes "
