@@ -449,13 +449,16 @@ def bench_start(repeats: int) -> list[Row]:
 def _wall_interleaved(
     fns: dict[str, Callable[[], Any]], repeats: int, before: Callable[[], Any] = lambda: None
 ) -> dict[str, list[float]]:
-    """Wall-clock times, alternating A B A B: loads and saves wait on the disk, which
-    this process's CPU time does not see. ``before`` runs, untimed, before each call."""
+    """Wall-clock times, alternating A B B A A B: loads and saves wait on the disk,
+    which this process's CPU time does not see, and the order alternates so that
+    neither side always runs while the other's writes are still being flushed.
+    ``before`` runs, untimed, before each call."""
     for fn in fns.values():
         fn()  # warm-up: page cache, imports
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for key, fn in fns.items():
+    for round_ in range(repeats):
+        order = list(fns.items())
+        for key, fn in order if round_ % 2 == 0 else order[::-1]:
             before()
             start = time.perf_counter()
             fn()
@@ -466,8 +469,8 @@ def _wall_interleaved(
 def bench_io(repeats: int, layers: int) -> list[Row]:
     """``epass.load`` (screened) and ``epass.save`` (atomic) against torch's, on an MLP
     of ``layers`` 2048-wide fp32 layers (12: a 200 MB file). Saves write a new file,
-    then over a file already on disk (synced first): the old file's blocks are freed
-    either way, by torch's truncation or by the rename over it."""
+    then over a file already on disk, synced first either way: the old file's blocks
+    are freed in the second, by torch's truncation or by the rename over it."""
     import tempfile
 
     import epass
@@ -492,6 +495,7 @@ def bench_io(repeats: int, layers: int) -> list[Row]:
         def remove() -> None:
             for target in targets.values():
                 target.unlink(missing_ok=True)
+            os.sync()  # the last save's writes and the freed blocks, off the clock
 
         fresh = _wall_interleaved(savers, repeats, before=remove)
         over = _wall_interleaved(savers, repeats, before=os.sync)
