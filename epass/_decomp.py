@@ -77,7 +77,7 @@ INTERNALS = (
     "torch._decomp._core_aten_decompositions_post_autograd",
     "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS",
     "torch._export.utils._compiling_state_context",
-    "torch.export._trace._ignore_backend_decomps",
+    "torch.export._trace._ignore_backend_decomps",  # mirrored by _backend_decomps_off
     "torch._C._dispatch_get_registrations_for_dispatch_key",
     "torch._subclasses.functional_tensor.FunctionalTensorMode",
     "torch._functorch._aot_autograd.functional_utils.to_fun",
@@ -370,38 +370,65 @@ class _DefaultSplit:
         answer = self._answers.get(op)
         if answer is not None:
             return answer
-        from torch._export.utils import _get_decomp_for_cia, _is_preservable_cia_op
-        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+        from torch._export.utils import _is_preservable_cia_op
         from torch.export.exported_program import _special_op_to_preserve_cia
 
-        entry: Any = None
         if _program.is_op_overload(op):
-            preservable = _is_preservable_cia_op(op) and _walk_meets(op)
-            if op not in self.keep:
-                if op in self.core:
-                    entry = self.core[op]
-                elif preservable and (op.namespace != "aten" or op not in PRESERVED_ATEN_CIA_OPS):
-                    entry = _get_decomp_for_cia(op)
-            if preservable:
-                answer = (_special_op_to_preserve_cia if entry is None else entry, None)
+            if _is_preservable_cia_op(op) and _walk_meets(op):
+                answer = (self._entry(op) or _special_op_to_preserve_cia, None)
             else:
-                answer = (None, entry)
+                answer = (None, None if op in self.keep else self.core.get(op))
         else:
             answer = (None, None)  # the table's keys are operator overloads
         self._answers[op] = answer
         return answer
 
     def materialize(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
-        """torch's own split of the table (built once)."""
-        from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+        """torch's split of the table (built once), from the same rules: every
+        operator torch's walk finds preservable goes to the CIA side, every other
+        entry of the core decompositions to the Python side. That is one walk where
+        torch's table and split make two, each loading every C++ registration once per
+        namespace (about 0.4 s in a fresh process). A core entry for a preservable
+        operator the walk does not find is a case torch's split treats apart: the split
+        is then torch's own. A test compares both sides with torch's, key by key."""
+        from torch._export.utils import _is_preservable_cia_op
+        from torch.export.exported_program import _special_op_to_preserve_cia
 
         with LOCK:
             if self.built is None:
-                full = torch.export.default_decompositions()
-                for op in self.keep:
-                    full.pop(op, None)
-                self.built = _split_decomp_table_to_cia_and_python_decomp(dict(full.materialize()))
+                walked = _patchable_ops()
+                cia = {op: self._entry(op) or _special_op_to_preserve_cia for op in walked}
+                python = {}
+                for op, fn in self.core.items():
+                    if op in self.keep or op in walked:
+                        continue
+                    if _is_preservable_cia_op(op):
+                        return self._torch_split()
+                    python[op] = fn
+                self.built = (cia, python)
             return self.built
+
+    def _entry(self, op: Any) -> Any:
+        """The table's entry for ``op``, a preservable operator (None: none)."""
+        from torch._export.utils import _get_decomp_for_cia
+        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+
+        if op in self.keep:
+            return None
+        if op in self.core:
+            return self.core[op]
+        if op.namespace == "aten" and op in PRESERVED_ATEN_CIA_OPS:
+            return None
+        return _get_decomp_for_cia(op)
+
+    def _torch_split(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
+        from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+        full = torch.export.default_decompositions()
+        for op in self.keep:
+            full.pop(op, None)
+        self.built = _split_decomp_table_to_cia_and_python_decomp(dict(full.materialize()))
+        return self.built
 
 
 def _default_table_id(split: _DefaultSplit, regs: frozenset[str]) -> str:
@@ -867,6 +894,22 @@ def _call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.f
     return pytree.tree_map(from_fun, out)
 
 
+@contextlib.contextmanager
+def _backend_decomps_off() -> Iterator[None]:
+    """The backend switches export's retrace turns off around its trace
+    (``torch.export._trace._ignore_backend_decomps``: mkldnn, nnpack, cudnn), set
+    here without importing that module, which brings AOTAutograd and networkx with it
+    (about 0.25 s in a fresh process a warm template cache never needs). A test
+    checks that both leave every switch the same."""
+    backends = (torch.backends.mkldnn, torch.backends.nnpack, torch.backends.cudnn)
+    saved = [backend.set_flags(False) for backend in backends]
+    try:
+        yield
+    finally:
+        for backend, flags in zip(backends, saved, strict=True):
+            backend.set_flags(*flags)
+
+
 def _make_fx(
     fn: Callable[..., Any], fakes: list[Any], tables: Tables, fake_mode: Any, session: _Session
 ) -> torch.fx.GraphModule:
@@ -874,7 +917,6 @@ def _make_fx(
     from torch._dispatch.python import enable_python_dispatcher
     from torch._export.utils import _compiling_state_context
     from torch._subclasses.functional_tensor import FunctionalTensorMode
-    from torch.export._trace import _ignore_backend_decomps
     from torch.fx.experimental.proxy_tensor import make_fx
 
     # The same stack as AOTAutograd's graph capture inside export's retrace, less the
@@ -883,7 +925,7 @@ def _make_fx(
     with (
         session.overrides(),
         fake_mode,
-        _ignore_backend_decomps(),
+        _backend_decomps_off(),
         _compiling_state_context(),
         torch.no_grad(),
         torch.fx.traceback.preserve_node_meta(),

@@ -192,6 +192,24 @@ def test_export_flags_are_set_while_templates_trace():
     assert any(n.meta.get("custom") for n in fast.graph.nodes if n.op == "call_function")
 
 
+def _backend_switches():
+    b = torch.backends  # set_flags() with no argument changes nothing, returns all
+    return b.mkldnn.set_flags(), b.cudnn.set_flags(), torch._C._get_nnpack_enabled()
+
+
+def test_template_traces_turn_off_the_backend_switches_the_retrace_turns_off():
+    from torch.export._trace import _ignore_backend_decomps
+
+    before = _backend_switches()
+    with _ignore_backend_decomps():
+        theirs = _backend_switches()
+    assert _backend_switches() == before
+    with _decomp._backend_decomps_off():
+        ours = _backend_switches()
+    assert _backend_switches() == before
+    assert ours == theirs and ours != before
+
+
 def test_run_decompositions_rebinds_sizes_with_the_runtime_assert_pass():
     # The retrace runs this pass under this metadata hook with this stack trace; the
     # incremental path runs the same when a decomposition asks for a new size.
@@ -385,13 +403,25 @@ def test_the_default_table_answers_every_operator_as_torchs_split(keep, cia_op):
         assert cia[cia_op] is lazy.lookup(cia_op)[0]  # the preserve marker
 
 
-def test_the_default_tables_sides_build_torchs_split_when_iterated():
-    tables = _decomp.split_table(None, keep=(aten.hardswish.default,))
+@pytest.mark.parametrize(
+    "keep", [(), (aten.hardswish.default, aten.linear.default), ("custom",)],
+    ids=["default", "keep-aten", "keep-custom"],
+)  # fmt: skip
+def test_the_default_tables_sides_build_torchs_split_when_iterated(keep, cia_op):
+    from epass import _template_store
+
+    keep = tuple(cia_op if op == "custom" else op for op in keep)
+    tables = _decomp.split_table(None, keep=keep)
     split = tables.cia._split
-    cia, python = _torch_split((aten.hardswish.default,))
+    cia, python = _torch_split(keep)
     assert set(tables.cia) == set(cia) and len(tables.python) == len(python)
     assert split.built is not None
     assert dict(tables.python.items()).keys() == python.keys()
+    assert cia_op in cia
+    fingerprint = _template_store.fingerprint
+    for ours, theirs in ((tables.cia, cia), (tables.python, python)):
+        differ = [op for op in theirs if fingerprint(ours[op]) != fingerprint(theirs[op])]
+        assert not differ, differ[:5]
 
 
 def test_the_default_tables_name_follows_what_decides_its_contents(cia_op):
