@@ -566,7 +566,8 @@ def splices(node: torch.fx.Node, tables: Tables) -> bool:
 def _returns_nothing(target: Any) -> bool:
     """An operator that returns nothing (``_assert_tensor_metadata``, say): a loaded
     program's node for it carries no ``val``, and needs none."""
-    return _program.is_op_overload(target) and not target._schema.returns
+    schema = _program.op_schema(target)
+    return schema is not None and not schema.returns
 
 
 def is_plain_call(target: Any) -> bool:

@@ -424,6 +424,21 @@ def test_the_default_tables_sides_build_torchs_split_when_iterated(keep, cia_op)
         assert not differ, differ[:5]
 
 
+def test_a_core_entry_the_walk_does_not_find_builds_torchs_own_split(monkeypatch):
+    # torch's split treats a preservable core entry outside its walk apart; the
+    # one-walk build then hands over to torch's own split.
+    from torch._export.utils import _is_preservable_cia_op
+
+    split = _decomp._DefaultSplit(frozenset())
+    walked = _decomp._patchable_ops()
+    op = next(op for op in split.core if op in walked and _is_preservable_cia_op(op))
+    monkeypatch.setattr(_decomp, "_patchable_ops", lambda: walked - {op})
+    cia, python = split.materialize()
+    theirs = _torch_split(())
+    assert (cia.keys(), python.keys()) == (theirs[0].keys(), theirs[1].keys())
+    assert op in cia
+
+
 def test_the_default_tables_name_follows_what_decides_its_contents(cia_op):
     first = _decomp._default_table_id(_decomp._DefaultSplit(frozenset()), frozenset({"a"}))
     same = _decomp._default_table_id(_decomp._DefaultSplit(frozenset()), frozenset({"a"}))
