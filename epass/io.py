@@ -82,12 +82,27 @@ def import_modules(modules: Iterable[str]) -> None:
                 local = os.path.exists(os.path.join(here, top + ".py")) or os.path.isdir(
                     os.path.join(here, top)
                 )
-                if exc.name != top or not local or here in sys.path:
+                if exc.name == top and not local:
+                    raise LoadError(f"--import {module}: {_not_found(top, here)}") from exc
+                if exc.name != top or here in sys.path:
                     raise
                 sys.path.append(here)
                 importlib.import_module(module)
+        except LoadError:
+            raise
         except Exception as exc:
             raise LoadError(f"--import {module}: {_first_line(exc)}") from exc
+
+
+def _not_found(top: str, here: str) -> str:
+    """Where a module was looked for, and what to set: the reproducer's hint."""
+    path = os.environ.get("PYTHONPATH")
+    where = f"PYTHONPATH={path}" if path else "PYTHONPATH is not set"
+    return (
+        f"no module named {top!r} in the current folder {here} nor on the import path "
+        f"({where}); run from the folder that holds {top}.py, put that folder on "
+        "PYTHONPATH, or install the package that provides it"
+    )
 
 
 def module_origin(module: str) -> str | None:

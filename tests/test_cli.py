@@ -756,6 +756,27 @@ def test_import_option_registers_custom_ops_before_loading(
     assert missing.stderr.startswith("epass: error: --import no_such_module_xyz: ")
 
 
+def test_import_from_the_wrong_folder_says_where_it_looked_and_what_to_set(
+    files: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "my_passes_nc.py").write_text("")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    code, _, err = _run(capsys, "run", str(files["mlp"]), "-p", "dce", "--import", "my_passes_nc")
+    assert code == 2
+    line = _one_line_error(err)
+    assert line.startswith("epass: error: --import my_passes_nc: ")
+    assert f"the current folder {elsewhere} " in line  # where it looked
+    assert "PYTHONPATH is not set" in line  # and what to set
+    assert "holds my_passes_nc.py, put that folder on PYTHONPATH" in line
+
+
 def test_plugin_declared_imports_are_imported_before_loading(
     custom_op_program: tuple[Path, Path], tmp_path: Path
 ) -> None:
