@@ -52,6 +52,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 REPORT_SUFFIXES = (".json", ".html", ".htm")
+DEMO_FILE = "demo.pt2"  # where `epass demo --save` writes when given no name
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -282,8 +283,8 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     if args.save:
         out.line(f"next: epass run {args.save} -p lower -o lowered.pt2 --report report.html")
     else:
-        then = "epass run demo.pt2 -p lower --report report.html"
-        out.line(f"next: epass demo --save demo.pt2, then {then}")
+        then = f"epass run {DEMO_FILE} -p lower --report report.html"
+        out.line(f"next: epass demo --save (writes {DEMO_FILE}), then {then}")
     return 0
 
 
@@ -594,7 +595,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="export a small transformer, lower it, show what happened")
     demo.add_argument("--report", help="write a report (.html or .json)")
-    demo.add_argument("--save", metavar="PATH", help="write the exported program (.pt2) to PATH")
+    demo.add_argument("--save", metavar="PATH", nargs="?", const=DEMO_FILE,
+                      help=f"write the exported program (.pt2) to PATH ({DEMO_FILE})")  # fmt: skip
     demo.set_defaults(func=_cmd_demo)
 
     cache = sub.add_parser("cache", help="the decomposition-template cache on disk")

@@ -492,10 +492,11 @@ def test_demo_runs_and_writes_a_report(tmp_path: Path) -> None:
 
 
 def test_demo_save_writes_the_program_and_its_last_line_is_the_next_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    saved = tmp_path / "demo.pt2"
-    code, out, _ = _run(capsys, "demo", "--save", str(saved))
+    monkeypatch.chdir(tmp_path)
+    saved = Path("demo.pt2")  # --save without a name: the default
+    code, out, _ = _run(capsys, "demo", "--save")
     assert code == 0
     assert f"wrote {saved}" in out
     program = load(saved)
