@@ -258,7 +258,7 @@ def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgra
         # keys(): a CustomDecompTable is a dict whose entries live elsewhere
         keys = table.keys()
         ops.update(op for op in keys if _program.is_op_overload(op))
-    with torch_state(ops):
+    with torch_state(ops), _program.quiet_leaf_specs():
         return ep.run_decompositions(table)
 
 
@@ -1711,9 +1711,10 @@ def _decompose(
     if builder.new_sizes:
         _rebind_sizes(gm, fake_mode)
     signature = _signature(ep.graph_signature, gm)
-    module_call_graph = _get_updated_module_call_graph(
-        ep.graph_module, ep.graph_signature, gm, signature, ep.module_call_graph
-    )
+    with _program.quiet_leaf_specs():  # it deep-copies the call graph
+        module_call_graph = _get_updated_module_call_graph(
+            ep.graph_module, ep.graph_signature, gm, signature, ep.module_call_graph
+        )
     # A retrace's program: a new state_dict over the same tensors, the constants
     # dict itself, and the ATEN dialect's verifier.
     out = _program.new_program(
