@@ -1000,6 +1000,58 @@ def test_a_signal_during_run_cleans_up_and_exits_with_its_code(
     assert list(out.iterdir()) == []  # no temporary file, no partial output
 
 
+MARK_DECOMPOSE = """
+import os
+import pathlib
+
+import epass.passes.decompose as decompose
+
+_call = decompose.Decompose.__call__
+
+
+def _marked(self, ep):
+    pathlib.Path(os.environ["EPASS_TEST_MARK"]).write_text("decompose")
+    return _call(self, ep)
+
+
+decompose.Decompose.__call__ = _marked
+"""
+
+
+def test_ctrl_c_during_decompose_ends_the_command_at_once(tmp_path: Path) -> None:
+    """Neither a full cycle collection over torch's objects (which holds signal
+    handlers back) nor the interpreter's teardown stands between Ctrl-C and the
+    shell prompt: seconds before, about 0.1 s now (0.5 s on a loaded machine)."""
+    from epass.cli import _demo_program
+
+    torch.export.save(_demo_program(), tmp_path / "tf.pt2")
+    (tmp_path / "mark_decompose.py").write_text(MARK_DECOMPOSE)
+    mark = tmp_path / "mark"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
+        "EPASS_TEST_MARK": str(mark),
+        "EPASS_CACHE_DIR": "",  # no disk cache: Decompose traces its templates
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epass", "--plain", "run", str(tmp_path / "tf.pt2"),
+         "-p", "decompose", "--import", "mark_decompose"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        _wait_for(mark, proc)
+        time.sleep(0.3)  # well inside the tracing of templates
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["epass: interrupted"]
+    assert took < 1.5, f"Ctrl-C took {took:.2f} s to end the command"
+
+
 def test_ctrl_c_while_torch_imports_exits_130_without_a_traceback(files: dict[str, Path]) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-X", "importtime", "-m", "epass", "run", str(files["mlp"]), "-p", "dce"],
