@@ -17,7 +17,6 @@ import argparse
 import atexit
 import contextlib
 import gc
-import json
 import math
 import os
 import re
@@ -29,6 +28,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
+from epass._text import json_text, printable
 from epass.errors import CliError, LoadError, PassError, PipelineError, RegistryError, SaveError
 from epass.registry import pass_table
 
@@ -56,28 +56,10 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 REPORT_SUFFIXES = (".json", ".html", ".htm")
 DEMO_FILE = "demo.pt2"  # where `epass demo --save` writes when given no name
-
-
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: every non-printable character escaped.
-
-    Names in a .pt2 file are whatever its author wrote. ESC, BEL, CSI, OSC or C1
-    sequences printed raw would set the window title, clear the screen or rewrite
-    what was shown; a newline would forge an output line. Everything the command
-    prints goes through here.
-    """
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else _ESCAPES.get(c) or _escape(ord(c)) for c in text)
-
-
-def _escape(code: int) -> str:
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+# The line under every pass table.
+LEGEND = (
+    "ops: op calls added + removed; state: whose dicts the output holds (user's: yours; own: new)"
+)
 
 
 class _Out:
@@ -160,6 +142,7 @@ def _summary(out: _Out, result: Any) -> None:
             ]
         )
     out.table(None, ["pass", "step", "seconds", "nodes", "ops", "state"], rows)
+    out.line(LEGEND)
 
 
 def _human(n: float) -> str:
@@ -187,7 +170,7 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
         ep = io.load(args.input, trust=args.trust, imports=args.imports, progress=spinner)
     info = io.inspect(ep)
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json_text(info))
         return 0
     out.line(f"{args.input}: dialect {info['dialect']}, {info['nodes']} nodes")
     ops = list(info["ops"].items())
@@ -514,7 +497,7 @@ def plain_text(text: str) -> str:
 def _cmd_passes(args: argparse.Namespace, out: _Out) -> int:
     entries = pass_table()
     if args.json:
-        print(json.dumps(entries, indent=2))
+        print(json_text(entries))
         return 0
     rows = []
     for e in entries:
@@ -538,7 +521,7 @@ def _cmd_cache(args: argparse.Namespace, out: _Out) -> int:
         return 0
     info = _template_store.info()
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json_text(info))
         return 0
     if not info["enabled"]:
         out.line(f"the template cache is off ({_template_store.DIR_ENV} is empty)")

@@ -1153,3 +1153,15 @@ def test_a_reproducer_whose_module_is_gone_says_what_to_set(
     assert again.returncode != 0
     assert "cannot import my_passes" in again.stderr
     assert f"put the folder {work.resolve()} on PYTHONPATH" in again.stderr
+
+
+def test_the_pass_table_is_followed_by_a_legend_of_its_columns(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from epass.cli import LEGEND
+
+    code, out, _ = _run(capsys, "run", str(files["mlp"]), "-p", "decompose, dce")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[lines.index(LEGEND) - 1].startswith("dce ")  # the table's last row
+    assert LEGEND.startswith("ops: op calls added + removed; state: whose dicts")
