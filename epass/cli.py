@@ -204,7 +204,31 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     out.line(f"output specs: {kinds}")
     if sig["buffers_mutated"]:
         out.line(f"mutated buffers: {', '.join(sorted(set(sig['buffers_mutated'].values())))}")
+    _inputs_table(out, sig, args.all_ops)
     return 0
+
+
+def _inputs_table(out: _Out, sig: dict[str, Any], everything: bool) -> None:
+    """Every user input, and the first state inputs (all with --all-ops): kind, shape
+    with its symbolic dimensions, dtype; then the range of each symbol."""
+    inputs = sig["inputs"]
+    users = [i for i in inputs if i["kind"] == "user input"]
+    others = [i for i in inputs if i["kind"] != "user input"]
+    shown = [*users, *(others if everything else others[:20])]
+    rows = []
+    for i in shown:
+        shape = "" if i["shape"] is None else f"({', '.join(map(str, i['shape']))})"
+        bound = f" ({i['target']})" if i["target"] and i["target"] != i["name"] else ""
+        rows.append([i["name"] + bound, i["kind"], shape, i["dtype"] or ""])
+    if len(shown) < len(inputs):
+        rows.append([f"... {len(inputs) - len(shown)} more (--all-ops)", "", "", ""])
+    out.line()
+    out.table("inputs", ["input", "kind", "shape", "dtype"], rows)
+    if sig["dims"]:
+        ranges = ", ".join(
+            f"{s} in [{lo}, {'inf' if hi is None else hi}]" for s, (lo, hi) in sig["dims"].items()
+        )
+        out.line(f"symbolic dims: {ranges}")
 
 
 def _demo_program() -> ExportedProgram:
@@ -575,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="describe a .pt2 file")
     inspect.add_argument("input")
     inspect.add_argument("--json", action="store_true", help="print JSON")
-    inspect.add_argument("--all-ops", action="store_true", help="show every op")
+    inspect.add_argument("--all-ops", action="store_true", help="show every op and input")
     inspect.add_argument("--trust", action="store_true", help=trust)
     inspect.add_argument("--import", dest="imports", action="append", default=[],
                          metavar="MODULE", help=imports)  # fmt: skip

@@ -314,6 +314,39 @@ def test_inspect_reports_dialect_ops_state_and_signature(
     assert info["signature"]["input_kinds"] == {"parameter": 2, "user_input": 1}
 
 
+class DynamicLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("offset", torch.zeros(4, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + self.offset.float()
+
+
+def test_inspect_lists_inputs_with_kind_shape_symbolic_dims_and_dtype(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = torch.export.Dim("batch", min=2, max=64)
+    ep = torch.export.export(DynamicLinear(), (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    torch.export.save(ep, tmp_path / "dyn.pt2")
+    code, out, err = _run(capsys, "inspect", str(tmp_path / "dyn.pt2"))
+    assert code == 0, err
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    (symbol,) = re.findall(r"^x +user input +\((s\d+), 4\) +float32$", out, re.M)
+    assert re.search(
+        r"^p_linear_weight \(linear\.weight\) +parameter +\(4, 4\) +float32$", out, re.M
+    )
+    assert re.search(r"^b_offset \(offset\) +buffer +\(4\) +float64$", out, re.M), rows
+    assert f"symbolic dims: {symbol} in [2, 64]" in out
+    code, out, _ = _run(capsys, "inspect", "--json", str(tmp_path / "dyn.pt2"))
+    sig = json.loads(out)["signature"]
+    assert sig["inputs"][-1] == {
+        "name": "x", "kind": "user input", "target": None, "shape": [symbol, 4], "dtype": "float32"
+    }  # fmt: skip
+    assert sig["dims"] == {symbol: [2, 64]}
+
+
 def test_passes_lists_names_sources_and_options(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "passes")
     assert code == 0
