@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import epass
-from epass import _program, _screen
+from epass import _program
+from epass._screen import roles, schema
 from epass.cli import main
 from epass.errors import EpassError, UnsafeArchiveError
 
@@ -142,7 +143,7 @@ def test_many_expressions_together_are_refused_by_the_programs_budget(
     template = json.dumps(values["x"])
     for i in range(100):
         product = "*".join(["s0"] * 60) + f" + {i}"
-        assert _screen.SYMBOLIC.check(product) is None
+        assert roles.SYMBOLIC.check(product) is None
         values[f"extra_{i}"] = json.loads(
             template.replace(values["x"]["sizes"][0]["as_expr"]["expr_str"], product)
         )
@@ -168,7 +169,7 @@ def test_shape_expressions_torch_writes_pass() -> None:
         "FloorDiv(s0 + 1, 2) * s1**2 - Mod(s0, 8)",
         "99999999999999999999 * s0",
     ):
-        assert _screen.SYMBOLIC.check(text) is None, text
+        assert roles.SYMBOLIC.check(text) is None, text
 
 
 # --- the schema drives the screen ------------------------------------------------------
@@ -176,28 +177,28 @@ def test_shape_expressions_torch_writes_pass() -> None:
 
 def test_every_string_field_of_torchs_schema_has_a_role() -> None:
     root = _program.export_schema()[0]
-    positions = set(_screen._string_positions(root))
+    positions = set(schema.string_positions(root))
     missing = {
         (cls, field, where)
         for cls, field, where in positions
         if (
-            (cls, field) not in _screen.KEY_ROLES
+            (cls, field) not in roles.KEY_ROLES
             if where == "key"
-            else (cls, field) not in _screen.ROLES
+            else (cls, field) not in roles.ROLES
         )
-        and not (where == "key" and isinstance(_screen.ROLES.get((cls, field)), dict))
+        and not (where == "key" and isinstance(roles.ROLES.get((cls, field)), dict))
     }
     assert not missing, f"string fields without a role: {sorted(missing)}"
     fields = {(cls, field) for cls, field, _ in positions}
-    stale = (set(_screen.ROLES) | set(_screen.KEY_ROLES)) - fields
+    stale = (set(roles.ROLES) | set(roles.KEY_ROLES)) - fields
     assert not stale, f"roles for fields the schema no longer has: {sorted(stale)}"
-    assert {inner for _, inner in _screen.INPUT_ROLES} <= fields
+    assert {inner for _, inner in roles.INPUT_ROLES} <= fields
 
 
 def test_a_string_field_without_a_role_is_refused(
     small: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delitem(_screen.ROLES, ("ExportedProgram", "torch_version"))
+    monkeypatch.delitem(roles.ROLES, ("ExportedProgram", "torch_version"))
     with pytest.raises(UnsafeArchiveError, match="no role for") as info:
         epass.load(_write(small, tmp_path / "a.pt2"))
     assert "field torch_version" in str(info.value)
@@ -280,7 +281,7 @@ def test_pytree_spec_naming_a_module_is_refused(
 
 
 def test_operator_targets_must_resolve_to_operators() -> None:
-    check = _screen.OPERATOR.check
+    check = roles.OPERATOR.check
     for good in ("torch.ops.aten.add.Tensor", "torch.ops.aten.__and__.Tensor",
                  "torch.ops.higher_order.cond", "_operator.getitem", "torch.sym_max"):  # fmt: skip
         assert check(good) is None, good
@@ -293,30 +294,30 @@ def test_operator_targets_must_resolve_to_operators() -> None:
 
 
 def test_identifiers_refuse_code_keywords_and_folded_unicode() -> None:
-    check = _screen.IDENTIFIER.check
+    check = roles.IDENTIFIER.check
     assert check("p_layers_0_weight") is None and check("größe") is None
     for bad in ("x=1", "a b", "for", "__class__", "\uff58", "", "x\n"):
         assert check(bad) is not None, bad
     for name in ("layers.0.weight", "blocks.conv-1.bias", "__main__.Point"):
-        assert _screen.FQN.check(name) is None, name
+        assert roles.FQN.check(name) is None, name
     for name in ("layers..weight", "a.b c", 'a."b', "a.\uff58"):
-        assert _screen.FQN.check(name) is not None, name
-    assert _screen.FQN.check("layers.0.weight')") is not None
+        assert roles.FQN.check(name) is not None, name
+    assert roles.FQN.check("layers.0.weight')") is not None
 
 
 def test_node_metadata_values_are_checked_by_their_key(
     small: dict[str, bytes], tmp_path: Path
 ) -> None:
-    roles = _screen.NODE_METADATA
-    assert roles["source_fn_stack"].check("linear,torch.nn.modules.linear.Linear") is None
-    assert roles["source_fn_stack"].check("x,__import__('os').system") is not None
-    assert roles["nn_module_stack"].check("L__self__,,m.M;L__self__lin,lin,torch.nn.Linear") is None
-    assert roles["nn_module_stack"].check("k,lin\"),__import__('os')#,T") is not None
-    assert roles["custom"].check('{"tag": ["a", 1]}') is None
-    assert roles["custom"].check('{"tag": "a\\rb"}') is not None
-    assert roles["custom"].check("not json") is not None
-    assert roles["stack_trace"].check('File "a.py", line 1, in f\n    x = 1') is None
-    assert roles["stack_trace"].check("line\rprint(1)") is not None
+    meta = roles.NODE_METADATA
+    assert meta["source_fn_stack"].check("linear,torch.nn.modules.linear.Linear") is None
+    assert meta["source_fn_stack"].check("x,__import__('os').system") is not None
+    assert meta["nn_module_stack"].check("L__self__,,m.M;L__self__lin,lin,torch.nn.Linear") is None
+    assert meta["nn_module_stack"].check("k,lin\"),__import__('os')#,T") is not None
+    assert meta["custom"].check('{"tag": ["a", 1]}') is None
+    assert meta["custom"].check('{"tag": "a\\rb"}') is not None
+    assert meta["custom"].check("not json") is not None
+    assert meta["stack_trace"].check('File "a.py", line 1, in f\n    x = 1') is None
+    assert meta["stack_trace"].check("line\rprint(1)") is not None
     program = _program_of(small)
     node = program["graph_module"]["graph"]["nodes"][0]
     node["metadata"]["custom"] = json.dumps({"tag": "kept"})
