@@ -7,6 +7,8 @@ import ast
 import functools
 import re
 
+import attrs
+
 from epass._screen.text import is_plain
 
 __all__ = [
@@ -40,8 +42,6 @@ MIN_MAX_ARGS = 8
 PROGRAM_TERMS = 10_000
 PROGRAM_MIN_MAX_ARGS = 128
 PROGRAM_EXPR_CHARS = 1_000_000  # every occurrence: torch parses each one again
-_POWER_CALLS = frozenset(["Pow", "PowByNatural", "FloatPow", "pow", "LShift", "RShift"])
-_FLOAT_TEXT = re.compile(r"[+-]?\d{1,20}(\.\d{0,20})?([eE][+-]?\d{1,3})?|[+-]?(inf|nan)")
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _SYMBOL = re.compile(r"[a-z]{1,4}\d+")
@@ -70,34 +70,11 @@ _ARITHMETIC = (
     ast.Mod, ast.Pow, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq, ast.And, ast.Or,
     ast.LShift, ast.RShift, ast.BitAnd, ast.BitOr, ast.BitXor,
 )  # fmt: skip
+_POWER_CALLS = frozenset(["Pow", "PowByNatural", "FloatPow", "pow", "LShift", "RShift"])
+_FLOAT_TEXT = re.compile(r"[+-]?\d{1,20}(\.\d{0,20})?([eE][+-]?\d{1,3})?|[+-]?(inf|nan)")
 
 
-def _small_number(node: ast.AST) -> bool:
-    """A numeric literal (optionally signed) of at most :data:`MAX_EXPONENT` in size."""
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        node = node.operand
-    if (  # sympy's spelling: Integer(2), Rational(1, 2)
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id in ("Integer", "Rational")
-        and node.args
-        and not node.keywords
-    ):
-        return all(_small_number(arg) for arg in node.args)
-    return (
-        isinstance(node, ast.Constant)
-        and isinstance(node.value, (int, float))
-        and not isinstance(node.value, bool)
-        and abs(node.value) <= MAX_EXPONENT
-    )
-
-
-def _is_symbol(node: ast.AST) -> bool:
-    if isinstance(node, ast.Name):
-        return _SYMBOL.fullmatch(node.id) is not None
-    return (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Symbol"
-    )
+# --- the cost of an expression -------------------------------------------------------
 
 
 def _power(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
@@ -180,23 +157,8 @@ def expression_cost(text: str) -> tuple[int, int]:
     return _expression_cost(ast.parse(text, mode="eval"))
 
 
-def expression_problem(text: str, *, guard: bool) -> str | None:
-    """Why ``text`` is not bounded arithmetic on shape symbols, or None when it is.
-
-    ``guard`` selects Python guard code (``L['x'].size()[0] <= 8``) over sympy text
-    (``Symbol('s0', positive=True) + 1``).
-    """
-    if len(text) > EXPR_CHARS:
-        return f"longer than {EXPR_CHARS} characters"
-    # sympy strips newlines before it parses, and torch pastes guard code into the
-    # source of a function: a backslash, comment or line break would let the text
-    # they run differ from the text parsed here.
-    if not text.isprintable() or "\\" in text or "#" in text:
-        return "a backslash, comment or control character"
-    try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return "does not parse"
+def _cost_problem(tree: ast.AST) -> str | None:
+    """Why parsing or evaluating ``tree`` may take too long, or None."""
     terms, min_max = _expression_cost(tree)
     if terms > EXPR_TERMS:
         return f"{terms} terms (at most {EXPR_TERMS})"
@@ -207,80 +169,192 @@ def expression_problem(text: str, *, guard: bool) -> str | None:
         return f"powers nested {depth} deep (at most {POWER_DEPTH})"
     if digits > MAX_DIGITS:
         return f"arithmetic on numbers of up to {digits} digits (at most {MAX_DIGITS})"
-    calls = _GUARD_CALLS if guard else SYMPY_CALLS
-    call_args: dict[int, tuple[ast.AST, int]] = {}
-    slices: set[int] = set()
+    return None
+
+
+# --- what an expression may name and call --------------------------------------------
+
+
+def _small_number(node: ast.AST) -> bool:
+    """A numeric literal (optionally signed) of at most :data:`MAX_EXPONENT` in size."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    if (  # sympy's spelling: Integer(2), Rational(1, 2)
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("Integer", "Rational")
+        and node.args
+        and not node.keywords
+    ):
+        return all(_small_number(arg) for arg in node.args)
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, (int, float))
+        and not isinstance(node.value, bool)
+        and abs(node.value) <= MAX_EXPONENT
+    )
+
+
+def _is_symbol(node: ast.AST) -> bool:
+    if isinstance(node, ast.Name):
+        return _SYMBOL.fullmatch(node.id) is not None
+    return (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Symbol"
+    )
+
+
+@attrs.frozen
+class _Context:
+    """Where the nodes of one expression sit: which call takes each as which argument,
+    and which are subscripts' keys; ``guard`` selects Python guard code."""
+
+    guard: bool
+    call_args: dict[int, tuple[ast.AST, int]]  # id(argument) -> (the call's func, position)
+    slices: frozenset[int]  # id(subscript key)
+
+    @classmethod
+    def of(cls, tree: ast.AST, *, guard: bool) -> _Context:
+        call_args: dict[int, tuple[ast.AST, int]] = {}
+        slices: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                for i, arg in enumerate(node.args):
+                    call_args[id(arg)] = (node.func, i)
+            if isinstance(node, ast.Subscript):
+                slices.add(id(node.slice))
+        return cls(guard, call_args, frozenset(slices))
+
+
+def _constant_allowed(node: ast.Constant, where: _Context) -> bool:
+    if isinstance(node.value, str):
+        # a guard's subscript key (L['x']), or sympy's Symbol('s0') and Float('1.5')
+        func, position = where.call_args.get(id(node), (None, -1))
+        name = func.id if isinstance(func, ast.Name) else ""
+        return (where.guard and id(node) in where.slices and is_plain(node.value)) or (
+            not where.guard
+            and position == 0
+            and (
+                (name == "Symbol" and _NAME.fullmatch(node.value) is not None)
+                or (name == "Float" and _FLOAT_TEXT.fullmatch(node.value) is not None)
+            )
+        )
+    if isinstance(node.value, int):  # its digits are bounded by _node_problem
+        return True
+    return isinstance(node.value, (float, bool)) or node.value is None
+
+
+def _name_allowed(node: ast.Name, where: _Context) -> bool:
+    return (
+        node.id in (_GUARD_CALLS if where.guard else SYMPY_CALLS)
+        or node.id in _SYMPY_NAMES
+        or (where.guard and node.id in ("L", "math"))
+        or _SYMBOL.fullmatch(node.id) is not None
+    )
+
+
+def _call_allowed(node: ast.Call, where: _Context) -> bool:
+    f = node.func
+    calls = _GUARD_CALLS if where.guard else SYMPY_CALLS
+    # Float's second argument is a precision in digits: Float('1', 10**9).
+    if isinstance(f, ast.Name) and f.id == "Float" and len(node.args) > 1:
+        return False
+    return (isinstance(f, ast.Name) and f.id in calls) or (
+        where.guard and isinstance(f, ast.Attribute) and f.attr in _GUARD_METHODS | _MATH
+    )
+
+
+def _keyword_allowed(node: ast.keyword, where: _Context) -> bool:
+    # Symbol('s0', positive=True); Float('1.5', precision=53), in bits
+    value = node.value.value if isinstance(node.value, ast.Constant) else None
+    return not where.guard and (
+        (
+            node.arg is not None
+            and node.arg.isidentifier()
+            and not node.arg.startswith("_")
+            and isinstance(value, bool)
+        )
+        or (node.arg == "precision" and type(value) is int and 0 < value <= 1024)
+    )
+
+
+def _attribute_allowed(node: ast.Attribute, where: _Context) -> bool:
+    # L['x'].size(), math.floor(...)
+    return where.guard and (
+        node.attr in _GUARD_METHODS
+        or (isinstance(node.value, ast.Name) and node.value.id == "math" and node.attr in _MATH)
+    )
+
+
+def _allowed(node: ast.AST, where: _Context) -> bool:
+    if isinstance(node, ast.BinOp):  # (1, 2) * n repeats a tuple n times
+        return not (isinstance(node.left, ast.Tuple) or isinstance(node.right, ast.Tuple))
+    if isinstance(node, ast.Constant):
+        return _constant_allowed(node, where)
+    if isinstance(node, ast.Name):
+        return _name_allowed(node, where)
+    if isinstance(node, ast.Call):
+        return _call_allowed(node, where)
+    if isinstance(node, ast.keyword):
+        return _keyword_allowed(node, where)
+    if isinstance(node, ast.Attribute):
+        return _attribute_allowed(node, where)
+    if isinstance(node, ast.Subscript):
+        return where.guard
+    return isinstance(node, _ARITHMETIC)
+
+
+def _node_problem(node: ast.AST, where: _Context) -> str | None:
+    """Why one node of an expression is not bounded arithmetic, or None."""
+    power = _power(node)
+    if power is not None and not (_small_number(power[1]) or _is_symbol(power[1])):
+        return f"an exponent or shift that is not a number up to {MAX_EXPONENT}: " + repr(
+            ast.unparse(node)[:60]
+        )
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int)
+        and len(str(abs(node.value))) > INT_DIGITS
+    ):
+        return f"an integer of more than {INT_DIGITS} digits"
+    if _allowed(node, where):
+        return None
+    shown = ast.unparse(node)[:60] if not isinstance(node, ast.keyword) else node.arg
+    return f"code in an expression: {shown!r}"
+
+
+# --- the check ------------------------------------------------------------------------
+
+
+def _parse(text: str) -> ast.Expression | str:
+    """The parsed expression, or why ``text`` cannot be parsed as the text run later."""
+    if len(text) > EXPR_CHARS:
+        return f"longer than {EXPR_CHARS} characters"
+    # sympy strips newlines before it parses, and torch pastes guard code into the
+    # source of a function: a backslash, comment or line break would let the text
+    # they run differ from the text parsed here.
+    if not text.isprintable() or "\\" in text or "#" in text:
+        return "a backslash, comment or control character"
+    try:
+        return ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "does not parse"
+
+
+def expression_problem(text: str, *, guard: bool) -> str | None:
+    """Why ``text`` is not bounded arithmetic on shape symbols, or None when it is.
+
+    ``guard`` selects Python guard code (``L['x'].size()[0] <= 8``) over sympy text
+    (``Symbol('s0', positive=True) + 1``).
+    """
+    tree = _parse(text)
+    if isinstance(tree, str):
+        return tree
+    why = _cost_problem(tree)
+    if why is not None:
+        return why
+    where = _Context.of(tree, guard=guard)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            for i, arg in enumerate(node.args):
-                call_args[id(arg)] = (node.func, i)
-        if isinstance(node, ast.Subscript):
-            slices.add(id(node.slice))
-    for node in ast.walk(tree):
-        ok = isinstance(node, _ARITHMETIC)
-        power = _power(node)
-        if power is not None and not (_small_number(power[1]) or _is_symbol(power[1])):
-            return f"an exponent or shift that is not a number up to {MAX_EXPONENT}: " + repr(
-                ast.unparse(node)[:60]
-            )
-        if isinstance(node, ast.BinOp) and (
-            isinstance(node.left, ast.Tuple) or isinstance(node.right, ast.Tuple)
-        ):
-            ok = False  # (1, 2) * n repeats a tuple n times
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            func, position = call_args.get(id(node), (None, -1))
-            name = func.id if isinstance(func, ast.Name) else ""
-            ok = (guard and id(node) in slices and is_plain(node.value)) or (
-                not guard
-                and position == 0
-                and (
-                    (name == "Symbol" and _NAME.fullmatch(node.value) is not None)
-                    or (name == "Float" and _FLOAT_TEXT.fullmatch(node.value) is not None)
-                )
-            )
-        elif isinstance(node, ast.Constant) and isinstance(node.value, int):
-            if len(str(abs(node.value))) > INT_DIGITS:
-                return f"an integer of more than {INT_DIGITS} digits"
-        elif isinstance(node, ast.Constant):
-            ok = isinstance(node.value, (float, bool)) or node.value is None
-        elif isinstance(node, ast.Name):
-            ok = (
-                node.id in calls
-                or node.id in _SYMPY_NAMES
-                or (guard and node.id in ("L", "math"))
-                or _SYMBOL.fullmatch(node.id) is not None
-            )
-        elif isinstance(node, ast.Call):
-            f = node.func
-            ok = (isinstance(f, ast.Name) and f.id in calls) or (
-                guard and isinstance(f, ast.Attribute) and f.attr in _GUARD_METHODS | _MATH
-            )
-            # Float's second argument is a precision in digits: Float('1', 10**9).
-            if isinstance(f, ast.Name) and f.id == "Float" and len(node.args) > 1:
-                ok = False
-        elif isinstance(node, ast.keyword):
-            # Symbol('s0', positive=True); Float('1.5', precision=53), in bits
-            value = node.value.value if isinstance(node.value, ast.Constant) else None
-            ok = not guard and (
-                (
-                    node.arg is not None
-                    and node.arg.isidentifier()
-                    and not node.arg.startswith("_")
-                    and isinstance(value, bool)
-                )
-                or (node.arg == "precision" and type(value) is int and 0 < value <= 1024)
-            )
-        elif isinstance(node, ast.Attribute):
-            ok = guard and (
-                node.attr in _GUARD_METHODS
-                or (
-                    (isinstance(node.value, ast.Name) and node.value.id == "math")
-                    and node.attr in _MATH
-                )
-            )
-        elif isinstance(node, ast.Subscript):
-            ok = guard
-        if not ok:
-            shown = ast.unparse(node)[:60] if not isinstance(node, ast.keyword) else node.arg
-            return f"code in an expression: {shown!r}"
+        why = _node_problem(node, where)
+        if why is not None:
+            return why
     return None

@@ -66,6 +66,38 @@ def test_shape_expressions_torch_writes_pass() -> None:
         assert expressions.expression_problem(text, guard=True) is None, text
 
 
+@pytest.mark.parametrize(
+    ("text", "guard", "why"),
+    [
+        ("s0 + " * 2500 + "1", False, "longer than 10000 characters"),
+        ("s0 + 1  # note", False, "a backslash, comment or control character"),
+        ("s0 +\n1", True, "a backslash, comment or control character"),
+        ("s0 +", False, "does not parse"),
+        ("*".join(f"s{i}" for i in range(200)), False, "399 terms (at most 128)"),
+        ("Max(" + ", ".join(f"s{i}" for i in range(9)) + ")", False, "Max/Min over 9 arguments"),
+        ("((s0**2)**2)**2", False, "powers nested 3 deep (at most 2)"),
+        ("*".join(["Pow(99999999999999999999, 64)"] * 8), False, "arithmetic on numbers of up to"),
+        ("s0 ** 65", False, "an exponent or shift that is not a number up to 64: 's0 ** 65'"),
+        ("s0 << s0 + 1", True, "an exponent or shift that is not a number up to 64"),
+        ("s0 + " + "9" * 21, False, "an integer of more than 20 digits"),
+        ("(1, 2) * s0", False, "code in an expression: '(1, 2) * s0'"),
+        ("s0.real", False, "code in an expression: 's0.real'"),
+        ("L['x'].size()[0]", False, "code in an expression"),
+        ("Symbol('s0', _cls=True)", False, "code in an expression: '_cls'"),
+        ("Float('1.0', 99)", False, "code in an expression: \"Float('1.0', 99)\""),
+        ("Float('1.0', precision=2048)", False, "code in an expression: 'precision'"),
+        ("Symbol('s0 s1')", False, "code in an expression: \"'s0 s1'\""),
+        ("L['x\"'].size()[0] == 1", True, "code in an expression"),
+        ("L['x'].__class__", True, "code in an expression: \"L['x'].__class__\""),
+        ("os.system(1)", True, "code in an expression"),
+        ("Symbol('s0', positive=True)", True, "code in an expression: \"'s0'\""),
+    ],
+)
+def test_each_bound_refuses_with_its_reason(text: str, guard: bool, why: str) -> None:
+    problem = expressions.expression_problem(text, guard=guard)
+    assert problem is not None and problem.startswith(why), problem
+
+
 def test_allowed_shape_functions_cover_torchs_deserializer() -> None:
     """Every sympy function torch's deserializer knows must pass the screen."""
     from torch._export.serde import serialize
