@@ -1,11 +1,12 @@
 """The screen of untrusted ``.pt2`` archives, which :func:`epass.io.load` runs before
 torch reads a file: what the rest of epass uses of it, one concern a module below."""
 
-# The modules, each importing only from those listed after it: members (screen:
-# every member by its kind) -> read_once (the view torch and the screen share) and
-# schema (the walk of models/model.json) -> archive (zip structure, ALLOWLIST, the
-# readers agreeing) and roles (the role of every string field) -> expressions (the
-# bounds on shape and guard expressions) -> refusal and text.
+# The modules, each importing only from those listed after it (pyproject.toml's
+# contract "the screen's modules"): members (screen: every member by its kind) ->
+# read_once (the view torch and the screen share) and schema (the walk of
+# models/model.json) -> archive (zip structure, ALLOWLIST, the readers agreeing) and
+# roles (the role of every string field) -> expressions (the bounds on shape and
+# guard expressions) -> refusal and text.
 
 from __future__ import annotations
 
