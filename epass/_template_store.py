@@ -52,7 +52,7 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 _LOCK = threading.Lock()
-_STATS = {"hits": 0, "misses": 0, "writes": 0, "rejected": 0}
+_STATS = {"hits": 0, "misses": 0, "writes": 0, "rejected": 0, "bypassed": 0}
 _WARNED = False
 
 
@@ -376,7 +376,7 @@ def clear() -> int:
                 with contextlib.suppress(OSError):
                     os.unlink(folder / name)
     with _LOCK:
-        _STATS.update(hits=0, misses=0, writes=0, rejected=0)
+        _STATS.update(hits=0, misses=0, writes=0, rejected=0, bypassed=0)
     return removed
 
 
@@ -691,94 +691,11 @@ def decode(
     return graph, inherited, own
 
 
-# --- stable identities of decomposition functions ---------------------------------------
-
-
-def fingerprint(obj: Any) -> str:
-    """A text naming ``obj`` (a decomposition callable) the same way in every process
-    that runs the same code, or :class:`Unrepresentable`.
-
-    Functions are named by module, qualified name and a hash of their code object,
-    closure cells and defaults; functions outside torch also by the globals their code
-    reads (torch's own are fixed by the torch build, which is part of every key).
-    """
-    return hashlib.sha256(_fp(obj, {}, 0).encode()).hexdigest()
-
-
-def _code_names(code: Any) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _code_names(const)
-    return names
-
-
-def _fp(obj: Any, seen: dict[int, str], depth: int) -> str:
-    import enum
-    import functools
-    import inspect
-    import marshal
-    import types
-
-    import torch
-
-    if depth > 12:
-        raise Unrepresentable("a callable nested too deep")
-    kind = type(obj)
-    if kind in _SCALARS or kind in (float, complex, bytes):
-        return f"{kind.__name__}:{obj!r}"
-    if kind in (tuple, list, frozenset):
-        items = sorted(_fp(x, seen, depth + 1) for x in obj) if kind is frozenset else obj
-        inner = items if kind is frozenset else [_fp(x, seen, depth + 1) for x in items]
-        return f"{kind.__name__}({','.join(inner)})"
-    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return f"op:{obj}"
-    if isinstance(obj, torch._ops.HigherOrderOperator):
-        return f"hop:{obj.name()}"
-    if isinstance(obj, type(torch.ops.aten)):
-        return f"ops:{obj.name}"
-    if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format, torch.device)):
-        return f"{kind.__name__}:{obj}"
-    if isinstance(obj, inspect.Signature):
-        return f"signature:{obj}"
-    if isinstance(obj, types.ModuleType):
-        return f"module:{obj.__name__}"
-    if isinstance(obj, enum.Enum):
-        return f"enum:{kind.__module__}.{kind.__qualname__}.{obj.name}"
-    if isinstance(obj, type):
-        return f"class:{obj.__module__}.{obj.__qualname__}"
-    if isinstance(obj, functools.partial):
-        parts = [_fp(obj.func, seen, depth + 1), _fp(obj.args, seen, depth + 1)]
-        parts.append(_fp(tuple(sorted(obj.keywords.items())), seen, depth + 1))
-        return f"partial({','.join(parts)})"
-    if isinstance(obj, types.MethodType):
-        return f"method({_fp(obj.__self__, seen, depth + 1)},{_fp(obj.__func__, seen, depth + 1)})"
-    if isinstance(obj, types.BuiltinFunctionType):
-        return f"builtin:{getattr(obj, '__module__', None)}.{obj.__qualname__}"
-    if isinstance(obj, types.FunctionType):
-        if id(obj) in seen:
-            return seen[id(obj)]
-        module = obj.__module__ or ""
-        name = f"function:{module}.{obj.__qualname__}"
-        seen[id(obj)] = f"recursive:{name}"
-        torch_owned = module == "torch" or module.startswith("torch.")
-        # torch's own code is fixed by the torch build, which every key names.
-        code = "" if torch_owned else hashlib.sha256(marshal.dumps(obj.__code__)).hexdigest()
-        cells = [_fp(c.cell_contents, seen, depth + 1) for c in obj.__closure__ or ()]
-        parts = [name, code, *cells, _fp(obj.__defaults__, seen, depth + 1)]
-        parts.append(_fp(tuple(sorted((obj.__kwdefaults__ or {}).items())), seen, depth + 1))
-        if not torch_owned:
-            for global_name in sorted(_code_names(obj.__code__)):
-                if global_name in obj.__globals__:
-                    value = obj.__globals__[global_name]
-                    parts.append(f"{global_name}={_fp(value, seen, depth + 1)}")
-        return f"{name}({','.join(parts)})"
-    owner = getattr(kind, "__module__", "") or ""
-    if (owner == "torch" or owner.startswith("torch.")) and hasattr(obj, "__dict__"):
-        # torch's decorator objects (a type-promotion wrapper), named by their fields.
-        fields = tuple(sorted(vars(obj).items()))
-        return f"object:{owner}.{kind.__qualname__}({_fp(fields, seen, depth + 1)})"
-    raise Unrepresentable(f"a callable part of type {kind.__name__}")
+def count(stat: str) -> None:
+    """Count one event of this process's use of the cache (``bypassed``: a template
+    traced for a table that cannot be named, kept for its decomposition alone)."""
+    with _LOCK:
+        _STATS[stat] += 1
 
 
 def reject(key: Any, reason: str) -> None:

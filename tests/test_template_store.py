@@ -322,20 +322,29 @@ def test_processes_writing_one_small_cache_keep_it_bounded(tmp_path):
     assert _disk_bytes(cache) <= bound
 
 
-def _closure_table(value):
+def _closure_table(value, key=None):
     def silu(x):
         return aten.mul.Tensor(aten.sigmoid.default(x), value)
 
+    if key is not None:
+        silu.cache_key = key
     return {aten.silu.default: silu}
 
 
-def test_tables_are_named_by_their_code_and_refused_when_they_cannot_be():
-    a = _decomp._table_id(_decomp.split_table(_closure_table(2.0)))
-    b = _decomp._table_id(_decomp.split_table(_closure_table(3.0)))
-    assert a is not None and b is not None and a != b
-    assert a == _decomp._table_id(_decomp.split_table(_closure_table(2.0)))
-    # A cell holding an object nothing can name the same way in another process.
-    assert _decomp._table_id(_decomp.split_table(_closure_table(object()))) is None
+def _name(table):
+    return _decomp.cache_name(_decomp.split_table(table))
+
+
+def test_a_users_table_is_named_only_through_the_identity_it_declares():
+    undeclared = _name(_closure_table(2.0))
+    assert undeclared.table is None
+    assert "silu (aten.silu.default) declares no cache identity" in undeclared.why_not
+    a, b = _name(_closure_table(2.0, "two")), _name(_closure_table(3.0, "three"))
+    assert None not in (a.table, b.table) and a.table != b.table
+    # The declaration names the behaviour, whatever the closure holds.
+    assert _name(_closure_table(object(), "two")).table == a.table
+    # torch's own decompositions are named by identity, however they are collected.
+    assert _name(torch._decomp.core_aten_decompositions()).table is not None
 
 
 def test_public_cache_info_and_clear_cover_memory_and_disk(cache):
