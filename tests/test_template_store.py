@@ -534,7 +534,7 @@ def test_cache_info_and_clear_report_an_unusable_directory_as_empty(monkeypatch,
     monkeypatch.setenv("EPASS_CACHE_DIR", str(tmp_path / ("x" * 300)))
     info = _template_store.info()
     assert info["enabled"] is True and info["entries"] == 0
-    assert _template_store.clear() == 0
+    assert _template_store.clear()[0] == 0
     assert _template_store.store({"k": 1}, {"inputs": []}) is False
     assert _template_store.load({"k": 1}) is None
 
@@ -550,3 +550,100 @@ def test_a_filled_cache_serves_torchs_default_table_without_building_its_split(c
     assert again.notes["method"] == "incremental"
     assert Decompose()._tables().cia._split.built is None
     assert _decomp.first_difference(again.program, first.program) is None
+
+
+def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "epass", "--plain", *argv],
+        cwd=ROOT,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1" + "0" * 400, "9" * 5000 + "T", "1." + "5" * 400 + "G", "0" * 40 + "5M"],
+    ids=["400-digits", "5000-digits", "long-fraction", "leading-zeros"],
+)
+def test_any_cache_size_is_taken_without_a_crash(cache, monkeypatch, value):
+    monkeypatch.setenv(_template_store.SIZE_ENV, value)
+    assert _template_store.limit() > 0
+    done = _cli("cache", "info", env={"EPASS_CACHE_DIR": str(cache), "EPASS_CACHE_SIZE": value})
+    assert done.returncode == 0 and "limit:" in done.stdout, done.stderr
+    _, ep, _ = models.export("mlp")
+    result = Decompose()(ep)
+    assert result.notes["method"] == "incremental" and _template_store.info()["entries"] > 0
+
+
+def test_an_error_inside_the_disk_cache_costs_the_entry_not_the_incremental_path(
+    cache, monkeypatch
+):
+    def broken(*args, **kwargs):
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(_template_store, "limit", broken)
+    _decomp.clear_cache()
+    _, ep, _ = models.export("mlp")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = Decompose(method="auto")(ep)
+    assert result.notes["method"] == "incremental"
+    assert any("OverflowError" in str(w.message) for w in caught)
+
+
+def _look_alikes(folder: Path) -> dict[str, bytes]:
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {
+        "a" * 64 + ".json": b"not an entry",
+        "b" * 64 + ".json": json.dumps({"format": 1, "key": 1, "sha256": "x"}).encode(),
+        "notes.txt": b"the user's own file",
+        "." + "c" * 64 + ".x.bak": b"a look-alike of a temporary file",
+    }
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return files
+
+
+def test_cache_clear_follows_no_symbolic_link_and_says_what_it_left(cache, tmp_path):
+    _, ep, _ = models.export("mlp")
+    Decompose(method="incremental")(ep)
+    entries = cache / f"templates-v{_template_store.FORMAT}"
+    genuine = sorted(p.name for p in entries.glob("*.json"))
+    assert genuine
+    # Files of the entries folder this cache did not write stay.
+    files = _look_alikes(entries)
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    (entries / ("d" * 64 + ".json")).symlink_to(outside)
+    done = _cli("cache", "clear", env={"EPASS_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr
+    assert f"removed {len(genuine)} entries" in done.stdout
+    assert "left 5 that this cache did not write" in done.stdout
+    assert "not a regular file" in done.stdout and "not named as an entry" in done.stdout
+    for name, data in files.items():
+        assert (entries / name).read_bytes() == data
+    assert outside.read_text() == "{}" and (entries / ("d" * 64 + ".json")).is_symlink()
+    assert not any((entries / name).exists() for name in genuine)
+
+
+def test_cache_clear_leaves_a_linked_entries_folder_and_what_it_points_to(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    files = _look_alikes(elsewhere)
+    (elsewhere / ("e" * 64 + ".json")).write_text("{}")
+    (cache / f"templates-v{_template_store.FORMAT}").symlink_to(elsewhere)
+    done = _cli("cache", "clear", env={"EPASS_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr
+    assert "removed 0 entries" in done.stdout and "symbolic link, not followed" in done.stdout
+    assert all((elsewhere / name).read_bytes() == data for name, data in files.items())
+    assert (elsewhere / ("e" * 64 + ".json")).exists()
+    # Nor do lookups and writes use it.
+    monkeypatch.setenv(_template_store.DIR_ENV, str(cache))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert _template_store.store({"k": 1}, {"inputs": []}) is False
+    assert not list(elsewhere.glob("*.tmp"))
