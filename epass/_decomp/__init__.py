@@ -1397,12 +1397,9 @@ class CacheName:
     settings: tuple[tuple[str, Any], ...]
 
 
-# Per table: the names of torch's own entries (fixed for the process) and the entries
-# that declare their identity (read again at every decomposition: a declaration may
-# change), or why the table cannot be named.
-_NAMED: collections.OrderedDict[Any, tuple[list[Any], list[Any], str | None]] = (
-    collections.OrderedDict()
-)
+# Per table: the names of torch's own entries (fixed for the process), and the other
+# entries, named again at every decomposition (a declaration may come, go or change).
+_NAMED: collections.OrderedDict[Any, tuple[list[Any], list[Any]]] = collections.OrderedDict()
 
 
 def cache_name(tables: Tables) -> CacheName:
@@ -1426,19 +1423,16 @@ def cache_name(tables: Tables) -> CacheName:
             _NAMED[tables.token] = known
             while len(_NAMED) > 64:
                 _NAMED.popitem(last=False)
-    fixed, declared, why = known
-    if why is not None:
-        return CacheName(None, why, settings)
+    fixed, others = known
     try:
-        names = identity.name_table(declared)
+        names = identity.name_table(others)
     except identity.Unnamed as exc:
         return CacheName(None, exc.reason, settings)
     return CacheName(_template_store.digest([fixed, names])[1], None, settings)
 
 
-def _name_entries(tables: Tables) -> tuple[list[Any], list[Any], str | None]:
-    """torch's own part of the table's name, its entries that declare an identity, and
-    why it has no name (None: it has one)."""
+def _name_entries(tables: Tables) -> tuple[list[Any], list[Any]]:
+    """torch's own part of the table's name, and its other entries."""
     if isinstance(tables.cia, _DefaultSide):
         split = tables.cia._split
         from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
@@ -1458,24 +1452,18 @@ def _name_entries(tables: Tables) -> tuple[list[Any], list[Any], str | None]:
             for side, part in (("cia", tables.cia), ("python", tables.python))
             for op, fn in part.items()
         ]
-    names, declared, unnamed = [], [], []
+    names, others = [], []
     for side, op, fn in entries:
-        try:
-            torch_name = (
-                f"dispatch:{fn}" if isinstance(fn, torch._C.DispatchKey) else identity.torch_name(fn, op)
-            )
-            if torch_name is not None:
-                names.append((side, str(op), torch_name))
-            elif identity.declared_key(fn) is not None:
-                declared.append((side, op, fn))
-            else:
-                identity.name_of(fn, op)  # raises, naming it
-        except (identity.Unnamed, TypeError) as exc:
-            unnamed.append(getattr(exc, "reason", str(exc)))
-    if unnamed:
-        more = f" and {len(unnamed) - 3} more" if len(unnamed) > 3 else ""
-        return [], [], "; ".join(unnamed[:3]) + more
-    return [*fixed, sorted(names)], declared, None
+        own = (
+            f"dispatch:{fn}"
+            if isinstance(fn, torch._C.DispatchKey)
+            else identity.torch_name(fn, op)
+        )
+        if own is not None:
+            names.append((side, str(op), own))
+        else:
+            others.append((side, op, fn))
+    return [*fixed, sorted(names)], others
 
 
 def _python_cia_kernels() -> list[tuple[str, Any, Any]]:
