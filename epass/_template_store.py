@@ -98,10 +98,11 @@ def limit() -> int:
     whole, _, fraction = number.partition(".")
     if len(whole.lstrip("0")) > 18:
         return sys.maxsize  # more than any disk holds: no bound
-    scale = _UNITS[(unit or "").upper()]
+    scale: int = _UNITS[(unit or "").upper()]
     fraction = fraction[:12]  # digits beyond a byte of the largest unit change nothing
     # Integer arithmetic: a float of many digits overflows.
-    return int(whole) * scale + int(fraction or "0") * scale // 10 ** len(fraction)
+    divisor: int = 10 ** len(fraction)
+    return int(whole) * scale + int(fraction or "0") * scale // divisor
 
 
 def _warn(message: str) -> None:

@@ -316,7 +316,8 @@ def test_a_state_tensor_unlike_the_one_recorded_keeps_the_retrace():
     ep.state_dict["weight"] = nn.Parameter(torch.randn(4, 8).t())  # other strides
     result = Decompose()(ep)
     assert result.notes["method"] == "retrace"
-    assert "state tensor p_weight is not the tensor the program recorded" in result.notes["fallback"]
+    why = result.notes["fallback"]
+    assert "state tensor p_weight is not the tensor the program recorded" in why
 
 
 def test_the_attention_backend_setting_is_part_of_the_key():
@@ -343,6 +344,4 @@ def test_a_fresh_fake_has_every_property_its_key_names():
         for grad in (False, True):
             fake = _decomp._fresh_fake(fake_mode, value, grad)
             assert fake is not value and fake.requires_grad is grad
-            assert _decomp._tensor_key(fake, fake.requires_grad) == _decomp._tensor_key(
-                value, grad
-            )
+            assert _decomp._tensor_key(fake, fake.requires_grad) == _decomp._tensor_key(value, grad)

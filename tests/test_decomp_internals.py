@@ -418,9 +418,8 @@ def test_the_default_tables_sides_build_torchs_split_when_iterated(keep, cia_op)
     assert dict(tables.python.items()).keys() == python.keys()
     assert cia_op in cia
     for ours, theirs in ((tables.cia, cia), (tables.python, python)):
-        differ = [
-            op for op in theirs if identity.name_of(ours[op], op) != identity.name_of(theirs[op], op)
-        ]
+        name = identity.name_of
+        differ = [op for op in theirs if name(ours[op], op) != name(theirs[op], op)]
         assert not differ, differ[:5]
 
 

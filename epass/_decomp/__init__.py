@@ -1379,6 +1379,7 @@ def template_work(ep: ExportedProgram, tables: Tables) -> tuple[int, int, int]:
 
 # --- templates on disk (epass/_template_store.py holds the files and the format) -----
 
+
 @attrs.frozen
 class CacheName:
     """What names one decomposition's templates in the caches.
@@ -1552,9 +1553,7 @@ def _load(
     try:
         fakes = _fakes(fake_mode, values, grads)
         with torch.no_grad():  # values as a trace computes them (under no_grad)
-            graph, inherited, own = _template_store.decode(
-                body, fakes, fake_mode, _INHERITED_META
-            )
+            graph, inherited, own = _template_store.decode(body, fakes, fake_mode, _INHERITED_META)
         for node in graph.nodes:
             if node.op == "call_function" and not (
                 _program.is_op_overload(node.target) or is_plain_call(node.target)

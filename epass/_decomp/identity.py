@@ -53,7 +53,7 @@ _VERDICTS: dict[int, tuple[Any, bool]] = {}
 
 @functools.cache
 def _torch_root() -> str:
-    return os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+    return str(os.path.realpath(os.path.dirname(str(torch.__file__)))) + os.sep
 
 
 def _torch_module(name: Any) -> bool:
@@ -87,7 +87,7 @@ def _torch_made(obj: Any, seen: set[int], depth: int) -> bool:
     wrapped objects checked the same way."""
     if depth > 64:
         return False
-    if isinstance(obj, _DATA) or isinstance(obj, _TORCH_VALUES):
+    if isinstance(obj, (*_DATA, *_TORCH_VALUES)):
         return True
     if id(obj) in seen:
         return True  # a cycle: judged where it started
@@ -96,7 +96,7 @@ def _torch_made(obj: Any, seen: set[int], depth: int) -> bool:
     if isinstance(obj, (tuple, list, frozenset, set)):
         return all(_torch_made(x, seen, step) for x in obj)
     if isinstance(obj, dict):
-        return all(_torch_made(k, seen, step) and _torch_made(v, seen, step) for k, v in obj.items())
+        return all(_torch_made(item, seen, step) for item in obj.items())
     if isinstance(obj, types.ModuleType):
         return _torch_module(obj.__name__)
     if isinstance(obj, type):
@@ -107,8 +107,7 @@ def _torch_made(obj: Any, seen: set[int], depth: int) -> bool:
         defaults = [p.default for p in obj.parameters.values() if p.default is not p.empty]
         return _torch_made(defaults, seen, step)
     if isinstance(obj, functools.partial):
-        parts = (obj.func, obj.args, obj.keywords)
-        return all(_torch_made(p, seen, step) for p in parts)
+        return all(_torch_made(p, seen, step) for p in (obj.func, obj.args, obj.keywords))
     if isinstance(obj, types.MethodType):
         return _torch_made(obj.__func__, seen, step) and _torch_made(obj.__self__, seen, step)
     if isinstance(obj, types.BuiltinFunctionType):
