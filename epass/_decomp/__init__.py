@@ -1400,7 +1400,7 @@ class CacheName:
 
 # Per table: the names of torch's own entries (fixed for the process), and the other
 # entries, named again at every decomposition (a declaration may come, go or change).
-_NAMED: collections.OrderedDict[Any, tuple[list[Any], list[Any]]] = collections.OrderedDict()
+_NAMED: collections.OrderedDict[Any, tuple[str, list[Any]]] = collections.OrderedDict()
 
 
 def cache_name(tables: Tables) -> CacheName:
@@ -1425,6 +1425,8 @@ def cache_name(tables: Tables) -> CacheName:
             while len(_NAMED) > 64:
                 _NAMED.popitem(last=False)
     fixed, others = known
+    if not others:
+        return CacheName(fixed, None, settings)
     try:
         names = identity.name_table(others)
     except identity.Unnamed as exc:
@@ -1432,8 +1434,8 @@ def cache_name(tables: Tables) -> CacheName:
     return CacheName(_template_store.digest([fixed, names])[1], None, settings)
 
 
-def _name_entries(tables: Tables) -> tuple[list[Any], list[Any]]:
-    """torch's own part of the table's name, and its other entries."""
+def _name_entries(tables: Tables) -> tuple[str, list[Any]]:
+    """torch's own part of the table's name (a digest), and its other entries."""
     if isinstance(tables.cia, _DefaultSide):
         split = tables.cia._split
         from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
@@ -1464,7 +1466,7 @@ def _name_entries(tables: Tables) -> tuple[list[Any], list[Any]]:
             names.append((side, str(op), own))
         else:
             others.append((side, op, fn))
-    return [*fixed, sorted(names)], others
+    return _template_store.digest([*fixed, sorted(names)])[1], others
 
 
 def _python_cia_kernels() -> list[tuple[str, Any, Any]]:

@@ -281,13 +281,22 @@ def name_table(entries: Iterable[tuple[str, Any, Callable[..., Any]]]) -> list[t
     return sorted(names)
 
 
+_LIBRARY: list[Any] = [-1, []]
+
+
 def library_kernels() -> list[str]:
     """Kernels registered from Python through ``torch.library`` for ATen or prims
     operators (``"aten::gelu/CompositeImplicitAutograd"``): arbitrary Python behind an
-    operator every decomposition may call."""
+    operator every decomposition may call. Read again whenever the registrations
+    (which libraries add and remove) change in number."""
     from torch import library
 
-    return sorted(k for k in library._impls if k.startswith(("aten::", "prims::")))
+    impls = library._impls
+    with _LOCK:
+        if _LIBRARY[0] != len(impls):
+            found = sorted(k for k in list(impls) if k.startswith(("aten::", "prims::")))
+            _LIBRARY[:] = [len(impls), found]
+        return list(_LIBRARY[1])
 
 
 def settings() -> tuple[tuple[str, Any], ...]:
