@@ -57,9 +57,8 @@ if TYPE_CHECKING:
     )
     from epass.io import inspect, load, prune, save
     from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
-    from epass.manager import PassManager
+    from epass.manager import PassManager, create_pass
     from epass.passes import Decompose
-    from epass.pipeline import create_pass
     from epass.protocol import FxPass, Pass, PassResult
     from epass.records import PassRecord, PipelineResult
     from epass.registry import list_passes, register_pass, unregister_pass
@@ -151,9 +150,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "epass.io": ("inspect", "load", "prune", "save"),
     "epass.linker": ("DictReport", "LinkReport", "LinkResult", "StateLinker"),
-    "epass.manager": ("PassManager",),
+    "epass.manager": ("PassManager", "create_pass"),
     "epass.passes": ("Decompose",),
-    "epass.pipeline": ("create_pass",),
     "epass.protocol": ("FxPass", "Pass", "PassResult"),
     "epass.records": ("PassRecord", "PipelineResult"),
     "epass.registry": ("list_passes", "register_pass", "unregister_pass"),

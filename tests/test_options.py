@@ -13,7 +13,15 @@ import torch
 from torch.export import ExportedProgram
 
 import epass
-from epass import OptionError, PassManager, PassResult, PipelineError, VerificationError, registry
+from epass import (
+    OptionError,
+    PassManager,
+    PassResult,
+    PipelineError,
+    VerificationError,
+    options,
+    registry,
+)
 from epass.passes import Decompose, ReplaceOps, presets
 from epass.verify import argument_problems
 from tests import models
@@ -195,7 +203,7 @@ def test_options_of_unknown_or_any_type_pass_unchanged() -> None:
     def loose(*, anything: Any = None, untyped=None):  # type: ignore[no-untyped-def]
         return lambda ep: ep
 
-    converted = registry.convert_options("loose", loose, {"anything": "x", "untyped": [1]})
+    converted = options.convert("loose", loose, {"anything": "x", "untyped": [1]})
     assert converted == {"anything": "x", "untyped": [1]}
 
 
