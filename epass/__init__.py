@@ -5,14 +5,15 @@ time the name is used, so ``import epass`` and ``epass --help`` do not wait for 
 The package is layered; each layer imports only from the ones below it
 (``lint-imports`` checks this, see docs/concepts.md)::
 
-    face         cli, __main__, this module
-    tools        report, bisect, onnx, executorch
+    face         cli, _terminal, __main__, this module
+    tools        report, bisect, onnx, executorch, tvm, iree, _handoff
     instruments  instruments/*
-    text         pipeline
     built-ins    passes/*
-    engine       manager, instrumentation, io
-    contract     protocol, records, linker, registry
-    core         errors, verify, _program, _graph, _version
+    engine       manager, io, _screen, instrumentation
+    contract     records, registry; protocol, linker, watch, options, _catalog, _paths
+    grammar      pipeline
+    core         verify, _decomp, _snapshot, _graph, _program, _template_store,
+                 errors, _version
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ The manager knows where each call comes from, so it hands the nesting in:
 pass hooks get a :class:`~epass.records.PassInfo` (``depth``, ``parent``, ``path``,
 ``manager``), and the pipeline hooks get ``parent``, the info of the pass that runs
 a nested pipeline (None for a top-level run), as MLIR's pass instrumentation does.
+:func:`instrument_list` checks what a manager is given as instruments.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""PassManager: runs passes on an ExportedProgram, verifies and links each result."""
+"""PassManager: runs passes on an ExportedProgram, verifying and linking each result;
+builds pipelines from text (through the grammar and the registry) and prints them back."""
 
 from __future__ import annotations
 
