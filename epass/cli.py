@@ -7,8 +7,9 @@ pipeline syntax errors); ``--debug`` shows the traceback. Exit codes: 0, 1 (a pa
 or a check failed), 2 (bad arguments, files or pipeline text), 130 (interrupted,
 SIGINT), 143 (terminated, SIGTERM); both signals clean up as any failure does.
 
-Each command imports torch and the library inside the function that runs it, so
-``epass --help``, ``epass passes`` and argument errors start at once.
+Each command imports torch and the library inside the function that runs it, after
+everything that can be checked without them, so ``epass --help``, ``epass passes``
+and argument errors (bad files and pipeline text included) answer at once.
 """
 
 from __future__ import annotations

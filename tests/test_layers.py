@@ -159,6 +159,44 @@ def test_builtin_catalog_matches_the_loaded_passes() -> None:
     assert set(registry.BUILTIN_CATALOG) == set(registry.BUILTINS)
 
 
+def test_the_catalog_types_are_the_option_models_own_text() -> None:
+    """`epass run` checks built-in options against the table before torch: each
+    type read back from its text is the type the pass declares."""
+    from epass import options
+
+    for name, (_, rows) in registry.BUILTIN_CATALOG.items():
+        model = options.model_of(registry.get_factory(name))
+        for option, text, _, _ in rows:
+            declared = model.by_name[option].type
+            assert declared is not None and declared.text == text
+            assert options.parse_type(text).text == text, (name, option)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "dce, decompse",
+        "fold-constants(max_growth='big')",
+        "fold-constants(max_growth=true)",
+        "repeat(2, [cse, fold-constants(fold_views=1)])",
+        "decompose(kep=[aten.linear])",
+        "decompose(method='fast')",
+        "decompose(table=5)",
+        "decompose(check=2)",
+        "cast-dtype(keep_io=none)",
+        "lower(steps=2)",
+        "dce(x=1)",
+    ],
+)
+def test_text_checked_without_torch_fails_as_building_it_does(text: str) -> None:
+    with pytest.raises(errors.PipelineError) as built:
+        PassManager.from_text(text)
+    with pytest.raises(errors.PipelineError) as checked:
+        registry.check_text(text)
+    assert type(checked.value) is type(built.value)
+    assert (checked.value.reason, checked.value.pos) == (built.value.reason, built.value.pos)
+
+
 # Modules that cost seconds to import (a compiler, an exporter) or that belong to an
 # optional backend: none of them may load with epass's public API.
 HEAVY = (
@@ -428,6 +466,17 @@ def test_no_module_loads_a_fixed_epass_module_by_name() -> None:
 def test_the_import_graph_has_no_cycle_and_runs_down_the_layers() -> None:
     pytest.importorskip("tomllib")
     assert layer_problems(PACKAGE, "epass", ROOT / "pyproject.toml") == []
+    # The grammar is data below the contract: the registry and the manager build
+    # on it, it builds on nothing of theirs.
+    order = import_graph.layers(ROOT / "pyproject.toml", CONTRACT)
+
+    def depth(module: str) -> int:
+        found = import_graph.layer_of(module, order)
+        assert found is not None, module
+        return found[0]
+
+    assert depth("epass.manager") < depth("epass.registry") < depth("epass.protocol")
+    assert depth("epass.options") < depth("epass.pipeline") < depth("epass.errors")
 
 
 def test_no_function_over_60_lines_and_no_module_over_700() -> None:
