@@ -100,6 +100,7 @@ def _spinner(args: argparse.Namespace) -> Any:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
+    _paths.check_input_path(args.input)  # before torch
     from epass import io
 
     with _spinner(args) as spinner:
@@ -166,15 +167,15 @@ def _demo_pipeline() -> tuple[Any, str]:
 
 
 def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
+    if args.report:  # before torch
+        _paths.check_output_path(args.report, REPORT_SUFFIXES)
+    if args.save:
+        _paths.check_output_path(args.save, (".pt2",))
     import torch
 
     from epass import io
     from epass.report import PipelineRun, write_report
 
-    if args.report:
-        io.check_output_path(args.report, REPORT_SUFFIXES)
-    if args.save:
-        io.check_output_path(args.save, (".pt2",))
     start = time.perf_counter()
     ep = _demo_program()
     out.line(f"exported a 2-layer TransformerEncoder in {time.perf_counter() - start:.2f}s")

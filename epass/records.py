@@ -1,4 +1,5 @@
-"""What a pipeline run leaves behind: pass infos and records, results, op counts."""
+"""What a pipeline run leaves behind: pass infos and records, results, op counts.
+Values only: they write no files (reports are :mod:`epass.report`'s)."""
 
 from __future__ import annotations
 

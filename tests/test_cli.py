@@ -840,6 +840,10 @@ def test_help_passes_and_argument_errors_import_no_torch(argv: list[str]) -> Non
         (["run", "{zip}", "-p", "lower(verify=false)"], "takes no options in pipeline text"),
         (["run", "{zip}", "-p", "dce", "-o", "{folder}/x.onnx"], "must end in .pt2"),
         (["run", "{zip}", "-p", "dce", "--report", "{folder}/no/r.html"], "does not exist"),
+        (["inspect", "{missing}"], "no such file"),
+        (["inspect", "{notes}"], "not a .pt2 archive"),
+        (["demo", "--save", "{folder}/demo.onnx"], "must end in .pt2"),
+        (["demo", "--report", "{folder}/r.txt"], "must end in .json or .html"),
     ],
 )
 def test_argument_errors_are_found_before_torch_is_imported(
