@@ -18,7 +18,7 @@ from torch.export import ExportedProgram
 from epass.errors import InstrumentError
 from epass.instrumentation import Instrument
 from epass.io import module_origin
-from epass.pipeline import to_text
+from epass.manager import to_text
 from epass.protocol import adapt
 from epass.records import PassInfo
 

@@ -20,6 +20,7 @@ from epass.errors import (
     DecompositionMismatchError,
     IncrementalDecompositionError,
 )
+from epass.options import checked
 from epass.protocol import PassResult
 
 __all__ = ["Decompose", "DecomposeResult", "DecompositionError"]
@@ -48,7 +49,7 @@ _RETRACE_SECONDS = 0.9
 _RETRACE_NODE_SECONDS = 0.0065
 
 
-def _table(value: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
+def _table(value: Mapping[Any, Callable[..., Any]] | None) -> dict[Any, Any] | None:
     if value is None:
         return None
     not_a_table = ArgumentTypeError(
@@ -133,7 +134,7 @@ class DecomposeResult(PassResult):
         return notes
 
 
-def _method(value: str) -> str:
+def _method(value: Method) -> str:
     if value not in METHODS:
         raise ArgumentValueError(f"Decompose(method=...) takes one of {METHODS}, got {value!r}")
     return value
@@ -145,6 +146,7 @@ def _check_enabled(check: bool | None) -> bool:
     return os.environ.get(CHECK_ENV, "") not in ("", "0")
 
 
+@checked
 @attrs.define(eq=False)
 class Decompose:
     """Lower the program with a decomposition table: the program
