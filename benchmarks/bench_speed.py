@@ -784,19 +784,19 @@ def bench_guards(repeats: int) -> list[Row]:
     import hf_models
 
     import epass.linker
-    from epass import StateLinker, _graph, _program
+    from epass import StateLinker, _program, _snapshot
 
     _, ep, _ = hf_models.export("llama")
     label, make = lower_pipeline()
     manager = make()
     view = _program.private_view(ep, copy_graph=True)
-    snapshot = _graph.ProgramSnapshot(view)
+    snapshot = _snapshot.ProgramSnapshot(view)
     out = manager.run(ep)
     linker = StateLinker()
     lock = epass.linker.STORE_LOCK
 
     def guard() -> None:
-        _graph.ProgramSnapshot(view).changed(view)
+        _snapshot.ProgramSnapshot(view).changed(view)
 
     def meta() -> None:
         for node in ep.graph.nodes:

@@ -5,14 +5,15 @@ time the name is used, so ``import epass`` and ``epass --help`` do not wait for 
 The package is layered; each layer imports only from the ones below it
 (``lint-imports`` checks this, see docs/concepts.md)::
 
-    face         cli, __main__, this module
-    tools        report, bisect, onnx, executorch
+    face         cli, _terminal, __main__, this module
+    tools        report, bisect, onnx, executorch, tvm, iree, _handoff
     instruments  instruments/*
-    text         pipeline
     built-ins    passes/*
-    engine       manager, instrumentation, io
-    contract     protocol, records, linker, registry
-    core         errors, verify, _program, _graph, _version
+    engine       manager, io, _screen, instrumentation
+    contract     records, registry; protocol, linker, watch, options, _catalog, _paths
+    grammar      pipeline
+    core         verify, _decomp, _snapshot, _graph, _program, _template_store,
+                 errors, _version
 """
 
 from __future__ import annotations
@@ -57,9 +58,8 @@ if TYPE_CHECKING:
     )
     from epass.io import inspect, load, prune, save
     from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
-    from epass.manager import PassManager
+    from epass.manager import PassManager, create_pass
     from epass.passes import Decompose
-    from epass.pipeline import create_pass
     from epass.protocol import FxPass, Pass, PassResult
     from epass.records import PassRecord, PipelineResult
     from epass.registry import list_passes, register_pass, unregister_pass
@@ -151,9 +151,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "epass.io": ("inspect", "load", "prune", "save"),
     "epass.linker": ("DictReport", "LinkReport", "LinkResult", "StateLinker"),
-    "epass.manager": ("PassManager",),
+    "epass.manager": ("PassManager", "create_pass"),
     "epass.passes": ("Decompose",),
-    "epass.pipeline": ("create_pass",),
     "epass.protocol": ("FxPass", "Pass", "PassResult"),
     "epass.records": ("PassRecord", "PipelineResult"),
     "epass.registry": ("list_passes", "register_pass", "unregister_pass"),

@@ -15,7 +15,8 @@ from epass import _program
 from epass.errors import StateMutationError
 from epass.io import prune
 from epass.linker import LinkReport, StateLinker
-from epass.manager import PipelineResult, StoreWatch, as_pipeline
+from epass.manager import PipelineResult, as_pipeline
+from epass.watch import StoreWatch
 
 __all__ = ["HandOff", "private_program", "start"]
 
@@ -54,13 +55,16 @@ class HandOff:
     sources: Mapping[str, ExportedProgram]
 
     def call(self, convert: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``convert(*args, **kwargs)``, checked: a consumer that writes into a tensor
-        of the private programs (the user's tensors) is named in a
-        :class:`~epass.StateMutationError`, whether it returned or raised."""
+        """``convert(*args, **kwargs)``, checked on every exit: a consumer that writes
+        into a tensor of the private programs (the user's tensors) is named in a
+        :class:`~epass.StateMutationError` chained to whatever it raised, whether it
+        returned, raised, called ``sys.exit()`` or was interrupted. A consumer that
+        wrote nothing has its ``SystemExit`` or ``KeyboardInterrupt`` re-raised as it
+        was."""
         watch = StoreWatch.of(self.private.values(), fingerprint=True)
         try:
             out = convert(*args, **kwargs)
-        except Exception as exc:
+        except BaseException as exc:
             self._check(watch, exc)
             raise
         self._check(watch, None)

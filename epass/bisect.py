@@ -17,6 +17,8 @@ __all__ = ["BisectResult", "bisect"]
 
 logger = logging.getLogger("epass")
 
+# How a bisection searches: binary (the predicate, once false, stays false) or linear.
+Search = Literal["binary", "linear"]
 Predicate = Callable[[ExportedProgram], Any]
 
 
@@ -149,15 +151,11 @@ def bisect(
         found = bisect(ep, passes, lambda p: torch.allclose(p.module()(x), expected))
         print(found)  # culprit: pass 'swap-add' at position 3
     """
-
     if isinstance(passes, PassManager):
         passes = passes.passes
     passes = [resolve_pass(p, i) for i, p in enumerate(passes)]
     if method not in ("auto", "binary", "linear"):
         raise ArgumentValueError(f"method must be 'auto', 'binary' or 'linear', got {method!r}")
-    fallback = method == "auto"
-    if method == "auto":
-        method = "binary" if getattr(predicate, "monotonic", True) is not False else "linear"
     prefixes = _Prefixes(ep, passes, {"verify": verify})
     if not prefixes.good(0, predicate):
         _, error = prefixes.verdicts[0]
@@ -165,16 +163,38 @@ def bisect(
             "the predicate already fails on the input program, before any pass"
             + (f": {type(error).__name__}: {error}" if error else "")
         )
-    n = len(passes)
-    if method == "linear":
-        bad = next((k for k in range(1, n + 1) if not prefixes.good(k, predicate)), None)
-    else:
-        bad = _binary(prefixes, predicate, n)
-        if bad is None and fallback:
-            method = "linear"
-            bad = next((k for k in range(1, n) if not prefixes.good(k, predicate)), None)
+    bad, found_by = _search(prefixes, predicate, len(passes), method)
     if bad is None:
         return None
+    return _found(prefixes, passes, bad, predicate, found_by, recursive)
+
+
+def _search(
+    prefixes: _Prefixes,
+    predicate: Predicate,
+    n: int,
+    method: Literal["auto", "binary", "linear"],
+) -> tuple[int | None, Search]:
+    """The shortest failing prefix length (None if none fails), and how it was found:
+    ``auto`` is binary unless the predicate says it is not monotonic, and scans
+    linearly when binary search finds nothing."""
+    if method == "linear" or (method == "auto" and getattr(predicate, "monotonic", 1) is False):
+        return next((k for k in range(1, n + 1) if not prefixes.good(k, predicate)), None), "linear"
+    bad = _binary(prefixes, predicate, n)
+    if bad is None and method == "auto":
+        return next((k for k in range(1, n) if not prefixes.good(k, predicate)), None), "linear"
+    return bad, "binary"
+
+
+def _found(
+    prefixes: _Prefixes,
+    passes: list[Any],
+    bad: int,
+    predicate: Predicate,
+    method: Search,
+    recursive: bool,
+) -> BisectResult:
+    """The result for the culprit at ``bad - 1``, bisected inside when it is a pipeline."""
     index = bad - 1
     before = prefixes.program(index)
     assert before is not None  # prefix `index` was evaluated good
@@ -184,7 +204,13 @@ def bisect(
     inner = None
     if recursive and isinstance(culprit, PassManager) and culprit.passes:
         # verify=culprit.verify: the nested pipeline's own setting decides.
-        inner = bisect(before, culprit.passes, predicate, method=method, verify=culprit.verify)
+        inner = bisect(
+            before,
+            culprit.passes,
+            predicate,
+            method=method,
+            verify=culprit.verify,  # type: ignore[arg-type]
+        )
     return BisectResult(
         index=index,
         pass_=culprit,

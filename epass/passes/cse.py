@@ -10,6 +10,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.dialect.common.cse_pass import CSEPass, get_CSE_banned_ops
 
 from epass import _graph
+from epass.options import checked
 from epass.protocol import PassResult
 
 __all__ = ["CSE"]
@@ -43,6 +44,7 @@ def _banned(gm: torch.fx.GraphModule) -> set[Any]:
     return banned
 
 
+@checked
 @attrs.define(eq=False)
 class CSE:
     """Merge nodes that compute the same operator on the same inputs.

@@ -20,6 +20,7 @@ from epass.errors import (
     DecompositionMismatchError,
     IncrementalDecompositionError,
 )
+from epass.options import checked
 from epass.protocol import PassResult
 
 __all__ = ["Decompose", "DecomposeResult", "DecompositionError"]
@@ -48,7 +49,7 @@ _RETRACE_SECONDS = 0.9
 _RETRACE_NODE_SECONDS = 0.0065
 
 
-def _table(value: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
+def _table(value: Mapping[Any, Callable[..., Any]] | None) -> dict[Any, Any] | None:
     if value is None:
         return None
     not_a_table = ArgumentTypeError(
@@ -103,6 +104,10 @@ class DecomposeResult(PassResult):
             templates it traced for next time. None where there was nothing to
             weigh: ``method`` was given, or the program is one the incremental path
             cannot take (``fallback`` says why).
+        cache: set when the incremental path traced its templates for this run
+            alone, kept neither in memory for later runs nor on disk, and why (a
+            decomposition of the table declares no cache identity; see
+            docs/speed.md).
     """
 
     method: str = "retrace"
@@ -110,6 +115,7 @@ class DecomposeResult(PassResult):
     rewritten: int | None = None
     checked: bool = False
     decision: str | None = None
+    cache: str | None = None
 
     @property
     def notes(self) -> dict[str, Any]:
@@ -123,10 +129,12 @@ class DecomposeResult(PassResult):
         }
         if self.decision is not None:
             notes["decision"] = self.decision
+        if self.cache is not None:
+            notes["cache"] = self.cache
         return notes
 
 
-def _method(value: str) -> str:
+def _method(value: Method) -> str:
     if value not in METHODS:
         raise ArgumentValueError(f"Decompose(method=...) takes one of {METHODS}, got {value!r}")
     return value
@@ -138,6 +146,7 @@ def _check_enabled(check: bool | None) -> bool:
     return os.environ.get(CHECK_ENV, "") not in ("", "0")
 
 
+@checked
 @attrs.define(eq=False)
 class Decompose:
     """Lower the program with a decomposition table: the program
@@ -303,8 +312,8 @@ class Decompose:
         except Exception as exc:
             raise self._explain(ep, exc) from exc
 
-    @staticmethod
     def _result(
+        self,
         ep: ExportedProgram,
         out: ExportedProgram,
         method: str,
@@ -314,6 +323,11 @@ class Decompose:
         decision: str | None = None,
     ) -> DecomposeResult:
         modified = not (out.graph_module.code == ep.graph_module.code and out.dialect == ep.dialect)
+        cache = None
+        if method == "incremental":
+            why_not = _decomp.cache_name(self._tables()).why_not
+            if why_not is not None:
+                cache = f"templates traced for this run only, kept nowhere: {why_not}"
         return DecomposeResult(
             out if modified else ep,
             modified,
@@ -322,6 +336,7 @@ class Decompose:
             rewritten=rewritten,
             checked=checked,
             decision=decision,
+            cache=cache,
         )
 
     # --- no-op skip -------------------------------------------------------------

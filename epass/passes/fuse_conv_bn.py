@@ -11,6 +11,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
 from epass import _graph, _program
+from epass.options import checked
 from epass.protocol import PassResult
 
 __all__ = ["FuseConvBN"]
@@ -60,6 +61,7 @@ def _bn_inputs(bn: torch.fx.Node) -> tuple[Any, ...] | None:
     return None
 
 
+@checked
 @attrs.define(eq=False)
 class FuseConvBN:
     """Fold eval-mode BatchNorm into the convolution that feeds it.

@@ -14,6 +14,7 @@ from torch.fx import subgraph_rewriter
 
 from epass import _decomp, _graph, _program
 from epass.errors import ArgumentTypeError
+from epass.options import checked
 from epass.passes.lift_constants import lift_constants
 from epass.protocol import PassResult
 
@@ -93,6 +94,7 @@ def _traced(
     return traced
 
 
+@checked
 @attrs.define(eq=False)
 class ReplaceOps:
     """Replace operators by other operators or by traced Python functions, and
