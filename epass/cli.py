@@ -15,11 +15,9 @@ and argument errors (bad files and pipeline text included) answer at once.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import gc
 import math
-import os
 import re
 import shlex
 import signal
@@ -34,7 +32,8 @@ import attrs
 
 from epass import _paths, pipeline, registry
 from epass._terminal import Out as _Out
-from epass._terminal import printable
+from epass._terminal import inputs_table, printable
+from epass._terminal import pass_table as _summary
 from epass._text import json_text
 from epass.errors import CliError, LoadError, PassError, PipelineError, RegistryError, SaveError
 from epass.registry import pass_table
@@ -53,7 +52,6 @@ __all__ = [
     "EXIT_TERMINATED",
     "EXIT_USAGE",
     "build_parser",
-    "console",
     "main",
     "printable",
 ]
@@ -65,30 +63,6 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 REPORT_SUFFIXES = (".json", ".html", ".htm")
 DEMO_FILE = "demo.pt2"  # where `epass demo --save` writes when given no name
-# The line under every pass table.
-LEGEND = (
-    "ops: op calls added + removed; state: whose dicts the output holds (user's: yours; own: new)"
-)
-
-
-def _summary(out: _Out, result: Any) -> None:
-    from epass.records import flatten, state_text
-
-    rows = []
-    for r in flatten(result.records):
-        ops = sum(abs(v) for v in r.op_delta.values())
-        rows.append(
-            [
-                "  " * r.depth + r.name,
-                str(r.step),
-                f"{r.seconds:.4f}",
-                f"{r.nodes_before} -> {r.nodes_after}",
-                str(ops) if ops else "",
-                state_text(r.skipped, r.skip_reason, None if r.link is None else r.link.summary()),
-            ]
-        )
-    out.table(None, ["pass", "step", "seconds", "nodes", "ops", "state"], rows)
-    out.line(LEGEND)
 
 
 def _human(n: float) -> str:
@@ -151,31 +125,8 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     out.line(f"output specs: {kinds}")
     if sig["buffers_mutated"]:
         out.line(f"mutated buffers: {', '.join(sorted(set(sig['buffers_mutated'].values())))}")
-    _inputs_table(out, sig, args.all_ops)
+    inputs_table(out, sig, args.all_ops)
     return 0
-
-
-def _inputs_table(out: _Out, sig: dict[str, Any], everything: bool) -> None:
-    """Every user input, and the first state inputs (all with --all-ops): kind, shape
-    with its symbolic dimensions, dtype; then the range of each symbol."""
-    inputs = sig["inputs"]
-    users = [i for i in inputs if i["kind"] == "user input"]
-    others = [i for i in inputs if i["kind"] != "user input"]
-    shown = [*users, *(others if everything else others[:20])]
-    rows = []
-    for i in shown:
-        shape = "" if i["shape"] is None else f"({', '.join(map(str, i['shape']))})"
-        bound = f" ({i['target']})" if i["target"] and i["target"] != i["name"] else ""
-        rows.append([i["name"] + bound, i["kind"], shape, i["dtype"] or ""])
-    if len(shown) < len(inputs):
-        rows.append([f"... {len(inputs) - len(shown)} more (--all-ops)", "", "", ""])
-    out.line()
-    out.table("inputs", ["input", "kind", "shape", "dtype"], rows)
-    if sig["dims"]:
-        ranges = ", ".join(
-            f"{s} in [{lo}, {'inf' if hi is None else hi}]" for s, (lo, hi) in sig["dims"].items()
-        )
-        out.line(f"symbolic dims: {ranges}")
 
 
 def _demo_program() -> ExportedProgram:
@@ -734,28 +685,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(f"{kind}: {first}" if first else kind, EXIT_FAILED)
 
 
-def console() -> NoReturn:
-    """The ``epass`` script and ``python -m epass``: :func:`main`, then exit with its code.
-
-    After Ctrl-C or SIGTERM the process ends at once. The command has cleaned up by
-    then (no temporary file is left, the report is written), and the interpreter's
-    own teardown, which frees every object torch and the program made one by one,
-    takes seconds. Exit handlers still run and output is flushed.
-    """
-    code = main()
-    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
-        _exit_now(code)
-    sys.exit(code)
-
-
-def _exit_now(code: int) -> NoReturn:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()  # what sys.exit would run first (logging, temp folders)
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    console()
+    sys.exit(main())

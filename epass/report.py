@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import datetime
 import html
-import os
 import re
-import sys
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -43,7 +41,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass._text import json_text, printable
+from epass._text import json_text, printable, shown_path
 from epass._version import __version__
 from epass.errors import ArgumentValueError
 from epass.instrumentation import Instrument
@@ -276,24 +274,6 @@ class RunLog(Instrument):
 # A pass's node diff lists at most this many nodes on each side.
 DIFF_CAP = 60
 _FILE = re.compile(r'"([^"]+)"')
-
-
-def shown_path(filename: str) -> str:
-    """``filename`` as a report shows it: relative to the working folder or to the
-    import-path entry it lies under (``torch/_ops.py``, ``epass/manager.py``,
-    ``my_passes.py``), whichever is shorter, else its name alone; a report names
-    no folder of the machine that wrote it, so it can be shared."""
-    if not os.path.isabs(filename):
-        return filename
-    path = os.path.normpath(filename)
-    best = os.path.basename(path)
-    for root in {os.getcwd(), *(entry for entry in sys.path if os.path.isabs(entry))}:
-        root = os.path.normpath(root)
-        if path.startswith(root.rstrip(os.sep) + os.sep):
-            relative = os.path.relpath(path, root)
-            if best == os.path.basename(path) or len(relative) < len(best):
-                best = relative
-    return best.replace(os.sep, "/")
 
 
 def _calls(program: ExportedProgram) -> list[tuple[str, str, str]]:

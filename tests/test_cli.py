@@ -1237,7 +1237,7 @@ def test_a_reproducer_whose_module_is_gone_says_what_to_set(
 def test_the_pass_table_is_followed_by_a_legend_of_its_columns(
     files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from epass.cli import LEGEND
+    from epass._terminal import LEGEND
 
     code, out, _ = _run(capsys, "run", str(files["mlp"]), "-p", "decompose, dce")
     assert code == 0
