@@ -1,7 +1,7 @@
 """The incremental decomposition engine: rewrite only the nodes a table decomposes.
 
 Every torch internal it leans on is listed in ``INTERNALS`` and pinned by
-``tests/test_decomp_internals.py``; ``docs/compat.md`` lists them too.
+``tests/decomp/test_internals.py``; ``docs/compat.md`` lists them too.
 """
 
 from __future__ import annotations

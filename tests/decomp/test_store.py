@@ -23,7 +23,7 @@ import epass
 from epass import Decompose, _decomp, _template_store
 from epass.passes import decompose as decompose_module
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 aten = torch.ops.aten
 
 # Decomposes zoo programs and prints, per program, the first difference from the

@@ -18,7 +18,7 @@ from torch import nn
 
 from epass import Decompose, _decomp, _template_store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 aten = torch.ops.aten
 
 # One decomposition of aten.silu for every way a function may read state that no

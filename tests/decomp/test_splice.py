@@ -270,7 +270,7 @@ def test_ci_profile_runs_the_same_examples_everywhere():
         assert settings.get_current_profile_name() == "ci"
         assert settings.default.derandomize is True
         assert settings.default.database is None
-    fuzz = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz.sh"
+    fuzz = Path(__file__).resolve().parents[2] / "benchmarks" / "fuzz.sh"
     assert os.access(fuzz, os.X_OK)
     assert "--hypothesis-profile=fuzz" in fuzz.read_text()
 
