@@ -812,7 +812,7 @@ def cache_info() -> dict[str, Any]:
         info = epass.cache_info()
         print(info["disk"]["directory"], info["disk"]["entries"])
     """
-    decomp = sys.modules.get("epass._decomp")
+    decomp = sys.modules.get("epass._decomp.templates")
     memory = decomp.cache_info() if decomp is not None else {"hits": 0, "misses": 0, "size": 0}
     return {"memory": memory, "disk": info()}
 
@@ -821,7 +821,7 @@ def clear_cache() -> dict[str, Any]:
     """Empty both template caches; returns how many disk entries were removed
     (``disk_entries``) and the files of the entries folder that were left, each with
     why (``left``: a file this cache did not write is never removed)."""
-    decomp = sys.modules.get("epass._decomp")
+    decomp = sys.modules.get("epass._decomp.templates")
     if decomp is not None:
         decomp.clear_cache()
     removed, left = clear()

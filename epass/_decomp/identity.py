@@ -9,6 +9,7 @@ declared ``cache_key`` (Inductor's rule for custom passes, ``uuid()``).
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import inspect
@@ -18,10 +19,17 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import attrs
 import torch
+
+from epass import _template_store
+from epass._decomp import state
+from epass._decomp.table import Tables, _DefaultSide
 
 __all__ = [
     "CACHE_KEY",
+    "CacheName",
+    "cache_name",
     "Unnamed",
     "declared_key",
     "library_kernels",
@@ -317,3 +325,105 @@ def settings() -> tuple[tuple[str, Any], ...]:
     device = getattr(torch, "get_default_device", None)
     found.append(("default_device", str(device()) if callable(device) else None))
     return tuple(found)
+
+
+@attrs.frozen
+class CacheName:
+    """What names one decomposition's templates in the caches.
+
+    Attributes:
+        table: a name of the table that is the same in every process running the same
+            code and declarations (None: the table cannot be named, and its templates
+            are traced afresh for this decomposition alone, never kept in memory or
+            on disk for another).
+        why_not: why the table has no name (None when it has one).
+        settings: the process-wide settings torch's decompositions read.
+    """
+
+    table: str | None
+    why_not: str | None
+    settings: tuple[tuple[str, Any], ...]
+
+
+# Per table: the names of torch's own entries (fixed for the process), and the other
+# entries, named again at every decomposition (a declaration may come, go or change).
+_NAMED: collections.OrderedDict[Any, tuple[list[Any], list[Any]]] = collections.OrderedDict()
+
+
+def cache_name(tables: Tables) -> CacheName:
+    """The name of ``tables`` for this decomposition's template keys (see
+    :class:`CacheName`). torch's own decompositions are named by identity; a user's
+    only through the ``cache_key`` it declares (:func:`name_of`)."""
+    read = settings()
+    library = library_kernels()
+    if library:
+        more = f" and {len(library) - 2} more" if len(library) > 2 else ""
+        why = (
+            f"Python kernels registered through torch.library for {', '.join(library[:2])}"
+            f"{more} cannot be named"
+        )
+        return CacheName(None, why, read)
+    with state.LOCK:
+        known = _NAMED.get(tables.token)
+    if known is None:
+        known = _name_entries(tables)
+        with state.LOCK:
+            _NAMED[tables.token] = known
+            while len(_NAMED) > 64:
+                _NAMED.popitem(last=False)
+    fixed, others = known
+    try:
+        names = name_table(others)
+    except Unnamed as exc:
+        return CacheName(None, exc.reason, read)
+    return CacheName(_template_store.digest([fixed, names])[1], None, read)
+
+
+def _name_entries(tables: Tables) -> tuple[list[Any], list[Any]]:
+    """torch's own part of the table's name, and its other entries."""
+    if isinstance(tables.cia, _DefaultSide):
+        split = tables.cia._split
+        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+
+        fixed: list[Any] = [
+            "default",
+            sorted(str(op) for op in split.keep),
+            sorted(str(op) for op in PRESERVED_ATEN_CIA_OPS),
+            sorted(tables.token[1]),
+        ]
+        entries = [("python", op, fn) for op, fn in split.core.items()]
+        entries += _python_cia_kernels()
+    else:
+        fixed = ["explicit", sorted(tables.token[1])]
+        entries = [
+            (side, op, fn)
+            for side, part in (("cia", tables.cia), ("python", tables.python))
+            for op, fn in part.items()
+        ]
+    names, others = [], []
+    for side, op, fn in entries:
+        own = f"dispatch:{fn}" if isinstance(fn, torch._C.DispatchKey) else torch_name(fn, op)
+        if own is not None:
+            names.append((side, str(op), own))
+        else:
+            others.append((side, op, fn))
+    return [*fixed, sorted(names)], others
+
+
+def _python_cia_kernels() -> list[tuple[str, Any, Any]]:
+    """Every loaded operator's Python CompositeImplicitAutograd kernel: what its own
+    decomposition runs, in torch's default table."""
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    found = []
+    for space_name in list(torch.ops):
+        space = getattr(torch.ops, space_name)
+        if not isinstance(space, torch._ops._OpNamespace):
+            continue
+        for packet_name in list(space):
+            packet = getattr(space, packet_name)
+            for overload_name in list(packet):
+                op = getattr(packet, overload_name)
+                kernel = op.py_kernels.get(key)
+                if kernel is not None:
+                    found.append(("kernel", op, kernel))
+    return found

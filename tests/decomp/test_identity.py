@@ -16,7 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from epass import Decompose, _decomp, _template_store
+from epass import Decompose, _template_store
+from epass._decomp import identity, keys
+from epass._decomp.check import first_difference
+from epass._decomp.state import run_decompositions
+from epass._decomp.table import split_table
 
 ROOT = Path(__file__).resolve().parents[2]
 aten = torch.ops.aten
@@ -95,17 +99,19 @@ _SCRIPT = textwrap.dedent(
     import torch
     sys.path.insert(0, sys.argv[1])
     import behaviours
-    from epass import Decompose, _decomp, _template_store
+    from epass import Decompose, _template_store
+    from epass._decomp.check import first_difference
+    from epass._decomp.state import run_decompositions
 
     ep = torch.export.export(torch.nn.SiLU(), (torch.randn(2, 3),))
     x = torch.ones(2, 3)
     found = {}
     for name, table in [*behaviours.TABLES.items(), ("default", None)]:
         result = Decompose(table=table)(ep)
-        ref = _decomp.run_decompositions(ep, table)
+        ref = run_decompositions(ep, table)
         found[name] = [
             result.notes["method"],
-            _decomp.first_difference(result.program, ref),
+            first_difference(result.program, ref),
             result.notes.get("cache"),
             result.program.module()(x).tolist(),
             ref.module()(x).tolist(),
@@ -171,7 +177,7 @@ def test_a_closure_changed_between_runs_gets_torchs_graph_each_time():
         state[0] = scale
         result = Decompose(table=table, method="incremental")(ep)
         ref = ep.run_decompositions(table)
-        assert _decomp.first_difference(result.program, ref) is None, scale
+        assert first_difference(result.program, ref) is None, scale
         notes.append(result.notes.get("cache"))
     assert all("silu (aten.silu.default) declares no cache identity" in n for n in notes)
 
@@ -190,7 +196,7 @@ def test_a_declared_identity_is_read_at_every_run():
     silu.cache_key = "v3"
     second = Decompose(table=table, method="incremental")(ep)
     assert "cache" not in first.notes and "cache" not in second.notes
-    assert _decomp.first_difference(second.program, ep.run_decompositions(table)) is None
+    assert first_difference(second.program, ep.run_decompositions(table)) is None
 
 
 @pytest.mark.parametrize("value", [5, b"v1", ""], ids=["int", "bytes", "empty"])
@@ -208,11 +214,11 @@ def test_a_python_kernel_registered_for_an_aten_operator_turns_the_disk_cache_of
 
     library._impls.add("aten::silu/CompositeImplicitAutograd")
     try:
-        name = _decomp.cache_name(_decomp.split_table(None))
+        name = identity.cache_name(split_table(None))
     finally:
         library._impls.discard("aten::silu/CompositeImplicitAutograd")
     assert name.table is None and "aten::silu/CompositeImplicitAutograd" in name.why_not
-    assert _decomp.cache_name(_decomp.split_table(None)).table is not None
+    assert identity.cache_name(split_table(None)).table is not None
 
 
 # --- every property of an input a decomposition may read --------------------------
@@ -291,8 +297,8 @@ def test_programs_differing_in_one_input_property_each_get_torchs_graph(
     monkeypatch.setenv(_template_store.DIR_ENV, str(tmp_path))  # a disk cache of its own
     for ep in _VARIANTS[variant]():
         result = Decompose(method="incremental")(ep)
-        ref = _decomp.run_decompositions(ep)
-        assert _decomp.first_difference(result.program, ref) is None, variant
+        ref = run_decompositions(ep)
+        assert first_difference(result.program, ref) is None, variant
         ops = [str(n.target) for n in result.program.graph.nodes if n.op == "call_function"]
         assert ops == [str(n.target) for n in ref.graph.nodes if n.op == "call_function"]
 
@@ -308,7 +314,7 @@ def test_the_retraces_view_of_a_state_tensor_decides_its_key():
     ep = _program(_MatmulWeight(True), _X)
     ep.state_dict["weight"].requires_grad_(False)  # the retrace fakes this tensor
     out = Decompose(method="incremental")(ep).program
-    assert _decomp.first_difference(out, _decomp.run_decompositions(ep)) is None
+    assert first_difference(out, run_decompositions(ep)) is None
 
 
 def test_a_state_tensor_unlike_the_one_recorded_keeps_the_retrace():
@@ -327,14 +333,14 @@ def test_the_attention_backend_setting_is_part_of_the_key():
         for enabled in (True, False, True):
             torch.backends.cuda.enable_flash_sdp(enabled)
             out = Decompose(method="incremental")(ep).program
-            assert _decomp.first_difference(out, _decomp.run_decompositions(ep)) is None
+            assert first_difference(out, run_decompositions(ep)) is None
     finally:
         torch.backends.cuda.enable_flash_sdp(flash)
 
 
 def test_a_fresh_fake_has_every_property_its_key_names():
     ep = _program(_MatmulWeight(True), _X)
-    fake_mode = _decomp._fake_mode(ep)
+    fake_mode = keys._fake_mode(ep)
     values = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"]
     with fake_mode:
         values.append(torch.empty(40).as_strided((2, 3), (1, 4), 5))  # strides, an offset
@@ -342,6 +348,6 @@ def test_a_fresh_fake_has_every_property_its_key_names():
         values.append(torch.empty(3, dtype=torch.float16, device="meta"))
     for value in values:
         for grad in (False, True):
-            fake = _decomp._fresh_fake(fake_mode, value, grad)
+            fake = keys._fresh_fake(fake_mode, value, grad)
             assert fake is not value and fake.requires_grad is grad
-            assert _decomp._tensor_key(fake, fake.requires_grad) == _decomp._tensor_key(value, grad)
+            assert keys._tensor_key(fake, fake.requires_grad) == keys._tensor_key(value, grad)

@@ -12,7 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from epass import Decompose, _decomp
+from epass import Decompose
+from epass._decomp import keys, safety
+from epass._decomp.check import first_difference
+from epass._decomp.table import split_table
 
 aten = torch.ops.aten
 
@@ -33,7 +36,7 @@ def test_freed_tables_never_serve_their_templates_to_new_ones():
         table = {aten.silu.default: _silu_times(k)}
         fast = Decompose(table=table, method="incremental")(ep).program
         ref = ep.run_decompositions(table)
-        assert _decomp.first_difference(fast, ref) is None, k
+        assert first_difference(fast, ref) is None, k
         torch.testing.assert_close(fast.module()(x), ref.module()(x))
         torch.testing.assert_close(fast.module()(x), nn.functional.silu(x) * k)
         del table, fast, ref
@@ -43,14 +46,14 @@ def test_freed_tables_never_serve_their_templates_to_new_ones():
 def test_table_token_keeps_the_tables_functions_alive():
     fn = _silu_times(3)
     alive = weakref.ref(fn)
-    token = _decomp.split_table({aten.silu.default: fn}).token
-    assert token == _decomp.split_table({aten.silu.default: fn}).token
-    assert token != _decomp.split_table({aten.silu.default: _silu_times(3)}).token
+    token = split_table({aten.silu.default: fn}).token
+    assert token == split_table({aten.silu.default: fn}).token
+    assert token != split_table({aten.silu.default: _silu_times(3)}).token
     del fn
     gc.collect()
     # While a key holds the function, its address cannot pass to another one.
     assert alive() is not None
-    assert token == _decomp.split_table({aten.silu.default: alive()}).token
+    assert token == split_table({aten.silu.default: alive()}).token
 
 
 _NAN = float("nan")
@@ -76,21 +79,21 @@ _OTHER_NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000001))[0]
     ids=repr,
 )
 def test_constants_that_compare_equal_get_different_keys(a, b):
-    assert _decomp.const_key(a) != _decomp.const_key(b)
-    assert _decomp.const_key(a) == _decomp.const_key(a)
+    assert keys.const_key(a) != keys.const_key(b)
+    assert keys.const_key(a) == keys.const_key(a)
 
 
 def test_a_nan_is_its_own_key():
     assert math.isnan(_OTHER_NAN)
-    assert _decomp.const_key(_NAN) == _decomp.const_key(float("nan"))
-    assert hash(_decomp.const_key(_NAN)) == hash(_decomp.const_key(float("nan")))
+    assert keys.const_key(_NAN) == keys.const_key(float("nan"))
+    assert hash(keys.const_key(_NAN)) == hash(keys.const_key(float("nan")))
 
 
 def test_a_constant_of_an_unknown_type_falls_back():
-    with pytest.raises(_decomp.Fallback, match="Frac"):
+    with pytest.raises(safety.Fallback, match="Frac"):
         from fractions import Fraction as Frac
 
-        _decomp.const_key(Frac(1, 2))
+        keys.const_key(Frac(1, 2))
 
 
 class _Fill(nn.Module):

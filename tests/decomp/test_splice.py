@@ -13,12 +13,15 @@ from test_properties import LAYERS, Drawn
 from torch import nn
 from torch.export import Dim
 
-from epass import Decompose, PassError, PassManager, _decomp
+from epass import Decompose, PassError, PassManager
+from epass._decomp import splice, templates
+from epass._decomp.table import rewrites, splices, split_table
 from epass.errors import (
     DecompositionMismatchError,
     EpassError,
     IncrementalDecompositionError,
 )
+from epass.passes import decompose as decompose_module
 from epass.passes.decompose import DecomposeResult
 
 aten = torch.ops.aten
@@ -141,7 +144,7 @@ def test_unknown_method_is_rejected():
 
 def test_check_raises_naming_the_first_differing_node(monkeypatch):
     _, ep, _ = models.export("mlp")
-    real = _decomp.decompose
+    real = splice.decompose
 
     def wrong(ep, tables):
         out, n = real(ep, tables)
@@ -150,7 +153,7 @@ def test_check_raises_naming_the_first_differing_node(monkeypatch):
         node.args = node.args[:2]
         return out, n
 
-    monkeypatch.setattr(_decomp, "decompose", wrong)
+    monkeypatch.setattr(splice, "decompose", wrong)
     with pytest.raises(DecompositionMismatchError, match="addmm") as info:
         Decompose(check=True)(ep)
     assert "node" in info.value.difference
@@ -167,7 +170,7 @@ def test_check_env_variable_turns_check_mode_on(monkeypatch):
 
 def test_check_mode_failure_is_a_pass_error_in_a_pipeline(monkeypatch):
     _, ep, _ = models.export("mlp")
-    monkeypatch.setattr(_decomp, "first_difference", lambda a, b: "node 3 (x / torch: y)")
+    monkeypatch.setattr(decompose_module, "first_difference", lambda a, b: "node 3 (x / torch: y)")
     with pytest.raises(PassError) as info:
         PassManager([Decompose(check=True)]).run(ep)
     assert isinstance(info.value.__cause__, DecompositionMismatchError)
@@ -200,24 +203,24 @@ def test_merge_carries_method_and_check():
 
 
 def test_template_cache_is_bounded_and_reused():
-    _decomp.clear_cache()
+    templates.clear_cache()
     _, ep, _ = models.export("transformer")
     Decompose(method="incremental")(ep)
-    first = _decomp.cache_info()
+    first = templates.cache_info()
     assert first["misses"] > 0 and first["size"] <= first["maxsize"]
     Decompose(method="incremental")(ep)
-    second = _decomp.cache_info()
+    second = templates.cache_info()
     assert second["misses"] == first["misses"]  # every template came from the cache
     assert second["hits"] > first["hits"]
 
 
 def test_default_table_split_is_cached_and_follows_keep():
-    a = _decomp.split_table(None)
-    assert _decomp.split_table(None) is a
-    b = _decomp.split_table(None, keep=(aten.linear.default,))
+    a = split_table(None)
+    assert split_table(None) is a
+    b = split_table(None, keep=(aten.linear.default,))
     assert b is not a
-    assert not _decomp.rewrites(aten.linear.default, b)
-    assert _decomp.rewrites(aten.linear.default, a)
+    assert not rewrites(aten.linear.default, b)
+    assert rewrites(aten.linear.default, a)
 
 
 _TABLES = {
@@ -491,7 +494,7 @@ def test_skip_reason_and_the_engine_agree_op_by_op(name):
     for op in sorted(ops, key=str):
         program = _one_op_program(op)
         (node,) = [n for n in program.graph_module.graph.nodes if n.op == "call_function"]
-        engine = _decomp.splices(node, tables)
+        engine = splices(node, tables)
         skips = pass_.skip_reason(program) is not None
         rewritten += engine
         if skips == engine:
@@ -517,7 +520,7 @@ def test_skip_reason_and_the_engine_agree_op_by_op(name):
     ],
 )
 def test_rewrites_answers_as_the_retrace_splits_the_table(name, op, expected):
-    assert _decomp.rewrites(op, AGREEMENT_PASSES[name]()._tables()) is expected
+    assert rewrites(op, AGREEMENT_PASSES[name]()._tables()) is expected
 
 
 @pytest.mark.parametrize("table", [None, {}], ids=["default table", "empty table"])
@@ -537,7 +540,7 @@ def test_skip_engine_and_retrace_agree_on_a_custom_cia_op(table):
         retraced = ep.run_decompositions(table) if table is not None else ep.run_decompositions()
         torch_rewrites = op not in {n.target for n in retraced.graph.nodes}
         pass_ = Decompose(table=table)
-        assert _decomp.rewrites(op, pass_._tables()) is torch_rewrites
+        assert rewrites(op, pass_._tables()) is torch_rewrites
         assert (pass_.skip_reason(aten_ep) is None) is torch_rewrites
     finally:
         lib._destroy()

@@ -20,7 +20,10 @@ import pytest
 import torch
 
 import epass
-from epass import Decompose, _decomp, _template_store
+from epass import Decompose, _template_store
+from epass._decomp import identity, state, templates
+from epass._decomp.check import first_difference
+from epass._decomp.table import split_table
 from epass.passes import decompose as decompose_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,15 +36,17 @@ _ZOO_SCRIPT = textwrap.dedent(
     import json, sys
     sys.path.insert(0, "tests")
     import models
-    from epass import Decompose, _decomp, _template_store
+    from epass import Decompose, _template_store
+    from epass._decomp import state
+    from epass._decomp.check import first_difference
     result = {}
     for name in sys.argv[1].split(","):
         for dynamic in (False, True):
             _, ep, _ = models.export(name, dynamic=dynamic)
             out = Decompose()(ep)
-            ref = _decomp.run_decompositions(ep)
+            ref = state.run_decompositions(ep)
             result[f"{name}/{dynamic}"] = [
-                out.notes["method"], _decomp.first_difference(out.program, ref),
+                out.notes["method"], first_difference(out.program, ref),
                 out.program.graph_module.code,
             ]
     print(json.dumps({"programs": result, "disk": _template_store.info()}))
@@ -113,9 +118,9 @@ def cache(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     monkeypatch.setenv("EPASS_CACHE_DIR", str(folder))
     monkeypatch.setattr(_template_store, "_WARNED", False)
-    _decomp.clear_cache()
+    templates.clear_cache()
     yield folder
-    _decomp.clear_cache()
+    templates.clear_cache()
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -193,14 +198,14 @@ def test_hostile_and_broken_entries_are_ignored_with_one_warning(cache, tmp_path
         node.update(target="aten.save.default", args={"tuple": [{"ref": 0}, str(marker)]})
 
     _rewrite(entries[7], save)  # would write the marker if called
-    _decomp.clear_cache()
+    templates.clear_cache()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = Decompose(method="incremental")(ep).program
     mine = [w for w in caught if "template cache" in str(w.message)]
     assert len(mine) == 1, [str(w.message) for w in mine]
     assert not marker.exists()  # nothing in the entries ran
-    assert _decomp.first_difference(out, _decomp.run_decompositions(ep)) is None
+    assert first_difference(out, state.run_decompositions(ep)) is None
     assert _template_store.info()["rejected"] == 8
     # Rejected entries were rebuilt: the next process finds sound ones.
     for path in entries[:8]:
@@ -224,7 +229,7 @@ def test_a_hit_refreshes_the_entry_for_eviction(cache):
     Decompose(method="incremental")(ep)
     for path in _entries(cache):
         os.utime(path, (1000, 1000))
-    _decomp.clear_cache()
+    templates.clear_cache()
     Decompose(method="incremental")(ep)
     assert all(p.stat().st_mtime > 1000 for p in _entries(cache))
 
@@ -332,7 +337,7 @@ def _closure_table(value, key=None):
 
 
 def _name(table):
-    return _decomp.cache_name(_decomp.split_table(table))
+    return identity.cache_name(split_table(table))
 
 
 def test_a_users_table_is_named_only_through_the_identity_it_declares():
@@ -360,15 +365,15 @@ def test_public_cache_info_and_clear_cover_memory_and_disk(cache):
 
 def test_auto_decomposes_a_cold_program_incrementally_with_one_batch(cache):
     _, ep, _ = models.export("transformer")
-    tables = _decomp.split_table(None)
-    batched, alone, nodes = _decomp.template_work(ep, tables)
+    tables = split_table(None)
+    batched, alone, nodes = templates.template_work(ep, tables)
     assert batched > 1 and alone == 0 and nodes == len(ep.graph.nodes)
     result = Decompose()(ep)  # a batched trace costs less than the retrace
     assert result.notes["method"] == "incremental"
     decision = result.notes["decision"]
     assert decision.startswith(f"incremental: {batched} templates to trace ({batched} in one")
     assert f"against a retrace of {nodes} nodes" in decision
-    assert _decomp.missing_templates(ep, tables)[0] == 0
+    assert templates.missing_templates(ep, tables)[0] == 0
 
 
 def test_auto_says_why_it_went_either_way_and_only_when_it_weighed(cache):
@@ -384,8 +389,8 @@ def test_auto_says_why_it_went_either_way_and_only_when_it_weighed(cache):
 
 def test_auto_retraces_when_tracing_would_cost_more_and_fills_what_fits(cache, monkeypatch):
     _, ep, _ = models.export("transformer")
-    tables = _decomp.split_table(None)
-    missing, nodes = _decomp.missing_templates(ep, tables)
+    tables = split_table(None)
+    missing, nodes = templates.missing_templates(ep, tables)
     assert missing > 3 and nodes == len(ep.graph.nodes)
     # A batch of every template costs far more than the retrace's estimate, of which
     # the retrace leaves about 3 templates' worth for the fill.
@@ -398,13 +403,13 @@ def test_auto_retraces_when_tracing_would_cost_more_and_fills_what_fits(cache, m
     decision = result.notes["decision"]
     assert decision.startswith(f"retrace: {missing} templates to trace ({missing} in one batch")
     assert f"then traced 3 of {missing} templates for next time" in decision
-    assert _decomp.missing_templates(ep, tables)[0] == missing - 3
+    assert templates.missing_templates(ep, tables)[0] == missing - 3
 
 
 def test_auto_fills_nothing_when_the_retrace_leaves_no_time(cache, monkeypatch):
     _, ep, _ = models.export("transformer")
-    tables = _decomp.split_table(None)
-    missing, _ = _decomp.missing_templates(ep, tables)
+    tables = split_table(None)
+    missing, _ = templates.missing_templates(ep, tables)
     with monkeypatch.context() as m:
         m.setattr(decompose_module, "_BATCH_TEMPLATE_SECONDS", 1000.0)
         m.setattr(decompose_module, "_RETRACE_SECONDS", 0.0)
@@ -412,7 +417,7 @@ def test_auto_fills_nothing_when_the_retrace_leaves_no_time(cache, monkeypatch):
         result = Decompose()(ep)
     assert result.notes["method"] == "retrace"
     assert "traced nothing for next time" in result.notes["decision"]
-    assert _decomp.missing_templates(ep, tables)[0] == missing  # nothing was traced
+    assert templates.missing_templates(ep, tables)[0] == missing  # nothing was traced
     again = Decompose()(ep)  # with the real estimates the batch is cheaper
     assert again.notes["method"] == "incremental"
     assert again.notes["decision"].startswith(f"incremental: {missing} templates to trace")
@@ -516,7 +521,7 @@ def test_an_entry_whose_result_does_not_match_the_operator_is_rejected_and_rebui
     transpose = next(p for p, op in ops.items() if op == "aten.transpose.int")
     _rewrite(linear, lambda e: e["template"].update(output={"ref": 1}))  # the weight
     _rewrite(transpose, lambda e: e["template"].update(output={"list": []}))
-    _decomp.clear_cache()
+    templates.clear_cache()
     before = _template_store.info()["rejected"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -524,7 +529,7 @@ def test_an_entry_whose_result_does_not_match_the_operator_is_rejected_and_rebui
     assert len([w for w in caught if "template cache" in str(w.message)]) == 1
     assert _template_store.info()["rejected"] - before == 2
     assert result.notes["method"] == "incremental"
-    assert _decomp.first_difference(result.program, _decomp.run_decompositions(ep)) is None
+    assert first_difference(result.program, state.run_decompositions(ep)) is None
     for path in (linear, transpose):  # rebuilt
         assert json.loads(path.read_text())["template"]["output"] != {"list": []}
 
@@ -545,11 +550,11 @@ def test_a_filled_cache_serves_torchs_default_table_without_building_its_split(c
     # templates are all on disk has no trace to run and so no use for it.
     _, ep, _ = models.export(name)
     first = Decompose()(ep)
-    _decomp.clear_cache()  # a new process: templates and splits forgotten, disk kept
+    templates.clear_cache()  # a new process: templates and splits forgotten, disk kept
     again = Decompose()(ep)
     assert again.notes["method"] == "incremental"
     assert Decompose()._tables().cia._split.built is None
-    assert _decomp.first_difference(again.program, first.program) is None
+    assert first_difference(again.program, first.program) is None
 
 
 def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -585,7 +590,7 @@ def test_an_error_inside_the_disk_cache_costs_the_entry_not_the_incremental_path
         raise OverflowError("cannot convert float infinity to integer")
 
     monkeypatch.setattr(_template_store, "limit", broken)
-    _decomp.clear_cache()
+    templates.clear_cache()
     _, ep, _ = models.export("mlp")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
