@@ -171,7 +171,7 @@ def bench_incremental(repeats: int, quick: bool) -> list[Row]:
         if shapes is None:
 
             def cold(ep: Any = ep) -> Any:
-                templates.clear_cache()
+                templates.clear_memory()
                 saved = os.environ.get("EPASS_CACHE_DIR")
                 os.environ["EPASS_CACHE_DIR"] = ""  # the disk cache off: every trace
                 try:

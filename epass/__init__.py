@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from epass._version import __version__
 
 if TYPE_CHECKING:
-    from epass._template_store import cache_info, clear_cache
+    from epass._decomp.templates import cache_info, clear_cache
     from epass.bisect import BisectResult, bisect
     from epass.errors import (
         CliError,
@@ -119,7 +119,7 @@ __all__ = [
 
 # Where each public name lives; the modules are imported on first use.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "epass._template_store": ("cache_info", "clear_cache"),
+    "epass._decomp.templates": ("cache_info", "clear_cache"),
     "epass.bisect": ("BisectResult", "bisect"),
     "epass.errors": (
         "CliError",

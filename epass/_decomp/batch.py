@@ -31,8 +31,6 @@ class _Pending:
 
 # fx names a node after its target, plus ``_<n>`` when the name is taken.
 _NAME = re.compile(r"^(.*?)(?:_(\d+))?$")
-
-
 _SUFFIXED = re.compile(r"_\d+$")
 
 

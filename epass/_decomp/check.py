@@ -16,8 +16,6 @@ __all__ = ["COMPARED_META", "first_difference"]
 # Node meta compared by the check. ``from_node`` and ``seq_nr`` are left out on purpose:
 # the retrace records its own trace history there, which a rewrite cannot reproduce.
 COMPARED_META = ("stack_trace", "nn_module_stack", "original_aten", "custom")
-
-
 _SUFFIX = re.compile(r"_\d+$")
 
 

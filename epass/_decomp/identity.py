@@ -22,8 +22,7 @@ from typing import Any
 import attrs
 import torch
 
-from epass import _template_store
-from epass._decomp import state
+from epass._decomp import state, store
 from epass._decomp.table import Tables, _DefaultSide
 
 __all__ = [
@@ -376,7 +375,7 @@ def cache_name(tables: Tables) -> CacheName:
         names = name_table(others)
     except Unnamed as exc:
         return CacheName(None, exc.reason, read)
-    return CacheName(_template_store.digest([fixed, names])[1], None, read)
+    return CacheName(store.digest([fixed, names])[1], None, read)
 
 
 def _name_entries(tables: Tables) -> tuple[list[Any], list[Any]]:

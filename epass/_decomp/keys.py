@@ -83,8 +83,6 @@ def _sym_key(value: Any) -> Any:
 # Constants are keyed by exact type and, for floats, by bit pattern: ``True == 1 == 1.0``
 # hash alike, ``-0.0 == 0.0``, and NaN equals nothing (each NaN payload is its own key).
 _BY_VALUE = (bool, int, str, type(None))
-
-
 _BY_NAME = (torch.dtype, torch.layout, torch.memory_format)
 
 

@@ -19,8 +19,8 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from epass import _program, _template_store
-from epass._decomp import keys, safety, state, table, templates
+from epass import _program
+from epass._decomp import keys, safety, state, store, table, templates
 from epass._decomp.safety import Fallback
 
 __all__ = ["decompose"]
@@ -238,7 +238,7 @@ def decompose(
             return _decompose(ep, tables, session)
         finally:
             session.close()
-            _template_store.prune_soon()
+            store.prune_soon()
 
 
 def _decompose(

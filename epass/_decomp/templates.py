@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program, _template_store
-from epass._decomp import batch, identity, keys, safety, state, table, tracing
+from epass import _program
+from epass._decomp import batch, identity, keys, safety, state, store, table, tracing
 from epass._decomp.safety import Fallback
 from epass._program import pytree
 
@@ -21,34 +21,53 @@ __all__ = [
     "OutOfTime",
     "cache_info",
     "clear_cache",
+    "clear_memory",
     "fill",
+    "memory_info",
     "missing_templates",
     "template_work",
 ]
 
 
 _CACHE: collections.OrderedDict[Any, tracing._Template] = collections.OrderedDict()
-
-
 _CACHE_SIZE = 4096
-
-
 _STATS = {"hits": 0, "misses": 0}
 
 
-def cache_info() -> dict[str, int]:
-    """Template cache statistics: hits, misses, current size and bound."""
+def memory_info() -> dict[str, int]:
+    """The memory cache's statistics: hits, misses, current size and bound."""
     with state.LOCK:
         return {**_STATS, "size": len(_CACHE), "maxsize": _CACHE_SIZE}
 
 
-def clear_cache() -> None:
-    """Forget every cached template and table split."""
+def clear_memory() -> None:
+    """Forget every template, table split and table name this process keeps (the
+    disk cache stays: a new process would find it)."""
     with state.LOCK:
         _CACHE.clear()
         table._SPLITS.clear()
         identity._NAMED.clear()
         _STATS.update(hits=0, misses=0)
+
+
+def cache_info() -> dict[str, Any]:
+    """Both template caches: ``memory`` (this process) and ``disk`` (shared by processes).
+
+    Example::
+
+        info = epass.cache_info()
+        print(info["disk"]["directory"], info["disk"]["entries"])
+    """
+    return {"memory": memory_info(), "disk": store.info()}
+
+
+def clear_cache() -> dict[str, Any]:
+    """Empty both template caches; returns how many disk entries were removed
+    (``disk_entries``) and the files of the entries folder that were left, each with
+    why (``left``: a file this cache did not write is never removed)."""
+    clear_memory()
+    removed, left = store.clear()
+    return {"disk_entries": removed, "left": left}
 
 
 class _Session:
@@ -154,7 +173,7 @@ def _pending(
             if key in cache:
                 continue
         disk_key = _disk_key(node.target, spec, parts, session.name)
-        if disk_key is None or not _template_store.exists(disk_key):
+        if disk_key is None or not store.exists(disk_key):
             values = [a.meta["val"] for a in inputs]
             pending.append(batch._Pending(key, disk_key, node.target, args, kwargs, values, flags))
     return pending, unkeyed, nodes
@@ -196,7 +215,7 @@ def fill(ep: ExportedProgram, tables: table.Tables, limit: int | None = None) ->
             templates = batch._trace_batch(calls, tables, fake_mode, session.overrides)
         finally:
             session.close()
-            _template_store.prune_soon()
+            store.prune_soon()
         for call in calls:
             template = templates.get(call.key)
             if template is None:
@@ -250,7 +269,7 @@ def _template(
         if disk_key is not None:
             _store(disk_key, template, tables)
         elif session.name.table is None:
-            _template_store.count("bypassed")
+            store.count("bypassed")
     with state.LOCK:
         _keep(cache, key, template)
     return template, inputs
@@ -288,7 +307,7 @@ def _disk_key(
 ) -> dict[str, Any] | None:
     if name.table is None or not isinstance(op, torch._ops.OpOverload):
         return None
-    if _template_store.directory() is None:
+    if store.directory() is None:
         return None
     text = repr(parts)
     if "'sym'" in text:
@@ -300,7 +319,7 @@ def _disk_key(
         # size) to the program's shape environment.
         return None
     return {
-        **_template_store.environment(),
+        **store.environment(),
         "op": str(op),
         "spec": spec,
         "parts": text,
@@ -329,10 +348,10 @@ def _store(key: dict[str, Any], template: tracing._Template, tables: table.Table
     if not _storable(template, tables):
         return
     try:
-        body = _template_store.encode(template.graph, template.inherited, template.own)
-    except _template_store.Unrepresentable:
+        body = store.encode(template.graph, template.inherited, template.own)
+    except store.Unrepresentable:
         return
-    _template_store.store(key, body)
+    store.store(key, body)
 
 
 def _load(
@@ -342,7 +361,7 @@ def _load(
     tables: table.Tables,
     fake_mode: Any,
 ) -> tracing._Template | None:
-    body = _template_store.load(key)
+    body = store.load(key)
     if body is None:
         return None
     op, args, kwargs = call
@@ -352,9 +371,7 @@ def _load(
     try:
         fakes = tracing._fakes(fake_mode, values, grads)
         with torch.no_grad():  # values as a trace computes them (under no_grad)
-            graph, inherited, own = _template_store.decode(
-                body, fakes, fake_mode, tracing._INHERITED_META
-            )
+            graph, inherited, own = store.decode(body, fakes, fake_mode, tracing._INHERITED_META)
         for node in graph.nodes:
             if node.op == "call_function" and not (
                 _program.is_op_overload(node.target) or safety.is_plain_call(node.target)
@@ -371,7 +388,7 @@ def _load(
         if problem:
             raise ValueError(problem)
     except Exception as exc:
-        _template_store.reject(key, f"{type(exc).__name__}: {exc}")
+        store.reject(key, f"{type(exc).__name__}: {exc}")
         return None
     return template
 

@@ -33,9 +33,9 @@ PROGRAMS = [
 @pytest.fixture(autouse=True)
 def _empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("EPASS_CACHE_DIR", str(tmp_path / "cache"))
-    templates.clear_cache()
+    templates.clear_memory()
     yield
-    templates.clear_cache()
+    templates.clear_memory()
 
 
 def _export(name: str, dynamic: bool) -> torch.export.ExportedProgram:
@@ -125,7 +125,7 @@ def test_calls_sharing_symbols_are_left_out_of_the_batch(name, monkeypatch):
         return trace_batch(calls, *rest)
 
     monkeypatch.setattr(batch, "_trace_batch", record)
-    templates.clear_cache()
+    templates.clear_memory()
     result = Decompose(method="incremental")(ep)
     assert result.notes["method"] == "incremental"
     assert batched == []  # every symbolic template was traced on its own
@@ -201,7 +201,7 @@ def test_fill_keeps_the_batched_templates_for_the_next_decomposition(monkeypatch
     assert templates.missing_templates(ep, tables)[0] == missing - 3
     assert templates.fill(ep, tables) == missing - 3
     assert templates.missing_templates(ep, tables)[0] == 0
-    templates.clear_cache()
+    templates.clear_memory()
     assert templates.missing_templates(ep, tables)[0] == 0  # each on disk, under its key
     monkeypatch.setattr(tracing, "_trace", None)  # nothing may be traced now
     assert Decompose(method="incremental", check=True)(ep).notes["checked"]

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from epass import Decompose, _template_store
-from epass._decomp import identity, keys
+from epass import Decompose
+from epass._decomp import identity, keys, store
 from epass._decomp.check import first_difference
 from epass._decomp.state import run_decompositions
 from epass._decomp.table import split_table
@@ -99,7 +99,8 @@ _SCRIPT = textwrap.dedent(
     import torch
     sys.path.insert(0, sys.argv[1])
     import behaviours
-    from epass import Decompose, _template_store
+    from epass import Decompose
+    from epass._decomp import store
     from epass._decomp.check import first_difference
     from epass._decomp.state import run_decompositions
 
@@ -116,7 +117,7 @@ _SCRIPT = textwrap.dedent(
             result.program.module()(x).tolist(),
             ref.module()(x).tolist(),
         ]
-    print(json.dumps({"tables": found, "disk": _template_store.info()}))
+    print(json.dumps({"tables": found, "disk": store.info()}))
     """
 )
 
@@ -294,7 +295,7 @@ _VARIANTS = {
 def test_programs_differing_in_one_input_property_each_get_torchs_graph(
     variant, tmp_path, monkeypatch
 ):
-    monkeypatch.setenv(_template_store.DIR_ENV, str(tmp_path))  # a disk cache of its own
+    monkeypatch.setenv(store.DIR_ENV, str(tmp_path))  # a disk cache of its own
     for ep in _VARIANTS[variant]():
         result = Decompose(method="incremental")(ep)
         ref = run_decompositions(ep)

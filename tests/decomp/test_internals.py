@@ -441,7 +441,7 @@ def test_a_core_entry_the_walk_does_not_find_builds_torchs_own_split(monkeypatch
 
 
 def _default_name(keep=()):
-    templates.clear_cache()  # a table is named once per process; name it afresh
+    templates.clear_memory()  # a table is named once per process; name it afresh
     return identity.cache_name(split_table(None, keep=keep))
 
 

@@ -203,13 +203,13 @@ def test_merge_carries_method_and_check():
 
 
 def test_template_cache_is_bounded_and_reused():
-    templates.clear_cache()
+    templates.clear_memory()
     _, ep, _ = models.export("transformer")
     Decompose(method="incremental")(ep)
-    first = templates.cache_info()
+    first = templates.memory_info()
     assert first["misses"] > 0 and first["size"] <= first["maxsize"]
     Decompose(method="incremental")(ep)
-    second = templates.cache_info()
+    second = templates.memory_info()
     assert second["misses"] == first["misses"]  # every template came from the cache
     assert second["hits"] > first["hits"]
 

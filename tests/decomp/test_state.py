@@ -112,7 +112,7 @@ def test_threads_decomposing_different_programs_match_one_thread():
             start.wait()
             for round in range(ROUNDS):
                 if round == 4 * index + 1 and index % 2 == 0:
-                    templates.clear_cache()  # trace again while the others splice
+                    templates.clear_memory()  # trace again while the others splice
                 # Once per thread in check mode: both paths, and torch's retrace.
                 check = round == 2 * index
                 out = Decompose(check=check, **options)(ep).program

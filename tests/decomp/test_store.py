@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import epass
-from epass import Decompose, _template_store
-from epass._decomp import identity, state, templates
+from epass import Decompose
+from epass._decomp import identity, state, store, templates
 from epass._decomp.check import first_difference
 from epass._decomp.table import split_table
 from epass.passes import decompose as decompose_module
@@ -36,8 +36,8 @@ _ZOO_SCRIPT = textwrap.dedent(
     import json, sys
     sys.path.insert(0, "tests")
     import models
-    from epass import Decompose, _template_store
-    from epass._decomp import state
+    from epass import Decompose
+    from epass._decomp import state, store
     from epass._decomp.check import first_difference
     result = {}
     for name in sys.argv[1].split(","):
@@ -49,7 +49,7 @@ _ZOO_SCRIPT = textwrap.dedent(
                 out.notes["method"], first_difference(out.program, ref),
                 out.program.graph_module.code,
             ]
-    print(json.dumps({"programs": result, "disk": _template_store.info()}))
+    print(json.dumps({"programs": result, "disk": store.info()}))
     """
 )
 
@@ -117,10 +117,10 @@ def test_two_processes_filling_one_directory_leave_it_sound(tmp_path):
 def cache(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     monkeypatch.setenv("EPASS_CACHE_DIR", str(folder))
-    monkeypatch.setattr(_template_store, "_WARNED", False)
-    templates.clear_cache()
+    monkeypatch.setattr(store, "_WARNED", False)
+    templates.clear_memory()
     yield folder
-    templates.clear_cache()
+    templates.clear_memory()
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -136,7 +136,7 @@ def test_cache_directory_is_private_and_entries_are_data(cache):
     assert entries
     for path in entries:
         entry = json.loads(path.read_text())
-        assert entry["format"] == _template_store.FORMAT
+        assert entry["format"] == store.FORMAT
         assert entry["key"]["torch"] == torch.__version__
 
 
@@ -151,9 +151,9 @@ def test_an_empty_cache_dir_setting_turns_the_disk_cache_off(cache, monkeypatch)
 def test_default_directory_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("EPASS_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert _template_store.directory() == tmp_path / "epass"
+    assert store.directory() == tmp_path / "epass"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert _template_store.directory() == Path.home() / ".cache" / "epass"
+    assert store.directory() == Path.home() / ".cache" / "epass"
 
 
 def _rewrite(path: Path, change) -> None:
@@ -198,7 +198,7 @@ def test_hostile_and_broken_entries_are_ignored_with_one_warning(cache, tmp_path
         node.update(target="aten.save.default", args={"tuple": [{"ref": 0}, str(marker)]})
 
     _rewrite(entries[7], save)  # would write the marker if called
-    templates.clear_cache()
+    templates.clear_memory()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = Decompose(method="incremental")(ep).program
@@ -206,10 +206,10 @@ def test_hostile_and_broken_entries_are_ignored_with_one_warning(cache, tmp_path
     assert len(mine) == 1, [str(w.message) for w in mine]
     assert not marker.exists()  # nothing in the entries ran
     assert first_difference(out, state.run_decompositions(ep)) is None
-    assert _template_store.info()["rejected"] == 8
+    assert store.info()["rejected"] == 8
     # Rejected entries were rebuilt: the next process finds sound ones.
     for path in entries[:8]:
-        assert json.loads(path.read_text())["format"] == _template_store.FORMAT
+        assert json.loads(path.read_text())["format"] == store.FORMAT
 
 
 def test_eviction_drops_the_least_recently_used_entries(cache):
@@ -219,7 +219,7 @@ def test_eviction_drops_the_least_recently_used_entries(cache):
     for age, path in enumerate(entries):
         os.utime(path, (1000 + age, 1000 + age))
     sizes = [p.stat().st_size for p in entries]
-    removed = _template_store.prune(sum(sizes[2:]))
+    removed = store.prune(sum(sizes[2:]))
     assert removed == 2
     assert [p.exists() for p in entries] == [False, False] + [True] * (len(entries) - 2)
 
@@ -229,7 +229,7 @@ def test_a_hit_refreshes_the_entry_for_eviction(cache):
     Decompose(method="incremental")(ep)
     for path in _entries(cache):
         os.utime(path, (1000, 1000))
-    templates.clear_cache()
+    templates.clear_memory()
     Decompose(method="incremental")(ep)
     assert all(p.stat().st_mtime > 1000 for p in _entries(cache))
 
@@ -238,12 +238,12 @@ def test_a_hit_refreshes_the_entry_for_eviction(cache):
 def test_a_cache_size_that_is_not_a_size_warns_once_naming_it_and_keeps_the_default(
     cache, monkeypatch, value
 ):
-    monkeypatch.setattr(_template_store, "_BAD_SIZES", set(), raising=False)
+    monkeypatch.setattr(store, "_BAD_SIZES", set(), raising=False)
     monkeypatch.setenv("EPASS_CACHE_SIZE", value)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert _template_store.limit() == 64 * 1024 * 1024
-        assert _template_store.info()["max_bytes"] == 64 * 1024 * 1024
+        assert store.limit() == 64 * 1024 * 1024
+        assert store.info()["max_bytes"] == 64 * 1024 * 1024
     assert len(caught) == 1
     assert f"EPASS_CACHE_SIZE={value!r}" in str(caught[0].message)
 
@@ -257,7 +257,7 @@ def test_a_cache_size_takes_bytes_or_binary_units(monkeypatch, value, size):
     monkeypatch.setenv("EPASS_CACHE_SIZE", value)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert _template_store.limit() == size
+        assert store.limit() == size
 
 
 def _disk_bytes(folder: Path) -> int:
@@ -266,28 +266,28 @@ def _disk_bytes(folder: Path) -> int:
 
 def test_a_small_cache_stays_within_its_bound_over_many_writes(cache, monkeypatch):
     monkeypatch.setenv("EPASS_CACHE_SIZE", "16K")
-    monkeypatch.setattr(_template_store, "_KNOWN", {}, raising=False)
+    monkeypatch.setattr(store, "_KNOWN", {}, raising=False)
     scans = []
-    files = _template_store._files
-    monkeypatch.setattr(_template_store, "_files", lambda d: scans.append(d) or files(d))
+    files = store._files
+    monkeypatch.setattr(store, "_files", lambda d: scans.append(d) or files(d))
     writes = 0
     for session in range(30):  # as the decomposition engine does: writes, then prune_soon
         for i in range(10):
-            assert _template_store.store({"session": session, "i": i}, {"pad": "x" * 900})
+            assert store.store({"session": session, "i": i}, {"pad": "x" * 900})
             writes += 1
             assert _disk_bytes(cache) <= 16 * 1024, (session, i)
-        _template_store.prune_soon()
+        store.prune_soon()
     assert _disk_bytes(cache) > 16 * 1024 * 0.7  # pruned to fit, not emptied
     assert len(scans) < writes / 3  # no directory scan per write
 
 
 def test_an_entry_larger_than_the_bound_is_not_written_and_evicts_nothing(cache, monkeypatch):
     monkeypatch.setenv("EPASS_CACHE_SIZE", "4K")
-    assert _template_store.store({"small": 1}, {"pad": "x"})
-    assert not _template_store.store({"large": 1}, {"pad": "x" * 5000})
+    assert store.store({"small": 1}, {"pad": "x"})
+    assert not store.store({"large": 1}, {"pad": "x" * 5000})
     assert [json.loads(p.read_text())["key"] for p in _entries(cache)] == [{"small": 1}]
     monkeypatch.setenv("EPASS_CACHE_SIZE", "0")  # keeps nothing
-    assert not _template_store.store({"small": 2}, {"pad": "x"})
+    assert not store.store({"small": 2}, {"pad": "x"})
 
 
 # Writes COUNT entries of about 1 kB from START, calling prune_soon every 10 as the
@@ -295,12 +295,12 @@ def test_an_entry_larger_than_the_bound_is_not_written_and_evicts_nothing(cache,
 _WRITER = textwrap.dedent(
     """
     import sys
-    from epass import _template_store
+    from epass._decomp import store
     start, count = int(sys.argv[1]), int(sys.argv[2])
     for i in range(start, start + count):
-        assert _template_store.store({"writer": i}, {"pad": "x" * 900})
+        assert store.store({"writer": i}, {"pad": "x" * 900})
         if i % 10 == 9:
-            _template_store.prune_soon()
+            store.prune_soon()
     """
 )
 
@@ -466,28 +466,28 @@ def test_a_cache_directory_others_can_write_is_not_used(cache):
     os.chmod(cache, 0o777)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert _template_store.store({"k": 1}, {"inputs": []}) is False
-        assert _template_store.load({"k": 1}) is None
+        assert store.store({"k": 1}, {"inputs": []}) is False
+        assert store.load({"k": 1}) is None
     assert any("writable by other users" in str(w.message) for w in caught)
     assert not (cache / "templates-v1").exists() or not _entries(cache)
     os.chmod(cache, 0o700)
     (cache / "templates-v1").mkdir(exist_ok=True)
     os.chmod(cache / "templates-v1", 0o757)
-    assert _template_store.store({"k": 1}, {"inputs": []}) is False
+    assert store.store({"k": 1}, {"inputs": []}) is False
 
 
 def test_an_entry_that_is_a_fifo_or_a_symlink_is_ignored_without_blocking(cache, tmp_path):
     import threading
 
     key = {"k": 1}
-    assert _template_store.store(key, {"inputs": []})
-    path = cache / "templates-v1" / f"{_template_store.digest(key)[1]}.json"
+    assert store.store(key, {"inputs": []})
+    path = cache / "templates-v1" / f"{store.digest(key)[1]}.json"
     results: list = []
 
     def load():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            results.append((_template_store.load(key), [str(w.message) for w in caught]))
+            results.append((store.load(key), [str(w.message) for w in caught]))
 
     path.unlink()
     os.mkfifo(path)  # opening it for reading would wait for a writer forever
@@ -507,7 +507,7 @@ def test_an_entry_that_is_a_fifo_or_a_symlink_is_ignored_without_blocking(cache,
     load()
     assert results[1][0] is None
     assert other.exists()  # what the link points at is left alone
-    assert _template_store.store(key, {"inputs": []})  # and the entry is rebuilt
+    assert store.store(key, {"inputs": []})  # and the entry is rebuilt
     assert path.is_file() and not path.is_symlink()
 
 
@@ -521,13 +521,13 @@ def test_an_entry_whose_result_does_not_match_the_operator_is_rejected_and_rebui
     transpose = next(p for p, op in ops.items() if op == "aten.transpose.int")
     _rewrite(linear, lambda e: e["template"].update(output={"ref": 1}))  # the weight
     _rewrite(transpose, lambda e: e["template"].update(output={"list": []}))
-    templates.clear_cache()
-    before = _template_store.info()["rejected"]
+    templates.clear_memory()
+    before = store.info()["rejected"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = Decompose(method="incremental")(ep)
     assert len([w for w in caught if "template cache" in str(w.message)]) == 1
-    assert _template_store.info()["rejected"] - before == 2
+    assert store.info()["rejected"] - before == 2
     assert result.notes["method"] == "incremental"
     assert first_difference(result.program, state.run_decompositions(ep)) is None
     for path in (linear, transpose):  # rebuilt
@@ -537,11 +537,11 @@ def test_an_entry_whose_result_does_not_match_the_operator_is_rejected_and_rebui
 def test_cache_info_and_clear_report_an_unusable_directory_as_empty(monkeypatch, tmp_path):
     # A name the file system refuses (too long): stat raises, not just "missing".
     monkeypatch.setenv("EPASS_CACHE_DIR", str(tmp_path / ("x" * 300)))
-    info = _template_store.info()
+    info = store.info()
     assert info["enabled"] is True and info["entries"] == 0
-    assert _template_store.clear()[0] == 0
-    assert _template_store.store({"k": 1}, {"inputs": []}) is False
-    assert _template_store.load({"k": 1}) is None
+    assert store.clear()[0] == 0
+    assert store.store({"k": 1}, {"inputs": []}) is False
+    assert store.load({"k": 1}) is None
 
 
 @pytest.mark.parametrize("name", ["mlp", "transformer", "convbn"])
@@ -550,7 +550,7 @@ def test_a_filled_cache_serves_torchs_default_table_without_building_its_split(c
     # templates are all on disk has no trace to run and so no use for it.
     _, ep, _ = models.export(name)
     first = Decompose()(ep)
-    templates.clear_cache()  # a new process: templates and splits forgotten, disk kept
+    templates.clear_memory()  # a new process: templates and splits forgotten, disk kept
     again = Decompose()(ep)
     assert again.notes["method"] == "incremental"
     assert Decompose()._tables().cia._split.built is None
@@ -574,13 +574,13 @@ def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     ids=["400-digits", "5000-digits", "long-fraction", "leading-zeros"],
 )
 def test_any_cache_size_is_taken_without_a_crash(cache, monkeypatch, value):
-    monkeypatch.setenv(_template_store.SIZE_ENV, value)
-    assert _template_store.limit() > 0
+    monkeypatch.setenv(store.SIZE_ENV, value)
+    assert store.limit() > 0
     done = _cli("cache", "info", env={"EPASS_CACHE_DIR": str(cache), "EPASS_CACHE_SIZE": value})
     assert done.returncode == 0 and "limit:" in done.stdout, done.stderr
     _, ep, _ = models.export("mlp")
     result = Decompose()(ep)
-    assert result.notes["method"] == "incremental" and _template_store.info()["entries"] > 0
+    assert result.notes["method"] == "incremental" and store.info()["entries"] > 0
 
 
 def test_an_error_inside_the_disk_cache_costs_the_entry_not_the_incremental_path(
@@ -589,8 +589,8 @@ def test_an_error_inside_the_disk_cache_costs_the_entry_not_the_incremental_path
     def broken(*args, **kwargs):
         raise OverflowError("cannot convert float infinity to integer")
 
-    monkeypatch.setattr(_template_store, "limit", broken)
-    templates.clear_cache()
+    monkeypatch.setattr(store, "limit", broken)
+    templates.clear_memory()
     _, ep, _ = models.export("mlp")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -615,7 +615,7 @@ def _look_alikes(folder: Path) -> dict[str, bytes]:
 def test_cache_clear_follows_no_symbolic_link_and_says_what_it_left(cache, tmp_path):
     _, ep, _ = models.export("mlp")
     Decompose(method="incremental")(ep)
-    entries = cache / f"templates-v{_template_store.FORMAT}"
+    entries = cache / f"templates-v{store.FORMAT}"
     genuine = sorted(p.name for p in entries.glob("*.json"))
     assert genuine
     # Files of the entries folder this cache did not write stay.
@@ -640,15 +640,15 @@ def test_cache_clear_leaves_a_linked_entries_folder_and_what_it_points_to(tmp_pa
     elsewhere = tmp_path / "elsewhere"
     files = _look_alikes(elsewhere)
     (elsewhere / ("e" * 64 + ".json")).write_text("{}")
-    (cache / f"templates-v{_template_store.FORMAT}").symlink_to(elsewhere)
+    (cache / f"templates-v{store.FORMAT}").symlink_to(elsewhere)
     done = _cli("cache", "clear", env={"EPASS_CACHE_DIR": str(cache)})
     assert done.returncode == 0, done.stderr
     assert "removed 0 entries" in done.stdout and "symbolic link, not followed" in done.stdout
     assert all((elsewhere / name).read_bytes() == data for name, data in files.items())
     assert (elsewhere / ("e" * 64 + ".json")).exists()
     # Nor do lookups and writes use it.
-    monkeypatch.setenv(_template_store.DIR_ENV, str(cache))
+    monkeypatch.setenv(store.DIR_ENV, str(cache))
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        assert _template_store.store({"k": 1}, {"inputs": []}) is False
+        assert store.store({"k": 1}, {"inputs": []}) is False
     assert not list(elsewhere.glob("*.tmp"))

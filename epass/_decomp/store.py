@@ -28,8 +28,6 @@ from epass._version import __version__
 __all__ = [
     "DIR_ENV",
     "FORMAT",
-    "cache_info",
-    "clear_cache",
     "SIZE_ENV",
     "clear",
     "directory",
@@ -802,27 +800,3 @@ def prune_soon() -> None:
         folders = list(_KNOWN)
     for folder in folders:
         _keep_bound(folder, 0, limit())
-
-
-def cache_info() -> dict[str, Any]:
-    """Both template caches: ``memory`` (this process) and ``disk`` (shared by processes).
-
-    Example::
-
-        info = epass.cache_info()
-        print(info["disk"]["directory"], info["disk"]["entries"])
-    """
-    decomp = sys.modules.get("epass._decomp.templates")
-    memory = decomp.cache_info() if decomp is not None else {"hits": 0, "misses": 0, "size": 0}
-    return {"memory": memory, "disk": info()}
-
-
-def clear_cache() -> dict[str, Any]:
-    """Empty both template caches; returns how many disk entries were removed
-    (``disk_entries``) and the files of the entries folder that were left, each with
-    why (``left``: a file this cache did not write is never removed)."""
-    decomp = sys.modules.get("epass._decomp.templates")
-    if decomp is not None:
-        decomp.clear_cache()
-    removed, left = clear()
-    return {"disk_entries": removed, "left": left}
