@@ -768,7 +768,7 @@ def bench_patchable_walk(repeats: int) -> list[Row]:
     from epass._decomp import state
 
     times = interleaved(
-        {"epass": state._patchable_ops, "torch": _collect_all_valid_cia_ops}, repeats
+        {"epass": state.patchable_ops, "torch": _collect_all_valid_cia_ops}, repeats
     )
     e, t = statistics.median(times["epass"]), statistics.median(times["torch"])
     return [

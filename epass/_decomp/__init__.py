@@ -28,7 +28,7 @@ from __future__ import annotations
 
 __all__ = ["INTERNALS"]
 
-# The torch internals this module uses, by dotted path. Each one is pinned by a test.
+# The torch internals the engine uses, by dotted path. Each one is pinned by a test.
 INTERNALS = (
     "torch.export.exported_program._split_decomp_table_to_cia_and_python_decomp",
     "torch.export.exported_program._override_composite_implicit_decomp",
@@ -47,7 +47,7 @@ INTERNALS = (
     "torch._decomp._core_aten_decompositions_post_autograd",
     "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS",
     "torch._export.utils._compiling_state_context",
-    "torch.export._trace._ignore_backend_decomps",  # mirrored by _backend_decomps_off
+    "torch.export._trace._ignore_backend_decomps",  # mirrored by state.backend_decomps_off
     "torch._C._dispatch_get_registrations_for_dispatch_key",
     "torch._subclasses.functional_tensor.FunctionalTensorMode",
     "torch._functorch._aot_autograd.functional_utils.to_fun",

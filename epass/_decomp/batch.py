@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import torch
 
-from epass._decomp import table, tracing
+from epass._decomp import keys, table, tracing
 from epass._decomp.safety import Fallback
 from epass._program import pytree
 
@@ -17,7 +17,7 @@ __all__: list[str] = []
 
 
 @attrs.frozen(eq=False)
-class _Pending:
+class Pending:
     """A template decomposing a program needs, neither in memory nor on disk."""
 
     key: Any
@@ -34,14 +34,14 @@ _NAME = re.compile(r"^(.*?)(?:_(\d+))?$")
 _SUFFIXED = re.compile(r"_\d+$")
 
 
-def _trace_batch(
-    calls: list[_Pending], tables: table.Tables, fake_mode: Any, overrides: tracing.Overrides
-) -> dict[Any, tracing._Template]:
+def trace_batch(
+    calls: list[Pending], tables: table.Tables, fake_mode: Any, overrides: tracing.Overrides
+) -> dict[Any, tracing.Template]:
     """The templates of ``calls`` from one ``make_fx`` call, by key: each op runs on
-    its own fresh inputs, exactly as :func:`_trace` runs it, and the graph is split
-    back into one template per call, each the graph :func:`_trace` gives.
+    its own fresh inputs, exactly as :func:`tracing.trace` runs it, and the graph is split
+    back into one template per call, each the graph :func:`tracing.trace` gives.
 
-    A call whose part of the graph fails a check of :func:`_trace`, or is not its
+    A call whose part of the graph fails a check of :func:`tracing.trace`, or is not its
     own (a node reading another call's nodes), is left out; so is every call when the
     trace fails or creates symbols. Those are traced one at a time, as before.
     """
@@ -62,21 +62,21 @@ def _trace_batch(
             start = len(graph.nodes)
             # Each call its own blank meta: a decomposition may annotate it.
             mine = xs[pos : pos + len(call.values)]
-            outs.append(tracing._call(call.op, flat, spec, mine, tracing._blank()))
+            outs.append(tracing.call(call.op, flat, spec, mine, tracing.blank_node()))
             bounds.append((start, len(graph.nodes)))
             pos += len(call.values)
         return tuple(outs)
 
     shape_env = fake_mode.shape_env
-    before = tracing._symbol_count(shape_env)
-    fakes = tracing._fakes(
+    before = tracing.symbol_count(shape_env)
+    fakes = keys.fresh_fakes(
         fake_mode, (v for c in calls for v in c.values), (g for c in calls for g in c.grads)
     )
     try:
-        gm = tracing._make_fx(fn, fakes, tables, fake_mode, overrides)
+        gm = tracing.capture(fn, fakes, tables, fake_mode, overrides)
     except Exception:  # each call's own trace raises (or not) as it always did
         return {}
-    if shape_env is not None and tracing._symbol_count(shape_env) != before:
+    if shape_env is not None and tracing.symbol_count(shape_env) != before:
         return {}
     nodes = list(gm.graph.nodes)
     n_inputs = len(fakes)
@@ -91,7 +91,7 @@ def _trace_batch(
         or bounds[-1][1] != len(nodes) - 1
     ):
         return {}  # some node claimed twice or by no call
-    templates: dict[Any, tracing._Template] = {}
+    templates: dict[Any, tracing.Template] = {}
     pos = 0
     for call, (start, end), result in zip(calls, bounds, results, strict=True):
         placeholders = nodes[pos : pos + len(call.values)]
@@ -109,9 +109,9 @@ def _partition(
     output: torch.fx.Node,
     op: Any,
     tables: table.Tables,
-) -> tracing._Template | None:
+) -> tracing.Template | None:
     """One call's part of a batched trace as the graph its own trace gives (None:
-    it cannot be told apart from the rest, or fails a check of :func:`_trace`)."""
+    it cannot be told apart from the rest, or fails a check of :func:`tracing.trace`)."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for i, ph in enumerate(placeholders):
@@ -150,13 +150,13 @@ def _partition(
         return None
     out.meta = dict(output.meta)
     try:
-        tracing._check_template(graph, op, tables)
+        tracing.check_template(graph, op, tables)
     except Fallback:
         return None
-    return tracing._Template(graph, len(placeholders), *tracing._split_meta(graph))
+    return tracing.Template(graph, len(placeholders), *tracing.split_meta(graph))
 
 
-def _batchable(call: _Pending) -> bool:
+def batchable(call: Pending) -> bool:
     # Symbolic templates are traced one at a time: calls sharing a symbol would
     # share its size nodes, and each trace's guards stay its own.
     return "'sym'" not in repr(call.key[2])

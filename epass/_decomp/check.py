@@ -52,7 +52,7 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
         if repr(args_of(a, a_pos)) != repr(args_of(b, b_pos)):
             return f"{where}: arguments {args_of(a, a_pos)} / torch: {args_of(b, b_pos)}"
         if a.op != "output":
-            va, vb = keys._describe_val(a.meta.get("val")), keys._describe_val(b.meta.get("val"))
+            va, vb = keys.describe_val(a.meta.get("val")), keys.describe_val(b.meta.get("val"))
             if va != vb:
                 return f"{where}: value {va} / torch: {vb}"
         if a.op == "call_function":

@@ -23,7 +23,7 @@ import attrs
 import torch
 
 from epass._decomp import state, store
-from epass._decomp.table import Tables, _DefaultSide
+from epass._decomp.table import DefaultSide, Tables
 
 __all__ = [
     "CACHE_KEY",
@@ -346,7 +346,7 @@ class CacheName:
 
 # Per table: the names of torch's own entries (fixed for the process), and the other
 # entries, named again at every decomposition (a declaration may come, go or change).
-_NAMED: collections.OrderedDict[Any, tuple[list[Any], list[Any]]] = collections.OrderedDict()
+NAMED: collections.OrderedDict[Any, tuple[list[Any], list[Any]]] = collections.OrderedDict()
 
 
 def cache_name(tables: Tables) -> CacheName:
@@ -363,13 +363,13 @@ def cache_name(tables: Tables) -> CacheName:
         )
         return CacheName(None, why, read)
     with state.LOCK:
-        known = _NAMED.get(tables.token)
+        known = NAMED.get(tables.token)
     if known is None:
         known = _name_entries(tables)
         with state.LOCK:
-            _NAMED[tables.token] = known
-            while len(_NAMED) > 64:
-                _NAMED.popitem(last=False)
+            NAMED[tables.token] = known
+            while len(NAMED) > 64:
+                NAMED.popitem(last=False)
     fixed, others = known
     try:
         names = name_table(others)
@@ -380,8 +380,8 @@ def cache_name(tables: Tables) -> CacheName:
 
 def _name_entries(tables: Tables) -> tuple[list[Any], list[Any]]:
     """torch's own part of the table's name, and its other entries."""
-    if isinstance(tables.cia, _DefaultSide):
-        split = tables.cia._split
+    if isinstance(tables.cia, DefaultSide):
+        split = tables.cia.split
         from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
 
         fixed: list[Any] = [

@@ -4,6 +4,7 @@ fresh fake inputs a template is traced on (built from what its key names)."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -74,7 +75,7 @@ def normalize(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[A
     return new_args, new_kwargs
 
 
-def _sym_key(value: Any) -> Any:
+def sym_key(value: Any) -> Any:
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return ("sym", type(value).__name__, str(value.node.expr))
     return value
@@ -105,13 +106,13 @@ def const_key(value: Any) -> Any:
     if kind is torch.device:
         return ("device", value.type, value.index)
     if kind in (torch.SymInt, torch.SymFloat, torch.SymBool):
-        return _sym_key(value)
+        return sym_key(value)
     raise Fallback(f"a constant argument of type {kind.__name__}")
 
 
-def _tensor_key(t: torch.Tensor, requires_grad: bool) -> Any:
+def tensor_key(t: torch.Tensor, requires_grad: bool) -> Any:
     """The key of a tensor input as a decomposition sees it in the retrace: every
-    property :func:`_fresh_fake` gives the input a template is traced on (and a test
+    property :func:`fresh_fake` gives the input a template is traced on (and a test
     checks that it gives them all)."""
     return (
         "tensor",
@@ -128,8 +129,8 @@ def _tensor_key(t: torch.Tensor, requires_grad: bool) -> Any:
     )
 
 
-def _fresh_fake(fake_mode: Any, t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-    """A new fake tensor with the properties :func:`_tensor_key` names.
+def fresh_fake(fake_mode: Any, t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """A new fake tensor with the properties :func:`tensor_key` names.
 
     make_fx maps tensors to placeholders by identity: each input its own object."""
     if t.layout != torch.strided or t.is_conj() or t.is_neg():
@@ -150,7 +151,14 @@ def _fresh_fake(fake_mode: Any, t: torch.Tensor, requires_grad: bool) -> torch.T
     return out
 
 
-def _template_key(
+def fresh_fakes(fake_mode: Any, values: Iterable[Any], grads: Iterable[bool]) -> list[Any]:
+    return [
+        fresh_fake(fake_mode, v, g) if isinstance(v, torch.Tensor) else v
+        for v, g in zip(values, grads, strict=True)
+    ]
+
+
+def template_key(
     op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], grads: frozenset[str]
 ) -> tuple[str, tuple[Any, ...], list[torch.fx.Node], list[bool]]:
     """The key of a call's template (its argument structure and each argument's key),
@@ -165,13 +173,13 @@ def _template_key(
             grad = a.op == "placeholder" and a.name in grads
             inputs.append(a)
             flags.append(grad)
-            key_parts.append(_tensor_key(v, grad) if isinstance(v, torch.Tensor) else const_key(v))
+            key_parts.append(tensor_key(v, grad) if isinstance(v, torch.Tensor) else const_key(v))
         else:
             key_parts.append(const_key(a))
     return str(spec), tuple(key_parts), inputs, flags
 
 
-def _memory_key(
+def memory_key(
     op: Any, spec: str, parts: tuple[Any, ...], name: identity.CacheName, fake_mode: Any
 ) -> Any:
     # Template values are fake tensors of one program's fake mode (and its symbols):
@@ -180,11 +188,11 @@ def _memory_key(
     return (op, spec, parts, name.table, name.settings, fake_mode)
 
 
-def _values(arg: Any) -> Any:
+def values_of(arg: Any) -> Any:
     return torch.fx.node.map_arg(arg, lambda n: n.meta["val"])
 
 
-def _fake_mode(ep: ExportedProgram) -> Any:
+def fake_mode_of(ep: ExportedProgram) -> Any:
     from torch._guards import detect_fake_mode
 
     vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
@@ -194,11 +202,11 @@ def _fake_mode(ep: ExportedProgram) -> Any:
     return mode
 
 
-def _describe_val(v: Any) -> Any:
+def describe_val(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return ("tensor", tuple(map(str, v.shape)), tuple(map(str, v.stride())), v.dtype)
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return (type(v).__name__, str(v.node.expr))
     if isinstance(v, (list, tuple)):
-        return tuple(_describe_val(x) for x in v)
+        return tuple(describe_val(x) for x in v)
     return (type(v).__name__, v if isinstance(v, (int, float, bool, str, type(None))) else "?")

@@ -28,7 +28,7 @@ __all__ = ["decompose"]
 
 # The stack trace the retrace gives the nodes its runtime-assertion pass adds
 # (``torch/export/exported_program.py``, ``_decompose_and_get_gm_with_new_signature_constants``).
-_RUNTIME_ASSERT_TRACE = (
+RUNTIME_ASSERT_TRACE = (
     'File "torch/fx/passes/runtime_assert.py", line 24, in insert_deferred_runtime_asserts'
 )
 
@@ -43,10 +43,10 @@ def _same_meta(a: Any, b: Any) -> bool:
         # environment (Min(64, 64*s0) == 64 holds there), and the retrace keeps
         # the expression its propagation computes.
         return bool(
-            tuple(map(keys._sym_key, a.shape)) == tuple(map(keys._sym_key, b.shape))
-            and tuple(map(keys._sym_key, a.stride())) == tuple(map(keys._sym_key, b.stride()))
+            tuple(map(keys.sym_key, a.shape)) == tuple(map(keys.sym_key, b.shape))
+            and tuple(map(keys.sym_key, a.stride())) == tuple(map(keys.sym_key, b.stride()))
             and a.dtype == b.dtype
-            and keys._sym_key(a.storage_offset()) == keys._sym_key(b.storage_offset())
+            and keys.sym_key(a.storage_offset()) == keys.sym_key(b.storage_offset())
             and a.device == b.device
         )
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -77,7 +77,7 @@ def _symbolic(v: Any) -> bool:
 class _Builder:
     """Copies the graph node by node, splicing templates in and re-propagating values."""
 
-    def __init__(self, tables: table.Tables, fake_mode: Any, session: templates._Session) -> None:
+    def __init__(self, tables: table.Tables, fake_mode: Any, session: templates.Session) -> None:
         self.tables = tables
         self.fake_mode = fake_mode
         self.session = session
@@ -98,7 +98,7 @@ class _Builder:
     def _propagate(self, node: torch.fx.Node, old: Any) -> bool:
         """Recompute ``node``'s value from its inputs; True when its metadata changed."""
         with self.fake_mode:
-            new = node.target(*keys._values(node.args), **keys._values(node.kwargs))  # type: ignore[operator]
+            new = node.target(*keys.values_of(node.args), **keys.values_of(node.kwargs))  # type: ignore[operator]
         if old is not None and _same_meta(new, old):
             node.meta["val"] = old
             return False
@@ -107,7 +107,7 @@ class _Builder:
 
     def copy(self, node: torch.fx.Node) -> None:
         target = node.target
-        if _program.is_op_overload(target) and target not in table._SIZE_OPS:
+        if _program.is_op_overload(target) and target not in table.SIZE_OPS:
             # The retrace names each node after its operator, as make_fx does.
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.env.__getitem__)
             new = self.graph.create_node(
@@ -127,7 +127,7 @@ class _Builder:
         if node.op == "call_function":
             if _program.is_op_overload(node.target):
                 new.args, new.kwargs = keys.normalize(node.target, new.args, dict(new.kwargs))
-                if node.target in table._SIZE_OPS:
+                if node.target in table.SIZE_OPS:
                     new.meta.pop("original_aten", None)  # the retrace records none
                 else:
                     new.meta["original_aten"] = node.target
@@ -136,7 +136,7 @@ class _Builder:
                 any(i in self.changed for i in inputs) or _symbolic(node.meta.get("val"))
             ) and self._propagate(new, node.meta.get("val")):
                 self.changed.add(node)
-            if node.target in table._SIZE_OPS or isinstance(new.meta.get("val"), torch.SymInt):
+            if node.target in table.SIZE_OPS or isinstance(new.meta.get("val"), torch.SymInt):
                 expr = self._expr(new.meta.get("val"))
                 if expr is not None:
                     self.sizes.setdefault(expr, new)
@@ -167,7 +167,7 @@ class _Builder:
         # decomposition may return other strides than the fused kernel did).
         mapped = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
         args, kwargs = keys.normalize(op, mapped[0], dict(mapped[1]))
-        template, inputs = templates._template(
+        template, inputs = templates.find(
             op, args, kwargs, self.tables, self.fake_mode, self.session
         )
         meta = {k: node.meta[k] for k in _CARRIED_META if k in node.meta}
@@ -188,7 +188,7 @@ class _Builder:
                 # the retrace reuses the graph's node for an expression it already has.
                 if isinstance(val, torch.SymInt):
                     existing = self.sizes.get(val.node.expr)
-                    if existing is None and t.target in table._SIZE_OPS:
+                    if existing is None and t.target in table.SIZE_OPS:
                         # A size query the graph has no node for: the retrace's
                         # runtime-assertion pass re-binds it (after the placeholders,
                         # or as arithmetic on sizes it has); decompose() runs that pass.
@@ -213,7 +213,7 @@ class _Builder:
         self.decomposed += 1
         self.env[node] = result
         old = node.meta.get("val")
-        new_val = keys._values(result) if result is not None else None
+        new_val = keys.values_of(result) if result is not None else None
         if not _same_meta(new_val, old):
             self.changed.add(node)
 
@@ -225,15 +225,15 @@ def decompose(
     the table decomposes. Returns it and the number of nodes rewritten.
 
     ``deadline`` (a :func:`time.perf_counter` value): trace no template after it and
-    raise :class:`OutOfTime` instead; for filling the cache within a time budget.
+    raise :class:`templates.OutOfTime` instead; for filling the cache within a time budget.
 
     Raises:
         Fallback: when the result could differ from torch's; ``reason`` says why.
 
-    Holds :data:`LOCK` throughout.
+    Holds :data:`state.LOCK` throughout.
     """
     with state.LOCK:
-        session = templates._Session(tables, deadline)
+        session = templates.Session(tables, deadline)
         try:
             return _decompose(ep, tables, session)
         finally:
@@ -242,14 +242,14 @@ def decompose(
 
 
 def _decompose(
-    ep: ExportedProgram, tables: table.Tables, session: templates._Session
+    ep: ExportedProgram, tables: table.Tables, session: templates.Session
 ) -> tuple[ExportedProgram, int]:
     from torch.export.exported_program import _get_updated_module_call_graph
 
     reason = safety.unsafe_reason(ep, tables)
     if reason is not None:
         raise Fallback(reason)
-    fake_mode = keys._fake_mode(ep)
+    fake_mode = keys.fake_mode_of(ep)
     session.program = ep
     session.grads = safety.retrace_grads(ep)
     builder = _Builder(tables, fake_mode, session)
@@ -319,7 +319,7 @@ def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
     # The pass only adds asserts the graph lacks; those export added are there already.
     with _set_node_metadata_hook(
         gm,
-        functools.partial(_node_metadata_hook, metadata={"stack_trace": _RUNTIME_ASSERT_TRACE}),
+        functools.partial(_node_metadata_hook, metadata={"stack_trace": RUNTIME_ASSERT_TRACE}),
     ):
         insert_deferred_runtime_asserts(gm, shape_env, "decomposed program", export=True)
     gm.graph.eliminate_dead_code()

@@ -22,7 +22,8 @@ overrides the CompositeImplicitAutograd kernels of every such operator and regis
 fake tensor rules, for the whole process) and every ``run_decompositions`` epass calls
 hold it, as does a whole incremental decomposition (templates are traced and values
 propagated in the program's fake mode and shape environment, shared by every thread
-working on that program). It also guards the caches of this module. Reentrant."""
+working on that program). It also guards the engine's caches (table splits, table
+names, templates). Reentrant."""
 
 
 @contextlib.contextmanager
@@ -55,7 +56,7 @@ def torch_state(ops: Iterable[Any]) -> Iterator[None]:
                 fake_impls.op_implementations_checks[:] = checks
 
 
-def _patchable_ops() -> frozenset[Any]:
+def patchable_ops() -> frozenset[Any]:
     """The operators torch's CompositeImplicitAutograd override patches for any table
     (the CIA side of a split holds these and the table's own keys): the set of
     ``_collect_all_valid_cia_ops``, walked the way it walks, with the C++ registrations
@@ -84,7 +85,7 @@ def _patchable_ops() -> frozenset[Any]:
 def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgram:
     """``ep.run_decompositions(table)``, under :func:`torch_state` for every operator its
     CompositeImplicitAutograd override can patch. The only way epass calls it."""
-    ops = set(_patchable_ops())
+    ops = set(patchable_ops())
     if table is not None:
         # keys(): a CustomDecompTable is a dict whose entries live elsewhere
         keys = table.keys()
@@ -94,7 +95,7 @@ def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgra
 
 
 @contextlib.contextmanager
-def _backend_decomps_off() -> Iterator[None]:
+def backend_decomps_off() -> Iterator[None]:
     """The backend switches export's retrace turns off around its trace
     (``torch.export._trace._ignore_backend_decomps``: mkldnn, nnpack, cudnn), set
     here without importing that module, which brings AOTAutograd and networkx with it

@@ -52,7 +52,7 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 _LOCK = threading.Lock()
 _STATS = {"hits": 0, "misses": 0, "writes": 0, "rejected": 0, "bypassed": 0}
-_WARNED = False
+WARNED = False
 
 
 def directory() -> Path | None:
@@ -67,7 +67,7 @@ def directory() -> Path | None:
 # Bytes, or a number with a binary unit: 500000, 64M, 64MiB, 1.5G (K, M, G, T; 1024-based).
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:I?B)?|B)?", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_BAD_SIZES: set[str] = set()
+BAD_SIZES: set[str] = set()
 
 
 def limit() -> int:
@@ -81,8 +81,8 @@ def limit() -> int:
     match = _SIZE.fullmatch(text)
     if match is None:
         with _LOCK:
-            first = text not in _BAD_SIZES
-            _BAD_SIZES.add(text)
+            first = text not in BAD_SIZES
+            BAD_SIZES.add(text)
         if first:
             warnings.warn(
                 f"{SIZE_ENV}={text!r:.60} is not a size (bytes, or a number with K, M, G "
@@ -104,12 +104,12 @@ def limit() -> int:
 
 
 def _warn(message: str) -> None:
-    global _WARNED
+    global WARNED
     with _LOCK:
         _STATS["rejected"] += 1
-        if _WARNED:
+        if WARNED:
             return
-        _WARNED = True
+        WARNED = True
     warnings.warn(
         f"epass template cache: {message}; ignored (it is rebuilt)", RuntimeWarning, stacklevel=3
     )
@@ -296,7 +296,7 @@ def store(key: Any, template: Any) -> bool:
     return True
 
 
-def _files(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
+def entry_files(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
     try:
         names = os.listdir(folder)
     except OSError:
@@ -325,7 +325,7 @@ def _prune(folder: Path, bound: int, target: int) -> tuple[int, int]:
     """When the entries take more than ``bound`` bytes, remove the least recently used
     until they take at most ``target``. Returns how many were removed and the bytes
     left. One scan of the directory."""
-    files = sorted(_files(folder), key=lambda f: f[1].st_mtime)
+    files = sorted(entry_files(folder), key=lambda f: f[1].st_mtime)
     total = sum(st.st_size for _, st in files)
     if total <= bound:
         return 0, total
@@ -343,7 +343,7 @@ def _prune(folder: Path, bound: int, target: int) -> tuple[int, int]:
 # The directory's size at this process's last scan of it plus what it wrote there
 # since: when that passes the bound, the next scan is due. Other processes' writes
 # show at the next scan; each process keeps its own writes within the bound.
-_KNOWN: dict[Path, int] = {}
+KNOWN: dict[Path, int] = {}
 # A prune goes this far below the bound, so that a full cache is scanned once per
 # fifth of the bound written rather than at every write.
 _LOW_WATER = 0.8
@@ -351,16 +351,16 @@ _LOW_WATER = 0.8
 
 def _keep_bound(folder: Path, written: int, bound: int) -> None:
     with _LOCK:
-        known = _KNOWN.pop(folder, None)
+        known = KNOWN.pop(folder, None)
         if known is None and not written:
             return  # nothing written there by this process: nothing of its own to bound
         if known is not None and known + written <= bound:
-            _KNOWN[folder] = known + written
+            KNOWN[folder] = known + written
             return
     left = _prune(folder, bound, int(bound * _LOW_WATER))[1]
     with _LOCK:
-        _KNOWN.clear()  # one directory at a time is all a process uses
-        _KNOWN[folder] = left
+        KNOWN.clear()  # one directory at a time is all a process uses
+        KNOWN[folder] = left
 
 
 def _is_dir(path: Path) -> bool:
@@ -378,7 +378,7 @@ def info() -> dict[str, Any]:
     folder = None if root is None else root / _SUBDIR
     entries = size = 0
     if folder is not None and _is_dir(folder):
-        for _, st in _files(folder):
+        for _, st in entry_files(folder):
             entries += 1
             size += st.st_size
     with _LOCK:
@@ -797,6 +797,6 @@ def prune_soon() -> None:
     (read again: it may have been lowered since). :func:`store` checks at every
     write; neither scans the directory unless a prune may be due."""
     with _LOCK:
-        folders = list(_KNOWN)
+        folders = list(KNOWN)
     for folder in folders:
         _keep_bound(folder, 0, limit())

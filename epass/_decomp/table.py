@@ -17,7 +17,7 @@ __all__ = ["Tables", "has_packet_keys", "rewrites", "splices", "split_table"]
 
 
 # Size queries: the retrace re-emits them as they are.
-_SIZE_OPS = frozenset(
+SIZE_OPS = frozenset(
     (
         torch.ops.aten.sym_size.int,
         torch.ops.aten.sym_stride.int,
@@ -43,7 +43,7 @@ class Tables:
     token: Any
 
 
-_SPLITS: collections.OrderedDict[Any, Tables] = collections.OrderedDict()
+SPLITS: collections.OrderedDict[Any, Tables] = collections.OrderedDict()
 
 
 class _Same:
@@ -71,7 +71,7 @@ def _cia_registrations() -> frozenset[str]:
     )
 
 
-class _DefaultSide(Mapping[Any, Callable[..., Any]]):
+class DefaultSide(Mapping[Any, Callable[..., Any]]):
     """One side (``"cia"`` or ``"python"``) of torch's default table less ``keep``,
     split as ``run_decompositions`` splits it.
 
@@ -82,18 +82,18 @@ class _DefaultSide(Mapping[Any, Callable[..., Any]]):
     itself, which lookups use from then on.
     """
 
-    def __init__(self, split: _DefaultSplit, side: str) -> None:
-        self._split = split
+    def __init__(self, split: DefaultSplit, side: str) -> None:
+        self.split = split
         self._index = ("cia", "python").index(side)
 
     def _whole(self) -> Mapping[Any, Callable[..., Any]]:
-        return self._split.materialize()[self._index]
+        return self.split.materialize()[self._index]
 
     def __getitem__(self, op: Any) -> Callable[..., Any]:
-        built = self._split.built
+        built = self.split.built
         side = built[self._index] if built is not None else None
         value: Callable[..., Any] | None = (
-            side[op] if side is not None else self._split.lookup(op)[self._index]
+            side[op] if side is not None else self.split.lookup(op)[self._index]
         )
         if value is None:
             raise KeyError(op)
@@ -125,9 +125,9 @@ def _walk_meets(op: Any) -> bool:
     )
 
 
-class _DefaultSplit:
+class DefaultSplit:
     """torch's default table less ``keep``: answered operator by operator, built whole
-    on demand (see :class:`_DefaultSide`)."""
+    on demand (see :class:`DefaultSide`)."""
 
     def __init__(self, keep: frozenset[Any]) -> None:
         from torch._decomp import _core_aten_decompositions_post_autograd
@@ -175,7 +175,7 @@ class _DefaultSplit:
 
         with state.LOCK:
             if self.built is None:
-                walked = state._patchable_ops()
+                walked = state.patchable_ops()
                 cia = {op: self._entry(op) or _special_op_to_preserve_cia for op in walked}
                 python = {}
                 for op, fn in self.core.items():
@@ -222,7 +222,7 @@ def split_table(
     for an explicit one. The key holds the callables themselves, never their ``id()``:
     a freed table's address can go to another function, which must not be served this
     table's templates. The key is the split's ``token``. The default table's sides
-    answer lookups without building torch's split (see :class:`_DefaultSide`).
+    answer lookups without building torch's split (see :class:`DefaultSide`).
     """
     from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
 
@@ -233,22 +233,22 @@ def split_table(
     else:
         key = ("explicit", regs, frozenset((op, _Same(fn)) for op, fn in table.items()))
     with state.LOCK:
-        cached = _SPLITS.get(key)
+        cached = SPLITS.get(key)
         if cached is not None:
-            _SPLITS.move_to_end(key)
+            SPLITS.move_to_end(key)
             return cached
     if table is None:
-        split = _DefaultSplit(frozenset(keep))
-        tables = Tables(_DefaultSide(split, "cia"), _DefaultSide(split, "python"), key)
+        split = DefaultSplit(frozenset(keep))
+        tables = Tables(DefaultSide(split, "cia"), DefaultSide(split, "python"), key)
     else:
         cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(table))
         tables = Tables(cia, python, key)
     with state.LOCK:
-        if any(k[1] != regs for k in _SPLITS):
-            _SPLITS.clear()
-        _SPLITS[key] = tables
-        while len(_SPLITS) > 32:
-            _SPLITS.popitem(last=False)
+        if any(k[1] != regs for k in SPLITS):
+            SPLITS.clear()
+        SPLITS[key] = tables
+        while len(SPLITS) > 32:
+            SPLITS.popitem(last=False)
     return tables
 
 
@@ -256,7 +256,7 @@ def has_packet_keys(tables: Tables) -> bool:
     """Whether the table's Python side has an operator packet key (which stands for
     every overload of the op)."""
     python = tables.python
-    if isinstance(python, _DefaultSide):
+    if isinstance(python, DefaultSide):
         return False  # torch's default table is keyed by overloads (a test pins it)
     return any(_program.is_op_packet(k) for k in python)
 
@@ -273,7 +273,7 @@ def rewrites(op: Any, tables: Tables) -> bool:
     from torch._export.utils import _is_cia_op
     from torch.export.exported_program import _special_op_to_preserve_cia
 
-    if op in _SIZE_OPS:
+    if op in SIZE_OPS:
         return False
     if _program.is_mutable_op(op):
         return True

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-_CACHE: collections.OrderedDict[Any, tracing._Template] = collections.OrderedDict()
+_CACHE: collections.OrderedDict[Any, tracing.Template] = collections.OrderedDict()
 _CACHE_SIZE = 4096
 _STATS = {"hits": 0, "misses": 0}
 
@@ -45,8 +45,8 @@ def clear_memory() -> None:
     disk cache stays: a new process would find it)."""
     with state.LOCK:
         _CACHE.clear()
-        table._SPLITS.clear()
-        identity._NAMED.clear()
+        table.SPLITS.clear()
+        identity.NAMED.clear()
         _STATS.update(hits=0, misses=0)
 
 
@@ -70,7 +70,7 @@ def clear_cache() -> dict[str, Any]:
     return {"disk_entries": removed, "left": left}
 
 
-class _Session:
+class Session:
     """The traces of one decomposition: the CompositeImplicitAutograd override of the
     table, entered at the first trace and left (with torch's state put back) at the
     end of the decomposition, and the templates one batched trace made for it."""
@@ -80,17 +80,17 @@ class _Session:
         self.deadline = deadline
         self.name = identity.cache_name(tables)
         # The templates of a table without a name: this decomposition's alone.
-        self.local: dict[Any, tracing._Template] = {}
+        self.local: dict[Any, tracing.Template] = {}
         self.grads: frozenset[str] = frozenset()
         # The program being decomposed, whose missing templates one batch traces.
         self.program: ExportedProgram | None = None
         self.traced = 0
-        self.batched: dict[Any, tracing._Template] = {}
+        self.batched: dict[Any, tracing.Template] = {}
         self._stack = contextlib.ExitStack()
         self._entered = False
         self._batch_done = False
 
-    def take(self, key: Any, fake_mode: Any) -> tracing._Template | None:
+    def take(self, key: Any, fake_mode: Any) -> tracing.Template | None:
         """The template of ``key`` from the program's batched trace, which runs at the
         first template that is neither in memory nor on disk (a warm run never pays
         for the walk that collects them)."""
@@ -101,7 +101,7 @@ class _Session:
 
     def cache(
         self,
-    ) -> collections.OrderedDict[Any, tracing._Template] | dict[Any, tracing._Template]:
+    ) -> collections.OrderedDict[Any, tracing.Template] | dict[Any, tracing.Template]:
         """Where this decomposition keeps its templates: the process's cache when the
         table has a name, else its own."""
         return _CACHE if self.name.table is not None else self.local
@@ -127,13 +127,13 @@ class OutOfTime(Exception):
     """A cache-filling decomposition reached its deadline."""
 
 
-def _pending(
-    ep: ExportedProgram, tables: table.Tables, session: _Session, checked: bool = False
-) -> tuple[list[batch._Pending], int, int]:
+def pending_calls(
+    ep: ExportedProgram, tables: table.Tables, session: Session, checked: bool = False
+) -> tuple[list[batch.Pending], int, int]:
     """The distinct templates decomposing ``ep`` needs that are neither in memory nor
     on disk, keyed from the nodes' values before any rewrite, in program order; how
     many calls could not be keyed; how many nodes the program has. One walk
-    (``checked``: :func:`unsafe_reason` found nothing already).
+    (``checked``: :func:`safety.unsafe_reason` found nothing already).
 
     Raises:
         Fallback: when the incremental path cannot be taken at all.
@@ -148,7 +148,7 @@ def _pending(
     grads = safety.retrace_grads(ep)
     cache = session.cache()
     seen: set[Any] = set()
-    pending: list[batch._Pending] = []
+    pending: list[batch.Pending] = []
     unkeyed = 0
     nodes = 0
     for node in ep.graph.nodes:
@@ -161,11 +161,11 @@ def _pending(
             continue
         try:
             args, kwargs = keys.normalize(node.target, node.args, dict(node.kwargs))
-            spec, parts, inputs, flags = keys._template_key(node.target, args, kwargs, grads)
+            spec, parts, inputs, flags = keys.template_key(node.target, args, kwargs, grads)
         except Exception:
             unkeyed += 1  # counted as a trace; the walk itself decides
             continue
-        key = keys._memory_key(node.target, spec, parts, session.name, fake_mode)
+        key = keys.memory_key(node.target, spec, parts, session.name, fake_mode)
         if key in seen:
             continue
         seen.add(key)
@@ -175,20 +175,20 @@ def _pending(
         disk_key = _disk_key(node.target, spec, parts, session.name)
         if disk_key is None or not store.exists(disk_key):
             values = [a.meta["val"] for a in inputs]
-            pending.append(batch._Pending(key, disk_key, node.target, args, kwargs, values, flags))
+            pending.append(batch.Pending(key, disk_key, node.target, args, kwargs, values, flags))
     return pending, unkeyed, nodes
 
 
-def _prefill(ep: ExportedProgram, fake_mode: Any, session: _Session) -> None:
+def _prefill(ep: ExportedProgram, fake_mode: Any, session: Session) -> None:
     """Trace the templates ``ep`` needs at once, for the walk to take."""
     try:
-        pending, _, _ = _pending(ep, session.tables, session, checked=True)
+        pending, _, _ = pending_calls(ep, session.tables, session, checked=True)
     except Exception:
         return  # the walk decides, and explains
-    calls = [c for c in pending if batch._batchable(c) and c.key[-1] is fake_mode]
+    calls = [c for c in pending if batch.batchable(c) and c.key[-1] is fake_mode]
     if len(calls) > 1:
         session.batched.update(
-            batch._trace_batch(calls, session.tables, fake_mode, session.overrides)
+            batch.trace_batch(calls, session.tables, fake_mode, session.overrides)
         )
 
 
@@ -196,23 +196,23 @@ def fill(ep: ExportedProgram, tables: table.Tables, limit: int | None = None) ->
     """Trace, in one batch, up to ``limit`` (None: all) of the templates decomposing
     ``ep`` needs that are neither in memory nor on disk, in program order, and keep
     them for later decompositions (on disk where their key allows). Returns how many
-    were kept: none for a table without a name (see :class:`CacheName`), whose
-    templates no later decomposition may reuse. Holds :data:`LOCK`.
+    were kept: none for a table without a name (see :class:`identity.CacheName`), whose
+    templates no later decomposition may reuse. Holds :data:`state.LOCK`.
 
     Raises:
         Fallback: when the incremental path cannot be taken at all.
     """
     with state.LOCK:
-        session = _Session(tables)
+        session = Session(tables)
         if session.name.table is None:
             return 0
-        pending, _, _ = _pending(ep, tables, session)
-        fake_mode = keys._fake_mode(ep)
-        calls = [c for c in pending if batch._batchable(c)][:limit]
+        pending, _, _ = pending_calls(ep, tables, session)
+        fake_mode = keys.fake_mode_of(ep)
+        calls = [c for c in pending if batch.batchable(c)][:limit]
         if not calls:
             return 0
         try:
-            templates = batch._trace_batch(calls, tables, fake_mode, session.overrides)
+            templates = batch.trace_batch(calls, tables, fake_mode, session.overrides)
         finally:
             session.close()
             store.prune_soon()
@@ -226,7 +226,7 @@ def fill(ep: ExportedProgram, tables: table.Tables, limit: int | None = None) ->
         return len(templates)
 
 
-def _keep(cache: dict[Any, tracing._Template], key: Any, template: tracing._Template) -> None:
+def _keep(cache: dict[Any, tracing.Template], key: Any, template: tracing.Template) -> None:
     _STATS["misses"] += 1
     cache[key] = template
     if cache is _CACHE:
@@ -234,17 +234,17 @@ def _keep(cache: dict[Any, tracing._Template], key: Any, template: tracing._Temp
             _CACHE.popitem(last=False)
 
 
-def _template(
+def find(
     op: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     tables: table.Tables,
     fake_mode: Any,
-    session: _Session,
-) -> tuple[tracing._Template, list[torch.fx.Node]]:
-    spec, parts, inputs, flags = keys._template_key(op, args, kwargs, session.grads)
+    session: Session,
+) -> tuple[tracing.Template, list[torch.fx.Node]]:
+    spec, parts, inputs, flags = keys.template_key(op, args, kwargs, session.grads)
     values = [a.meta["val"] for a in inputs]
-    key = keys._memory_key(op, spec, parts, session.name, fake_mode)
+    key = keys.memory_key(op, spec, parts, session.name, fake_mode)
     cache = session.cache()
     with state.LOCK:
         hit = cache.get(key)
@@ -262,7 +262,7 @@ def _template(
             raise OutOfTime
         template = session.take(key, fake_mode)
         if template is None:
-            template = tracing._trace(
+            template = tracing.trace(
                 op, args, kwargs, values, flags, tables, fake_mode, session.overrides
             )
         session.traced += 1
@@ -283,7 +283,7 @@ def missing_templates(ep: ExportedProgram, tables: table.Tables) -> tuple[int, i
     Raises:
         Fallback: when the incremental path cannot be taken at all.
     """
-    pending, unkeyed, nodes = _pending(ep, tables, _Session(tables))
+    pending, unkeyed, nodes = pending_calls(ep, tables, Session(tables))
     return len(pending) + unkeyed, nodes
 
 
@@ -295,8 +295,8 @@ def template_work(ep: ExportedProgram, tables: table.Tables) -> tuple[int, int, 
     Raises:
         Fallback: when the incremental path cannot be taken at all.
     """
-    pending, unkeyed, nodes = _pending(ep, tables, _Session(tables))
-    batched = sum(batch._batchable(c) for c in pending)
+    pending, unkeyed, nodes = pending_calls(ep, tables, Session(tables))
+    batched = sum(batch.batchable(c) for c in pending)
     if batched < 2:
         batched = 0  # a batch of one is a trace of its own
     return batched, len(pending) + unkeyed - batched, nodes
@@ -328,7 +328,7 @@ def _disk_key(
     }
 
 
-def _storable(template: tracing._Template, tables: table.Tables) -> bool:
+def _storable(template: tracing.Template, tables: table.Tables) -> bool:
     from torch._export.utils import _is_cia_op
 
     for node in template.graph.nodes:
@@ -344,7 +344,7 @@ def _storable(template: tracing._Template, tables: table.Tables) -> bool:
     return True
 
 
-def _store(key: dict[str, Any], template: tracing._Template, tables: table.Tables) -> None:
+def _store(key: dict[str, Any], template: tracing.Template, tables: table.Tables) -> None:
     if not _storable(template, tables):
         return
     try:
@@ -360,7 +360,7 @@ def _load(
     grads: list[bool],
     tables: table.Tables,
     fake_mode: Any,
-) -> tracing._Template | None:
+) -> tracing.Template | None:
     body = store.load(key)
     if body is None:
         return None
@@ -369,21 +369,21 @@ def _load(
         a.meta["val"] for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.fx.Node)
     ]
     try:
-        fakes = tracing._fakes(fake_mode, values, grads)
+        fakes = keys.fresh_fakes(fake_mode, values, grads)
         with torch.no_grad():  # values as a trace computes them (under no_grad)
-            graph, inherited, own = store.decode(body, fakes, fake_mode, tracing._INHERITED_META)
+            graph, inherited, own = store.decode(body, fakes, fake_mode, tracing.INHERITED_META)
         for node in graph.nodes:
             if node.op == "call_function" and not (
                 _program.is_op_overload(node.target) or safety.is_plain_call(node.target)
             ):
                 raise ValueError(f"calls {node.target!r}")
-        template = tracing._Template(graph, len(values), inherited, own)
+        template = tracing.Template(graph, len(values), inherited, own)
         if not _storable(template, tables):
             raise ValueError("holds an operator the table rewrites")
         # An entry the checks above accept can still describe another computation;
         # one that does not even return what the operator returns is caught here.
         with fake_mode:
-            expected = op(*keys._values(args), **keys._values(kwargs))
+            expected = op(*keys.values_of(args), **keys.values_of(kwargs))
         problem = _result_mismatch(graph, expected)
         if problem:
             raise ValueError(problem)
@@ -397,7 +397,7 @@ def _result_mismatch(graph: torch.fx.Graph, expected: Any) -> str:
     """What differs between a template's result and the operator's own (shape, dtype,
     device and structure; strides may differ, as the retrace's do); empty: nothing."""
     out = next(n for n in reversed(graph.nodes) if n.op == "output")
-    got = pytree.tree_leaves(keys._values(out.args[0]))
+    got = pytree.tree_leaves(keys.values_of(out.args[0]))
     want = pytree.tree_leaves(expected)
     if len(got) != len(want):
         return f"returns {len(got)} values where the operator returns {len(want)}"
@@ -410,8 +410,8 @@ def _result_mismatch(graph: torch.fx.Graph, expected: Any) -> str:
                 and a.device == b.device
             ):
                 return (
-                    f"returns {keys._describe_val(a)} "
-                    f"where the operator returns {keys._describe_val(b)}"
+                    f"returns {keys.describe_val(a)} "
+                    f"where the operator returns {keys.describe_val(b)}"
                 )
         elif type(a) is not type(b):
             return f"returns a {type(a).__name__} where the operator returns a {type(b).__name__}"

@@ -26,7 +26,7 @@ Overrides = Callable[[], contextlib.AbstractContextManager[None]]
 # these fields from it onto every node it creates; the tracer itself may overwrite
 # them meanwhile (``original_aten`` is set around each ATen call and reset to None
 # after it). ``custom`` is merged and ``nn_module_stack`` follows its own rule.
-_INHERITED_META = tuple(
+INHERITED_META = tuple(
     f
     for f in torch.fx.proxy._COPY_META_FIELDS
     if f not in ("from_node", "custom", "nn_module_stack")
@@ -51,11 +51,11 @@ class _Inherited:
         return f"<the rewritten node's {self.field}>"
 
 
-_MARKERS = {f: _Inherited(f) for f in _INHERITED_META}
+_MARKERS = {f: _Inherited(f) for f in INHERITED_META}
 
 
 @attrs.frozen(eq=False)
-class _Template:
+class Template:
     """A traced decomposition. ``inherited`` maps each node to the meta fields it takes
     from the node being rewritten; ``own`` to the fields the tracer set itself."""
 
@@ -65,7 +65,7 @@ class _Template:
     own: Mapping[torch.fx.Node, Mapping[str, Any]]
 
 
-def _split_meta(
+def split_meta(
     graph: torch.fx.Graph,
 ) -> tuple[dict[torch.fx.Node, tuple[str, ...]], dict[torch.fx.Node, dict[str, Any]]]:
     inherited: dict[torch.fx.Node, tuple[str, ...]] = {}
@@ -74,23 +74,23 @@ def _split_meta(
         if node.op in ("placeholder", "output"):
             continue
         inherited[node] = tuple(
-            f for f in _INHERITED_META if isinstance(node.meta.get(f), _Inherited)
+            f for f in INHERITED_META if isinstance(node.meta.get(f), _Inherited)
         )
         own[node] = {
             f: node.meta[f]
-            for f in _INHERITED_META
+            for f in INHERITED_META
             if f in node.meta and not isinstance(node.meta[f], _Inherited)
         }
     return inherited, own
 
 
-def _symbol_count(shape_env: Any) -> Any:
+def symbol_count(shape_env: Any) -> Any:
     if shape_env is None:
         return None
     return (len(shape_env.var_to_range), shape_env.unbacked_symint_counter)
 
 
-def _blank() -> torch.fx.Node:
+def blank_node() -> torch.fx.Node:
     """The node meta each decomposition runs under: no annotations, and a marker for
     every field the rewritten node's own value will fill in."""
     blank = torch.fx.Graph().placeholder("blank")
@@ -99,9 +99,9 @@ def _blank() -> torch.fx.Node:
     return blank
 
 
-def _call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.fx.Node) -> Any:
+def call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.fx.Node) -> Any:
     """Run ``op`` on the traced inputs ``xs`` (the tensor leaves of ``flat``),
-    functionalized as export does; raise :class:`Fallback` when it mutates one."""
+    functionalized as export does; raise :class:`safety.Fallback` when it mutates one."""
     from torch._functorch._aot_autograd.functional_utils import (
         from_fun,
         has_data_mutation,
@@ -126,7 +126,7 @@ def _call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.f
     return pytree.tree_map(from_fun, out)
 
 
-def _make_fx(
+def capture(
     fn: Callable[..., Any],
     fakes: list[Any],
     tables: table.Tables,
@@ -145,7 +145,7 @@ def _make_fx(
     with (
         overrides(),
         fake_mode,
-        state._backend_decomps_off(),
+        state.backend_decomps_off(),
         _compiling_state_context(),
         torch.no_grad(),
         torch.fx.traceback.preserve_node_meta(),
@@ -160,8 +160,8 @@ def _make_fx(
         )(*fakes)
 
 
-def _check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> None:
-    """Raise :class:`Fallback` when a traced decomposition of ``op`` cannot be spliced."""
+def check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> None:
+    """Raise :class:`safety.Fallback` when a traced decomposition of ``op`` cannot be spliced."""
     for node in graph.nodes:
         if node.op == "get_attr":
             raise Fallback(f"the decomposition of {op} creates constants")
@@ -174,14 +174,7 @@ def _check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> Non
             raise Fallback(f"the decomposition of {op} calls {node.target!r}")
 
 
-def _fakes(fake_mode: Any, values: Iterable[Any], grads: Iterable[bool]) -> list[Any]:
-    return [
-        keys._fresh_fake(fake_mode, v, g) if isinstance(v, torch.Tensor) else v
-        for v, g in zip(values, grads, strict=True)
-    ]
-
-
-def _trace(
+def trace(
     op: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -190,18 +183,18 @@ def _trace(
     tables: table.Tables,
     fake_mode: Any,
     overrides: Overrides,
-) -> _Template:
+) -> Template:
     """Trace ``op`` on fresh fake inputs with the table, functionalized as export does."""
     flat, spec = pytree.tree_flatten((args, kwargs))
-    blank = _blank()
+    blank = blank_node()
 
     def fn(*xs: Any) -> Any:
-        return _call(op, flat, spec, xs, blank)
+        return call(op, flat, spec, xs, blank)
 
     shape_env = fake_mode.shape_env
-    before = _symbol_count(shape_env)
-    gm = _make_fx(fn, _fakes(fake_mode, inputs, grads), tables, fake_mode, overrides)
-    if shape_env is not None and _symbol_count(shape_env) != before:
+    before = symbol_count(shape_env)
+    gm = capture(fn, keys.fresh_fakes(fake_mode, inputs, grads), tables, fake_mode, overrides)
+    if shape_env is not None and symbol_count(shape_env) != before:
         raise Fallback(f"the decomposition of {op} creates new symbols")
-    _check_template(gm.graph, op, tables)
-    return _Template(gm.graph, len(inputs), *_split_meta(gm.graph))
+    check_template(gm.graph, op, tables)
+    return Template(gm.graph, len(inputs), *split_meta(gm.graph))

@@ -55,7 +55,7 @@ def _describe(template) -> tuple:
             if field in ("seq_nr", "tensor_meta"):
                 continue  # the tracer's counters; never read from a template
             if field == "val":
-                meta[field] = keys._describe_val(value)
+                meta[field] = keys.describe_val(value)
             else:
                 # from_node names the blank meta's graph by its id: one per trace
                 meta[field] = re.sub(r"graph_id=\d+", "", repr(value))
@@ -76,14 +76,14 @@ def _describe(template) -> tuple:
 
 
 def _both_ways(ep, tables, calls):
-    fake_mode = keys._fake_mode(ep)
-    session = templates._Session(tables)
+    fake_mode = keys.fake_mode_of(ep)
+    session = templates.Session(tables)
     try:
-        batched = batch._trace_batch(calls, tables, fake_mode, session.overrides)
+        batched = batch.trace_batch(calls, tables, fake_mode, session.overrides)
         single = {}
         for c in calls:
             try:
-                single[c.key] = tracing._trace(
+                single[c.key] = tracing.trace(
                     c.op, c.args, c.kwargs, c.values, c.grads, tables, fake_mode, session.overrides
                 )
             except safety.Fallback as exc:
@@ -97,7 +97,7 @@ def _both_ways(ep, tables, calls):
 def test_batched_templates_are_the_templates_traced_one_at_a_time(name, dynamic):
     ep = _export(name, dynamic)
     tables = split_table(None)
-    calls, _, _ = templates._pending(ep, tables, templates._Session(tables))
+    calls, _, _ = templates.pending_calls(ep, tables, templates.Session(tables))
     assert calls
     batched, single = _both_ways(ep, tables, calls)
     for call in calls:
@@ -115,16 +115,16 @@ def test_calls_sharing_symbols_are_left_out_of_the_batch(name, monkeypatch):
     # nodes would be shared between calls, so no part of the graph is one call's own.
     ep = _export(name, dynamic=True)
     tables = split_table(None)
-    calls, _, _ = templates._pending(ep, tables, templates._Session(tables))
-    assert calls and not any(batch._batchable(c) for c in calls)
+    calls, _, _ = templates.pending_calls(ep, tables, templates.Session(tables))
+    assert calls and not any(batch.batchable(c) for c in calls)
     batched = []
-    trace_batch = batch._trace_batch
+    trace_batch = batch.trace_batch
 
     def record(calls, *rest):
         batched.extend(calls)
         return trace_batch(calls, *rest)
 
-    monkeypatch.setattr(batch, "_trace_batch", record)
+    monkeypatch.setattr(batch, "trace_batch", record)
     templates.clear_memory()
     result = Decompose(method="incremental")(ep)
     assert result.notes["method"] == "incremental"
@@ -135,11 +135,11 @@ def test_calls_sharing_symbols_are_left_out_of_the_batch(name, monkeypatch):
 def test_a_batched_decomposition_equals_the_retrace(name, dynamic, monkeypatch):
     ep = _export(name, dynamic)
     tables = split_table(None)
-    calls, _, _ = templates._pending(ep, tables, templates._Session(tables))
-    batchable = sum(batch._batchable(c) for c in calls)
+    calls, _, _ = templates.pending_calls(ep, tables, templates.Session(tables))
+    batchable = sum(batch.batchable(c) for c in calls)
     alone = []
-    trace = tracing._trace
-    monkeypatch.setattr(tracing, "_trace", lambda op, *a: alone.append(op) or trace(op, *a))
+    trace = tracing.trace
+    monkeypatch.setattr(tracing, "trace", lambda op, *a: alone.append(op) or trace(op, *a))
     result = Decompose(check=True)(ep)  # raises on any difference from the retrace
     assert result.notes["method"] == "incremental" and result.notes["checked"]
     # The batch traced every static template; only symbolic ones (and those whose key
@@ -170,7 +170,7 @@ class _Two(torch.nn.Module):
 def test_a_factory_op_belongs_to_the_call_that_created_it():
     ep = torch.export.export(_Two(), (torch.randn(3, 4),))
     tables = split_table({aten.sigmoid.default: _sigmoid, aten.relu.default: _relu_with_a_factory})
-    calls, _, _ = templates._pending(ep, tables, templates._Session(tables))
+    calls, _, _ = templates.pending_calls(ep, tables, templates.Session(tables))
     assert [c.op for c in calls] == [aten.sigmoid.default, aten.relu.default]
     batched, single = _both_ways(ep, tables, calls)
     assert set(batched) == {c.key for c in calls}
@@ -184,7 +184,7 @@ def test_a_template_failing_a_check_is_left_out_and_keeps_its_fallback_reason():
     ep = torch.export.export(_Two(), (torch.randn(3, 4),))
     table = {aten.sigmoid.default: _sigmoid, aten.relu.default: _relu_with_a_constant}
     tables = split_table(table)
-    calls, _, _ = templates._pending(ep, tables, templates._Session(tables))
+    calls, _, _ = templates.pending_calls(ep, tables, templates.Session(tables))
     batched, single = _both_ways(ep, tables, calls)
     assert set(batched) == {calls[0].key}  # the sigmoid's template is kept
     assert "creates constants" in single[calls[1].key].reason
@@ -203,5 +203,5 @@ def test_fill_keeps_the_batched_templates_for_the_next_decomposition(monkeypatch
     assert templates.missing_templates(ep, tables)[0] == 0
     templates.clear_memory()
     assert templates.missing_templates(ep, tables)[0] == 0  # each on disk, under its key
-    monkeypatch.setattr(tracing, "_trace", None)  # nothing may be traced now
+    monkeypatch.setattr(tracing, "trace", None)  # nothing may be traced now
     assert Decompose(method="incremental", check=True)(ep).notes["checked"]

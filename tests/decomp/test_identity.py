@@ -341,7 +341,7 @@ def test_the_attention_backend_setting_is_part_of_the_key():
 
 def test_a_fresh_fake_has_every_property_its_key_names():
     ep = _program(_MatmulWeight(True), _X)
-    fake_mode = keys._fake_mode(ep)
+    fake_mode = keys.fake_mode_of(ep)
     values = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"]
     with fake_mode:
         values.append(torch.empty(40).as_strided((2, 3), (1, 4), 5))  # strides, an offset
@@ -349,6 +349,6 @@ def test_a_fresh_fake_has_every_property_its_key_names():
         values.append(torch.empty(3, dtype=torch.float16, device="meta"))
     for value in values:
         for grad in (False, True):
-            fake = keys._fresh_fake(fake_mode, value, grad)
+            fake = keys.fresh_fake(fake_mode, value, grad)
             assert fake is not value and fake.requires_grad is grad
-            assert keys._tensor_key(fake, fake.requires_grad) == keys._tensor_key(value, grad)
+            assert keys.tensor_key(fake, fake.requires_grad) == keys.tensor_key(value, grad)

@@ -13,7 +13,7 @@ from torch import nn
 from epass import _decomp
 from epass._decomp import identity, splice, state, templates, tracing
 from epass._decomp.check import first_difference
-from epass._decomp.table import _DefaultSplit, split_table
+from epass._decomp.table import DefaultSplit, split_table
 
 aten = torch.ops.aten
 
@@ -207,7 +207,7 @@ def test_template_traces_turn_off_the_backend_switches_the_retrace_turns_off():
     with _ignore_backend_decomps():
         theirs = _backend_switches()
     assert _backend_switches() == before
-    with state._backend_decomps_off():
+    with state.backend_decomps_off():
         ours = _backend_switches()
     assert _backend_switches() == before
     assert ours == theirs and ours != before
@@ -225,7 +225,7 @@ def test_run_decompositions_rebinds_sizes_with_the_runtime_assert_pass():
 
     source = inspect.getsource(exported_program)
     assert "insert_deferred_runtime_asserts(" in source
-    assert splice._RUNTIME_ASSERT_TRACE.split(", in ")[0] in source
+    assert splice.RUNTIME_ASSERT_TRACE.split(", in ")[0] in source
     assert "in insert_deferred_runtime_asserts" in source
     assert list(inspect.signature(insert_deferred_runtime_asserts).parameters)[:4] == [
         "gm",
@@ -263,7 +263,7 @@ def test_tracer_copies_meta_fields_from_the_node_being_run():
 
     fields = torch.fx.proxy._COPY_META_FIELDS
     assert {"original_aten", "custom", "nn_module_stack", "from_node"} <= set(fields)
-    assert set(tracing._INHERITED_META) <= set(fields)
+    assert set(tracing.INHERITED_META) <= set(fields)
     carrier = torch.fx.Graph().placeholder("carrier")
     carrier.meta["original_aten"] = "the node's own"
 
@@ -381,7 +381,7 @@ def test_the_default_table_answers_every_operator_as_torchs_split(keep, cia_op):
     # walk never meets (some libraries make them: ExecuTorch's dim-order ops had one).
     twin = getattr(cia_op._overloadpacket, "")
     assert twin is not cia_op and twin._overloadname == "default"
-    lazy = _DefaultSplit(frozenset(keep))
+    lazy = DefaultSplit(frozenset(keep))
     cia, python = _torch_split(keep)
     ops = {*cia, *python, *keep, cia_op, *_loaded_overloads()}
     assert len(ops) > len(cia) + len(python)  # operators outside the table are asked too
@@ -413,7 +413,7 @@ def test_the_default_tables_sides_build_torchs_split_when_iterated(keep, cia_op)
 
     keep = tuple(cia_op if op == "custom" else op for op in keep)
     tables = split_table(None, keep=keep)
-    split = tables.cia._split
+    split = tables.cia.split
     cia, python = _torch_split(keep)
     assert set(tables.cia) == set(cia) and len(tables.python) == len(python)
     assert split.built is not None
@@ -430,10 +430,10 @@ def test_a_core_entry_the_walk_does_not_find_builds_torchs_own_split(monkeypatch
     # one-walk build then hands over to torch's own split.
     from torch._export.utils import _is_preservable_cia_op
 
-    split = _DefaultSplit(frozenset())
-    walked = state._patchable_ops()
+    split = DefaultSplit(frozenset())
+    walked = state.patchable_ops()
     op = next(op for op in split.core if op in walked and _is_preservable_cia_op(op))
-    monkeypatch.setattr(state, "_patchable_ops", lambda: walked - {op})
+    monkeypatch.setattr(state, "patchable_ops", lambda: walked - {op})
     cia, python = split.materialize()
     theirs = _torch_split(())
     assert (cia.keys(), python.keys()) == (theirs[0].keys(), theirs[1].keys())
@@ -476,8 +476,8 @@ def test_the_ops_saved_around_a_retrace_cover_every_op_its_override_patches(keep
     from torch._export.utils import _collect_all_valid_cia_ops
 
     cia, _ = _torch_split((*keep, cia_op))
-    assert set(cia) <= state._patchable_ops()
-    assert state._patchable_ops() == _collect_all_valid_cia_ops()  # walked as torch walks
+    assert set(cia) <= state.patchable_ops()
+    assert state.patchable_ops() == _collect_all_valid_cia_ops()  # walked as torch walks
     assert cia_op in cia and aten.linear.default in cia
 
 

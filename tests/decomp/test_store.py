@@ -117,7 +117,7 @@ def test_two_processes_filling_one_directory_leave_it_sound(tmp_path):
 def cache(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     monkeypatch.setenv("EPASS_CACHE_DIR", str(folder))
-    monkeypatch.setattr(store, "_WARNED", False)
+    monkeypatch.setattr(store, "WARNED", False)
     templates.clear_memory()
     yield folder
     templates.clear_memory()
@@ -238,7 +238,7 @@ def test_a_hit_refreshes_the_entry_for_eviction(cache):
 def test_a_cache_size_that_is_not_a_size_warns_once_naming_it_and_keeps_the_default(
     cache, monkeypatch, value
 ):
-    monkeypatch.setattr(store, "_BAD_SIZES", set(), raising=False)
+    monkeypatch.setattr(store, "BAD_SIZES", set(), raising=False)
     monkeypatch.setenv("EPASS_CACHE_SIZE", value)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -266,10 +266,10 @@ def _disk_bytes(folder: Path) -> int:
 
 def test_a_small_cache_stays_within_its_bound_over_many_writes(cache, monkeypatch):
     monkeypatch.setenv("EPASS_CACHE_SIZE", "16K")
-    monkeypatch.setattr(store, "_KNOWN", {}, raising=False)
+    monkeypatch.setattr(store, "KNOWN", {}, raising=False)
     scans = []
-    files = store._files
-    monkeypatch.setattr(store, "_files", lambda d: scans.append(d) or files(d))
+    files = store.entry_files
+    monkeypatch.setattr(store, "entry_files", lambda d: scans.append(d) or files(d))
     writes = 0
     for session in range(30):  # as the decomposition engine does: writes, then prune_soon
         for i in range(10):
@@ -553,7 +553,7 @@ def test_a_filled_cache_serves_torchs_default_table_without_building_its_split(c
     templates.clear_memory()  # a new process: templates and splits forgotten, disk kept
     again = Decompose()(ep)
     assert again.notes["method"] == "incremental"
-    assert Decompose()._tables().cia._split.built is None
+    assert Decompose()._tables().cia.split.built is None
     assert first_difference(again.program, first.program) is None
 
 
