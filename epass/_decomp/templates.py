@@ -13,7 +13,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _program
-from epass._decomp import batch, identity, keys, safety, state, store, table, tracing
+from epass._decomp import batch, encoding, identity, keys, safety, state, store, table, tracing
 from epass._decomp.safety import Fallback
 from epass._program import pytree
 
@@ -348,8 +348,8 @@ def _store(key: dict[str, Any], template: tracing.Template, tables: table.Tables
     if not _storable(template, tables):
         return
     try:
-        body = store.encode(template.graph, template.inherited, template.own)
-    except store.Unrepresentable:
+        body = encoding.encode(template.graph, template.inherited, template.own)
+    except encoding.Unrepresentable:
         return
     store.store(key, body)
 
@@ -371,7 +371,7 @@ def _load(
     try:
         fakes = keys.fresh_fakes(fake_mode, values, grads)
         with torch.no_grad():  # values as a trace computes them (under no_grad)
-            graph, inherited, own = store.decode(body, fakes, fake_mode, tracing.INHERITED_META)
+            graph, inherited, own = encoding.decode(body, fakes, fake_mode, tracing.INHERITED_META)
         for node in graph.nodes:
             if node.op == "call_function" and not (
                 _program.is_op_overload(node.target) or safety.is_plain_call(node.target)
