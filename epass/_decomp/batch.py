@@ -4,6 +4,7 @@ graph split back into one template per call."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -45,10 +46,27 @@ def trace_batch(
     own (a node reading another call's nodes), is left out; so is every call when the
     trace fails or creates symbols. Those are traced one at a time, as before.
     """
+    bounds: list[tuple[int, int]] = []
+    shape_env = fake_mode.shape_env
+    before = tracing.symbol_count(shape_env)
+    fakes = keys.fresh_fakes(
+        fake_mode, (v for c in calls for v in c.values), (g for c in calls for g in c.grads)
+    )
+    try:
+        gm = tracing.capture(_run_each(calls, bounds), fakes, tables, fake_mode, overrides)
+    except Exception:  # each call's own trace raises (or not) as it always did
+        return {}
+    if shape_env is not None and tracing.symbol_count(shape_env) != before:
+        return {}
+    return _split(list(gm.graph.nodes), len(fakes), calls, bounds, tables)
+
+
+def _run_each(calls: list[Pending], bounds: list[tuple[int, int]]) -> Callable[..., Any]:
+    """The function a batch traces: each call in turn on its own inputs. ``bounds``
+    gets the range of the graph's nodes each call created."""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
     plans = [pytree.tree_flatten((c.args, c.kwargs)) for c in calls]
-    bounds: list[tuple[int, int]] = []
 
     def fn(*xs: Any) -> Any:
         mode = get_proxy_mode()
@@ -67,19 +85,18 @@ def trace_batch(
             pos += len(call.values)
         return tuple(outs)
 
-    shape_env = fake_mode.shape_env
-    before = tracing.symbol_count(shape_env)
-    fakes = keys.fresh_fakes(
-        fake_mode, (v for c in calls for v in c.values), (g for c in calls for g in c.grads)
-    )
-    try:
-        gm = tracing.capture(fn, fakes, tables, fake_mode, overrides)
-    except Exception:  # each call's own trace raises (or not) as it always did
-        return {}
-    if shape_env is not None and tracing.symbol_count(shape_env) != before:
-        return {}
-    nodes = list(gm.graph.nodes)
-    n_inputs = len(fakes)
+    return fn
+
+
+def _split(
+    nodes: list[torch.fx.Node],
+    n_inputs: int,
+    calls: list[Pending],
+    bounds: list[tuple[int, int]],
+    tables: table.Tables,
+) -> dict[Any, tracing.Template]:
+    """The batch's graph (``nodes``, the first ``n_inputs`` of them its inputs) split
+    into the calls' templates, by key (none when a node is claimed twice or by no call)."""
     output = nodes[-1]
     results = output.args[0]
     if (

@@ -273,6 +273,20 @@ def decode(
     if len(names) != len(input_values):
         raise ValueError("has another number of inputs")
     graph = torch.fx.Graph()
+    nodes = _decode_inputs(graph, names, input_values)
+    inherited: dict[Any, tuple[str, ...]] = {}
+    own: dict[Any, dict[str, Any]] = {}
+    for entry in entries:
+        node, inherited[node], own[node] = _decode_node(
+            graph, entry, nodes, fake_mode, inherited_fields
+        )
+        nodes.append(node)
+    graph.output(_decode_value(body["output"], nodes))
+    return graph, inherited, own
+
+
+def _decode_inputs(graph: Any, names: list[Any], input_values: list[Any]) -> list[Any]:
+    """The template's placeholders, each holding its input's value."""
     nodes: list[Any] = []
     for name, value in zip(names, input_values, strict=True):
         if not isinstance(name, str) or not _NAME.match(name):
@@ -280,43 +294,49 @@ def decode(
         ph = graph.placeholder(name)
         ph.meta["val"] = value
         nodes.append(ph)
-    inherited: dict[Any, tuple[str, ...]] = {}
-    own: dict[Any, dict[str, Any]] = {}
-    fields = {"name", "target", "args", "kwargs", "inherited", "own", "custom"}
-    for entry in entries:
-        if not isinstance(entry, dict) or set(entry) != fields:
-            raise ValueError("has a malformed node")
-        name = entry["name"]
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError("has a malformed node name")
-        target = _resolve_target(entry["target"])
-        args = _decode_value(entry["args"], nodes)
-        pairs = entry["kwargs"]
-        if not isinstance(args, tuple) or not isinstance(pairs, list):
-            raise ValueError("has malformed arguments")
-        if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
-            raise ValueError("has malformed keyword arguments")
-        kwargs = {k: _decode_value(v, nodes) for k, v in pairs}
-        taken = entry["inherited"]
-        if not isinstance(taken, list) or not set(taken) <= set(inherited_fields):
-            raise ValueError("has unknown inherited meta")
-        own_data, custom = entry["own"], entry["custom"]
-        if not isinstance(own_data, dict) or not set(own_data) <= set(inherited_fields):
-            raise ValueError("has unknown meta")
-        if custom is not None and not isinstance(custom, dict):
-            raise ValueError("has malformed custom meta")
-        node = graph.create_node("call_function", target, args, kwargs, name=name)
-        if node.name != name:
-            raise ValueError("has a repeated node name")
-        # The values are recomputed here, from operators looked up above, on fake
-        # tensors: the entry holds no values of its own.
-        vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-        with fake_mode:
-            node.meta["val"] = target(*vals[0], **vals[1])
-        inherited[node] = tuple(taken)
-        own[node] = {k: _decode_value(v, nodes) for k, v in own_data.items()}
-        if custom:
-            node.meta["custom"] = {str(k): _decode_value(v, nodes) for k, v in custom.items()}
-        nodes.append(node)
-    graph.output(_decode_value(body["output"], nodes))
-    return graph, inherited, own
+    return nodes
+
+
+_NODE_FIELDS = {"name", "target", "args", "kwargs", "inherited", "own", "custom"}
+
+
+def _decode_node(
+    graph: Any, entry: Any, nodes: list[Any], fake_mode: Any, inherited_fields: tuple[str, ...]
+) -> tuple[Any, tuple[str, ...], dict[str, Any]]:
+    """The node ``entry`` describes, added to ``graph`` after ``nodes`` (which it may
+    read), with the meta fields it inherits and its own."""
+    import torch
+
+    if not isinstance(entry, dict) or set(entry) != _NODE_FIELDS:
+        raise ValueError("has a malformed node")
+    name = entry["name"]
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError("has a malformed node name")
+    target = _resolve_target(entry["target"])
+    args = _decode_value(entry["args"], nodes)
+    pairs = entry["kwargs"]
+    if not isinstance(args, tuple) or not isinstance(pairs, list):
+        raise ValueError("has malformed arguments")
+    if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
+        raise ValueError("has malformed keyword arguments")
+    kwargs = {k: _decode_value(v, nodes) for k, v in pairs}
+    taken = entry["inherited"]
+    if not isinstance(taken, list) or not set(taken) <= set(inherited_fields):
+        raise ValueError("has unknown inherited meta")
+    own_data, custom = entry["own"], entry["custom"]
+    if not isinstance(own_data, dict) or not set(own_data) <= set(inherited_fields):
+        raise ValueError("has unknown meta")
+    if custom is not None and not isinstance(custom, dict):
+        raise ValueError("has malformed custom meta")
+    node = graph.create_node("call_function", target, args, kwargs, name=name)
+    if node.name != name:
+        raise ValueError("has a repeated node name")
+    # The values are recomputed here, from operators looked up above, on fake
+    # tensors: the entry holds no values of its own.
+    vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+    with fake_mode:
+        node.meta["val"] = target(*vals[0], **vals[1])
+    own = {k: _decode_value(v, nodes) for k, v in own_data.items()}
+    if custom:
+        node.meta["custom"] = {str(k): _decode_value(v, nodes) for k, v in custom.items()}
+    return node, tuple(taken), own
