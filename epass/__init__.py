@@ -12,7 +12,7 @@ The package is layered; each layer imports only from the ones below it
     built-ins    passes/*
     engine       manager, instrumentation, io
     contract     protocol, records, linker, registry
-    core         errors, verify, _program, _graph, _version
+    core         errors, verify, _decomp/, _program, _graph, _version
 """
 
 from __future__ import annotations

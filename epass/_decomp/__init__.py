@@ -3,8 +3,9 @@
 One concept a module, each importing only from those listed before it
 (pyproject.toml's contract "the decomposition engine's modules"):
 
-- ``store``: the on-disk template cache, its files and format (stdlib only at import,
-  so that ``epass cache`` starts without torch).
+- ``store``: the files of the on-disk template cache (stdlib only at import, so that
+  ``epass cache`` starts without torch); ``encoding``: a template as JSON data and
+  back (stdlib only at import too).
 - ``state``: torch's process-global state: ``LOCK``, ``torch_state``,
   ``run_decompositions`` as epass calls it.
 - ``table``: a table split the way ``run_decompositions`` splits it, and
