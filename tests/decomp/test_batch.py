@@ -1,5 +1,6 @@
-"""One batched trace for all of a program's missing templates: each template it gives
-is the one its own trace gives, and what it cannot tell apart is traced alone."""
+"""``epass._decomp.batch``: one batched trace for all of a program's missing templates:
+each template it gives is the one its own trace gives, and what it cannot tell apart
+is traced alone."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Decomposition templates are never wrong: a user's decomposition is cached only
-through the identity it declares, and a template key holds every property of its
-inputs, and every process setting, that torch's decompositions read."""
+"""``epass._decomp.identity``: a user's decomposition is cached only through the
+identity it declares, torch's own by identity, and a table that cannot be named is
+traced for its run alone."""
 
 from __future__ import annotations
 
@@ -13,16 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
+from decomp_helpers import ROOT
 from torch import nn
 
 from epass import Decompose
-from epass._decomp import identity, keys, store
+from epass._decomp import identity
 from epass._decomp.check import first_difference
-from epass._decomp.state import run_decompositions
 from epass._decomp.table import split_table
 
-ROOT = Path(__file__).resolve().parents[2]
 aten = torch.ops.aten
 
 # One decomposition of aten.silu for every way a function may read state that no
@@ -225,130 +223,26 @@ def test_a_python_kernel_registered_for_an_aten_operator_turns_the_disk_cache_of
 # --- every property of an input a decomposition may read --------------------------
 
 
-class _MatmulWeight(nn.Module):
-    """``weight @ x.transpose(1, 2)``: torch's matmul folds to ``mm`` when the weight
-    requires grad (transformers' Mamba does this)."""
+def _closure_table(value, key=None):
+    def silu(x):
+        return aten.mul.Tensor(aten.sigmoid.default(x), value)
 
-    def __init__(self, parameter: bool) -> None:
-        super().__init__()
-        weight = torch.randn(8, 4)
-        if parameter:
-            self.weight = nn.Parameter(weight)
-        else:
-            self.register_buffer("weight", weight)
-
-    def forward(self, x):
-        return self.weight @ x.transpose(1, 2)
+    if key is not None:
+        silu.cache_key = key
+    return {aten.silu.default: silu}
 
 
-class _Reshape(nn.Module):
-    def forward(self, x):
-        return x.reshape(x.shape[0], -1) * 2
+def _name(table):
+    return identity.cache_name(split_table(table))
 
 
-class _Mean(nn.Module):
-    def forward(self, x):
-        return torch.var_mean(x, dim=1)[0] + x.sum()
-
-
-class _Attention(nn.Module):
-    def forward(self, q):
-        return F.scaled_dot_product_attention(q, q, q)
-
-
-def _program(module, x):
-    return torch.export.export(module.eval(), (x,))
-
-
-_X = torch.randn(2, 3, 4)
-_IMAGE = torch.randn(2, 3, 4, 5)
-# Pairs of programs whose nodes differ in exactly one property of one input.
-_VARIANTS = {
-    "requires_grad (buffer, then parameter)": lambda: [
-        _program(_MatmulWeight(False), _X),
-        _program(_MatmulWeight(True), _X),
-    ],
-    "requires_grad of a user input": lambda: [
-        _program(_MatmulWeight(False), _X),
-        _program(_MatmulWeight(False), _X.clone().requires_grad_(True)),
-    ],
-    "memory format": lambda: [
-        _program(_Reshape(), _IMAGE),
-        _program(_Reshape(), _IMAGE.to(memory_format=torch.channels_last)),
-    ],
-    "strides": lambda: [
-        _program(_Reshape(), _X),
-        _program(_Reshape(), _X.transpose(1, 2).contiguous().transpose(1, 2)),
-    ],
-    "dtype": lambda: [
-        _program(_Mean(), _X),
-        _program(_Mean(), _X.to(torch.float64)),
-    ],
-    "device": lambda: [
-        _program(_Mean(), _X),
-        _program(_Mean(), _X.to("meta")),
-    ],
-}
-
-
-@pytest.mark.parametrize("variant", list(_VARIANTS))
-def test_programs_differing_in_one_input_property_each_get_torchs_graph(
-    variant, tmp_path, monkeypatch
-):
-    monkeypatch.setenv(store.DIR_ENV, str(tmp_path))  # a disk cache of its own
-    for ep in _VARIANTS[variant]():
-        result = Decompose(method="incremental")(ep)
-        ref = run_decompositions(ep)
-        assert first_difference(result.program, ref) is None, variant
-        ops = [str(n.target) for n in result.program.graph.nodes if n.op == "call_function"]
-        assert ops == [str(n.target) for n in ref.graph.nodes if n.op == "call_function"]
-
-
-def test_a_parameter_gets_the_retraces_mm_path_after_a_buffer_of_its_shape():
-    _, parameter = _VARIANTS["requires_grad (buffer, then parameter)"]()
-    Decompose(method="incremental")(_program(_MatmulWeight(False), _X))
-    out = Decompose(method="incremental")(parameter).program
-    assert aten.mm.default in {n.target for n in out.graph.nodes}
-
-
-def test_the_retraces_view_of_a_state_tensor_decides_its_key():
-    ep = _program(_MatmulWeight(True), _X)
-    ep.state_dict["weight"].requires_grad_(False)  # the retrace fakes this tensor
-    out = Decompose(method="incremental")(ep).program
-    assert first_difference(out, run_decompositions(ep)) is None
-
-
-def test_a_state_tensor_unlike_the_one_recorded_keeps_the_retrace():
-    ep = _program(_MatmulWeight(True), _X)
-    ep.state_dict["weight"] = nn.Parameter(torch.randn(4, 8).t())  # other strides
-    result = Decompose()(ep)
-    assert result.notes["method"] == "retrace"
-    why = result.notes["fallback"]
-    assert "state tensor p_weight is not the tensor the program recorded" in why
-
-
-def test_the_attention_backend_setting_is_part_of_the_key():
-    ep = _program(_Attention(), torch.randn(1, 2, 8, 16))
-    flash = torch.backends.cuda.flash_sdp_enabled()
-    try:
-        for enabled in (True, False, True):
-            torch.backends.cuda.enable_flash_sdp(enabled)
-            out = Decompose(method="incremental")(ep).program
-            assert first_difference(out, run_decompositions(ep)) is None
-    finally:
-        torch.backends.cuda.enable_flash_sdp(flash)
-
-
-def test_a_fresh_fake_has_every_property_its_key_names():
-    ep = _program(_MatmulWeight(True), _X)
-    fake_mode = keys.fake_mode_of(ep)
-    values = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"]
-    with fake_mode:
-        values.append(torch.empty(40).as_strided((2, 3), (1, 4), 5))  # strides, an offset
-        values.append(torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last))
-        values.append(torch.empty(3, dtype=torch.float16, device="meta"))
-    for value in values:
-        for grad in (False, True):
-            fake = keys.fresh_fake(fake_mode, value, grad)
-            assert fake is not value and fake.requires_grad is grad
-            assert keys.tensor_key(fake, fake.requires_grad) == keys.tensor_key(value, grad)
+def test_a_users_table_is_named_only_through_the_identity_it_declares():
+    undeclared = _name(_closure_table(2.0))
+    assert undeclared.table is None
+    assert "silu (aten.silu.default) declares no cache identity" in undeclared.why_not
+    a, b = _name(_closure_table(2.0, "two")), _name(_closure_table(3.0, "three"))
+    assert None not in (a.table, b.table) and a.table != b.table
+    # The declaration names the behaviour, whatever the closure holds.
+    assert _name(_closure_table(object(), "two")).table == a.table
+    # torch's own decompositions are named by identity, however they are collected.
+    assert _name(torch._decomp.core_aten_decompositions()).table is not None

@@ -1,5 +1,6 @@
-"""Decompose from several threads at once: every output is the single-thread output,
-no input changes, and torch's global state is as before once the threads end."""
+"""``epass._decomp.state``: Decompose from several threads at once: every output is the
+single-thread output, no input changes, and torch's global state is as before once the
+threads end."""
 
 from __future__ import annotations
 

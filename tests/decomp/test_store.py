@@ -1,13 +1,12 @@
-"""The template cache on disk: reused by new processes with the same result as the
-retrace, safe against whatever lies in its directory, shared by concurrent processes."""
+"""``epass._decomp.store``: the files of the template cache on disk, private, bounded,
+safe against whatever lies in its directory, shared by concurrent processes, and
+read by ``epass cache`` without torch."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import pickle
 import stat
 import subprocess
 import sys
@@ -18,113 +17,13 @@ from pathlib import Path
 import models
 import pytest
 import torch
+from decomp_helpers import ROOT, entry_paths
 
 import epass
 from epass import Decompose
-from epass._decomp import identity, state, store, templates
-from epass._decomp.check import first_difference
-from epass._decomp.table import split_table
-from epass.passes import decompose as decompose_module
+from epass._decomp import store, templates
 
-ROOT = Path(__file__).resolve().parents[2]
 aten = torch.ops.aten
-
-# Decomposes zoo programs and prints, per program, the first difference from the
-# retrace and the decomposed graph's code, plus this process's disk cache counters.
-_ZOO_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    sys.path.insert(0, "tests")
-    import models
-    from epass import Decompose
-    from epass._decomp import state, store
-    from epass._decomp.check import first_difference
-    result = {}
-    for name in sys.argv[1].split(","):
-        for dynamic in (False, True):
-            _, ep, _ = models.export(name, dynamic=dynamic)
-            out = Decompose()(ep)
-            ref = state.run_decompositions(ep)
-            result[f"{name}/{dynamic}"] = [
-                out.notes["method"], first_difference(out.program, ref),
-                out.program.graph_module.code,
-            ]
-    print(json.dumps({"programs": result, "disk": store.info()}))
-    """
-)
-
-
-def _run(script: str, cache: Path, *args: str) -> dict:
-    env = {**os.environ, "EPASS_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _check_zoo(names: str, cache: Path) -> None:
-    cold = _run(_ZOO_SCRIPT, cache, names)
-    assert cold["disk"]["writes"] > 0 and cold["disk"]["hits"] == 0
-    warm = _run(_ZOO_SCRIPT, cache, names)
-    assert warm["disk"]["hits"] > 0 and warm["disk"]["rejected"] == 0
-    for key, (method, difference, code) in warm["programs"].items():
-        assert difference is None, key  # disk-loaded templates give torch's program
-        assert cold["programs"][key][0] == method, key
-        assert cold["programs"][key][2] == code, key  # and the in-memory path's
-
-
-def test_templates_loaded_in_a_new_process_give_the_retrace(tmp_path):
-    _check_zoo("mlp,transformer", tmp_path / "cache")
-
-
-@pytest.mark.slow
-def test_every_zoo_program_from_disk_equals_the_retrace(tmp_path):
-    _check_zoo(",".join(models.CASES), tmp_path / "cache")
-
-
-def test_two_processes_filling_one_directory_leave_it_sound(tmp_path):
-    cache = tmp_path / "cache"
-    env = {**os.environ, "EPASS_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _ZOO_SCRIPT, "transformer,convbn"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    for p in procs:
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err[-3000:]
-        for key, (_, difference, _) in json.loads(out.splitlines()[-1])["programs"].items():
-            assert difference is None, key
-    assert not [n for n in os.listdir(cache / "templates-v1") if n.endswith(".tmp")]
-    third = _run(_ZOO_SCRIPT, cache, "transformer,convbn")
-    assert third["disk"]["rejected"] == 0 and third["disk"]["writes"] == 0
-    assert third["disk"]["hits"] > 0
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("EPASS_CACHE_DIR", str(folder))
-    monkeypatch.setattr(store, "WARNED", False)
-    templates.clear_memory()
-    yield folder
-    templates.clear_memory()
-
-
-def _entries(folder: Path) -> list[Path]:
-    return sorted((folder / "templates-v1").glob("*.json"))
 
 
 def test_cache_directory_is_private_and_entries_are_data(cache):
@@ -132,7 +31,7 @@ def test_cache_directory_is_private_and_entries_are_data(cache):
     Decompose(method="incremental")(ep)
     assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(cache / "templates-v1").st_mode) == 0o700
-    entries = _entries(cache)
+    entries = entry_paths(cache)
     assert entries
     for path in entries:
         entry = json.loads(path.read_text())
@@ -156,66 +55,10 @@ def test_default_directory_follows_xdg(monkeypatch, tmp_path):
     assert store.directory() == Path.home() / ".cache" / "epass"
 
 
-def _rewrite(path: Path, change) -> None:
-    entry = json.loads(path.read_text())
-    change(entry)
-    body = json.dumps(entry["template"], sort_keys=True, separators=(",", ":"))
-    entry["sha256"] = hashlib.sha256(body.encode()).hexdigest()
-    path.write_text(json.dumps(entry))
-
-
-class _Marker:
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
-
-
-def test_hostile_and_broken_entries_are_ignored_with_one_warning(cache, tmp_path):
-    _, ep, _ = models.export("transformer")
-    Decompose(method="incremental")(ep)
-    entries = _entries(cache)
-    assert len(entries) >= 8
-    marker = tmp_path / "marker"
-
-    def target(name):
-        def change(entry):
-            entry["template"]["nodes"][0]["target"] = name
-
-        return change
-
-    entries[0].write_bytes(pickle.dumps(_Marker(str(marker))))
-    entries[1].write_text(entries[1].read_text()[:40])  # truncated
-    _rewrite(entries[2], lambda e: e.update(format=0))
-    _rewrite(entries[3], lambda e: e["key"].update(op="aten.add.Tensor"))
-    _rewrite(entries[4], target("aten.no_such_op.default"))
-    _rewrite(entries[5], target("builtins.exec"))
-    _rewrite(entries[6], target("os.system"))
-
-    def save(entry):
-        node = entry["template"]["nodes"][0]
-        node.update(target="aten.save.default", args={"tuple": [{"ref": 0}, str(marker)]})
-
-    _rewrite(entries[7], save)  # would write the marker if called
-    templates.clear_memory()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = Decompose(method="incremental")(ep).program
-    mine = [w for w in caught if "template cache" in str(w.message)]
-    assert len(mine) == 1, [str(w.message) for w in mine]
-    assert not marker.exists()  # nothing in the entries ran
-    assert first_difference(out, state.run_decompositions(ep)) is None
-    assert store.info()["rejected"] == 8
-    # Rejected entries were rebuilt: the next process finds sound ones.
-    for path in entries[:8]:
-        assert json.loads(path.read_text())["format"] == store.FORMAT
-
-
 def test_eviction_drops_the_least_recently_used_entries(cache):
     _, ep, _ = models.export("transformer")
     Decompose(method="incremental")(ep)
-    entries = _entries(cache)
+    entries = entry_paths(cache)
     for age, path in enumerate(entries):
         os.utime(path, (1000 + age, 1000 + age))
     sizes = [p.stat().st_size for p in entries]
@@ -227,11 +70,11 @@ def test_eviction_drops_the_least_recently_used_entries(cache):
 def test_a_hit_refreshes_the_entry_for_eviction(cache):
     _, ep, _ = models.export("mlp")
     Decompose(method="incremental")(ep)
-    for path in _entries(cache):
+    for path in entry_paths(cache):
         os.utime(path, (1000, 1000))
     templates.clear_memory()
     Decompose(method="incremental")(ep)
-    assert all(p.stat().st_mtime > 1000 for p in _entries(cache))
+    assert all(p.stat().st_mtime > 1000 for p in entry_paths(cache))
 
 
 @pytest.mark.parametrize("value", ["lots", "-5", "1e9x", "64 M B", "0x10"])
@@ -261,7 +104,7 @@ def test_a_cache_size_takes_bytes_or_binary_units(monkeypatch, value, size):
 
 
 def _disk_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in _entries(folder))
+    return sum(p.stat().st_size for p in entry_paths(folder))
 
 
 def test_a_small_cache_stays_within_its_bound_over_many_writes(cache, monkeypatch):
@@ -285,7 +128,7 @@ def test_an_entry_larger_than_the_bound_is_not_written_and_evicts_nothing(cache,
     monkeypatch.setenv("EPASS_CACHE_SIZE", "4K")
     assert store.store({"small": 1}, {"pad": "x"})
     assert not store.store({"large": 1}, {"pad": "x" * 5000})
-    assert [json.loads(p.read_text())["key"] for p in _entries(cache)] == [{"small": 1}]
+    assert [json.loads(p.read_text())["key"] for p in entry_paths(cache)] == [{"small": 1}]
     monkeypatch.setenv("EPASS_CACHE_SIZE", "0")  # keeps nothing
     assert not store.store({"small": 2}, {"pad": "x"})
 
@@ -327,102 +170,6 @@ def test_processes_writing_one_small_cache_keep_it_bounded(tmp_path):
     assert _disk_bytes(cache) <= bound
 
 
-def _closure_table(value, key=None):
-    def silu(x):
-        return aten.mul.Tensor(aten.sigmoid.default(x), value)
-
-    if key is not None:
-        silu.cache_key = key
-    return {aten.silu.default: silu}
-
-
-def _name(table):
-    return identity.cache_name(split_table(table))
-
-
-def test_a_users_table_is_named_only_through_the_identity_it_declares():
-    undeclared = _name(_closure_table(2.0))
-    assert undeclared.table is None
-    assert "silu (aten.silu.default) declares no cache identity" in undeclared.why_not
-    a, b = _name(_closure_table(2.0, "two")), _name(_closure_table(3.0, "three"))
-    assert None not in (a.table, b.table) and a.table != b.table
-    # The declaration names the behaviour, whatever the closure holds.
-    assert _name(_closure_table(object(), "two")).table == a.table
-    # torch's own decompositions are named by identity, however they are collected.
-    assert _name(torch._decomp.core_aten_decompositions()).table is not None
-
-
-def test_public_cache_info_and_clear_cover_memory_and_disk(cache):
-    _, ep, _ = models.export("mlp")
-    Decompose(method="incremental")(ep)
-    info = epass.cache_info()
-    assert info["memory"]["size"] > 0 and info["disk"]["entries"] > 0
-    assert info["disk"]["directory"] == str(cache)
-    epass.clear_cache()
-    info = epass.cache_info()
-    assert info["memory"]["size"] == 0 and info["disk"]["entries"] == 0
-
-
-def test_auto_decomposes_a_cold_program_incrementally_with_one_batch(cache):
-    _, ep, _ = models.export("transformer")
-    tables = split_table(None)
-    batched, alone, nodes = templates.template_work(ep, tables)
-    assert batched > 1 and alone == 0 and nodes == len(ep.graph.nodes)
-    result = Decompose()(ep)  # a batched trace costs less than the retrace
-    assert result.notes["method"] == "incremental"
-    decision = result.notes["decision"]
-    assert decision.startswith(f"incremental: {batched} templates to trace ({batched} in one")
-    assert f"against a retrace of {nodes} nodes" in decision
-    assert templates.missing_templates(ep, tables)[0] == 0
-
-
-def test_auto_says_why_it_went_either_way_and_only_when_it_weighed(cache):
-    _, ep, _ = models.export("mlp")
-    for method in ("incremental", "retrace"):  # nothing to weigh
-        assert "decision" not in Decompose(method=method)(ep).notes
-    again = Decompose()(ep)  # the incremental run traced every template
-    assert again.notes["method"] == "incremental"
-    assert again.notes["decision"] == (
-        "incremental: every template it needs is in memory or on disk"
-    )
-
-
-def test_auto_retraces_when_tracing_would_cost_more_and_fills_what_fits(cache, monkeypatch):
-    _, ep, _ = models.export("transformer")
-    tables = split_table(None)
-    missing, nodes = templates.missing_templates(ep, tables)
-    assert missing > 3 and nodes == len(ep.graph.nodes)
-    # A batch of every template costs far more than the retrace's estimate, of which
-    # the retrace leaves about 3 templates' worth for the fill.
-    monkeypatch.setattr(decompose_module, "_SESSION_SECONDS", 0.0)
-    monkeypatch.setattr(decompose_module, "_BATCH_SECONDS", 0.0)
-    monkeypatch.setattr(decompose_module, "_BATCH_TEMPLATE_SECONDS", 100.0)
-    monkeypatch.setattr(decompose_module, "_RETRACE_SECONDS", 350.0)
-    result = Decompose()(ep)
-    assert result.notes["method"] == "retrace"
-    decision = result.notes["decision"]
-    assert decision.startswith(f"retrace: {missing} templates to trace ({missing} in one batch")
-    assert f"then traced 3 of {missing} templates for next time" in decision
-    assert templates.missing_templates(ep, tables)[0] == missing - 3
-
-
-def test_auto_fills_nothing_when_the_retrace_leaves_no_time(cache, monkeypatch):
-    _, ep, _ = models.export("transformer")
-    tables = split_table(None)
-    missing, _ = templates.missing_templates(ep, tables)
-    with monkeypatch.context() as m:
-        m.setattr(decompose_module, "_BATCH_TEMPLATE_SECONDS", 1000.0)
-        m.setattr(decompose_module, "_RETRACE_SECONDS", 0.0)
-        m.setattr(decompose_module, "_RETRACE_NODE_SECONDS", 0.0)
-        result = Decompose()(ep)
-    assert result.notes["method"] == "retrace"
-    assert "traced nothing for next time" in result.notes["decision"]
-    assert templates.missing_templates(ep, tables)[0] == missing  # nothing was traced
-    again = Decompose()(ep)  # with the real estimates the batch is cheaper
-    assert again.notes["method"] == "incremental"
-    assert again.notes["decision"].startswith(f"incremental: {missing} templates to trace")
-
-
 def test_cache_command_starts_without_torch(cache):
     env = {**os.environ, "EPASS_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
     script = (
@@ -439,7 +186,7 @@ def test_cache_command_starts_without_torch(cache):
     assert json.loads(done.stdout)["directory"] == str(cache)
     _, ep, _ = models.export("mlp")
     Decompose(method="incremental")(ep)
-    assert _entries(cache)
+    assert entry_paths(cache)
     done = subprocess.run(
         [sys.executable, "-m", "epass", "cache", "clear"],
         env=env,
@@ -448,16 +195,7 @@ def test_cache_command_starts_without_torch(cache):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "removed" in done.stdout and not _entries(cache)
-
-
-def test_auto_keeps_the_fallback_reason_of_a_program_it_cannot_rewrite(cache, monkeypatch):
-    _, ep, _ = models.export("seed")  # a buffer mutated in place
-    monkeypatch.setattr(decompose_module, "_TRACE_SECONDS", 1000.0)
-    result = Decompose()(ep)
-    assert result.notes["method"] == "retrace"
-    assert "mutating op" in result.notes["fallback"]
-    assert "decision" not in result.notes  # nothing to weigh: the fallback says why
+    assert "removed" in done.stdout and not entry_paths(cache)
 
 
 def test_a_cache_directory_others_can_write_is_not_used(cache):
@@ -469,7 +207,7 @@ def test_a_cache_directory_others_can_write_is_not_used(cache):
         assert store.store({"k": 1}, {"inputs": []}) is False
         assert store.load({"k": 1}) is None
     assert any("writable by other users" in str(w.message) for w in caught)
-    assert not (cache / "templates-v1").exists() or not _entries(cache)
+    assert not (cache / "templates-v1").exists() or not entry_paths(cache)
     os.chmod(cache, 0o700)
     (cache / "templates-v1").mkdir(exist_ok=True)
     os.chmod(cache / "templates-v1", 0o757)
@@ -511,29 +249,6 @@ def test_an_entry_that_is_a_fifo_or_a_symlink_is_ignored_without_blocking(cache,
     assert path.is_file() and not path.is_symlink()
 
 
-def test_an_entry_whose_result_does_not_match_the_operator_is_rejected_and_rebuilt(cache):
-    # Well-formed, with the right checksum, but not what the operator returns: its
-    # result has another structure, or another shape than the operator's.
-    _, ep, _ = models.export("transformer")
-    Decompose(method="incremental")(ep)
-    ops = {p: json.loads(p.read_text())["key"]["op"] for p in _entries(cache)}
-    linear = next(p for p, op in ops.items() if op == "aten.linear.default")
-    transpose = next(p for p, op in ops.items() if op == "aten.transpose.int")
-    _rewrite(linear, lambda e: e["template"].update(output={"ref": 1}))  # the weight
-    _rewrite(transpose, lambda e: e["template"].update(output={"list": []}))
-    templates.clear_memory()
-    before = store.info()["rejected"]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = Decompose(method="incremental")(ep)
-    assert len([w for w in caught if "template cache" in str(w.message)]) == 1
-    assert store.info()["rejected"] - before == 2
-    assert result.notes["method"] == "incremental"
-    assert first_difference(result.program, state.run_decompositions(ep)) is None
-    for path in (linear, transpose):  # rebuilt
-        assert json.loads(path.read_text())["template"]["output"] != {"list": []}
-
-
 def test_cache_info_and_clear_report_an_unusable_directory_as_empty(monkeypatch, tmp_path):
     # A name the file system refuses (too long): stat raises, not just "missing".
     monkeypatch.setenv("EPASS_CACHE_DIR", str(tmp_path / ("x" * 300)))
@@ -542,19 +257,6 @@ def test_cache_info_and_clear_report_an_unusable_directory_as_empty(monkeypatch,
     assert store.clear()[0] == 0
     assert store.store({"k": 1}, {"inputs": []}) is False
     assert store.load({"k": 1}) is None
-
-
-@pytest.mark.parametrize("name", ["mlp", "transformer", "convbn"])
-def test_a_filled_cache_serves_torchs_default_table_without_building_its_split(cache, name):
-    # Building torch's split walks every operator torch knows; a process whose
-    # templates are all on disk has no trace to run and so no use for it.
-    _, ep, _ = models.export(name)
-    first = Decompose()(ep)
-    templates.clear_memory()  # a new process: templates and splits forgotten, disk kept
-    again = Decompose()(ep)
-    assert again.notes["method"] == "incremental"
-    assert Decompose()._tables().cia.split.built is None
-    assert first_difference(again.program, first.program) is None
 
 
 def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
