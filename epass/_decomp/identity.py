@@ -23,7 +23,7 @@ import attrs
 import torch
 
 from epass._decomp import state, store
-from epass._decomp.table import DefaultSide, Tables
+from epass._decomp.table import DefaultSide, Tables, cia_binding_code, preserve_marker
 
 __all__ = [
     "CACHE_KEY",
@@ -181,29 +181,15 @@ def _registry_name(fn: Any, op: Any) -> str | None:
     return hit[1] if hit is not None and hit[0] is fn else None
 
 
-@functools.cache
-def _cia_code() -> types.CodeType | None:
-    """The code of the function torch's ``_get_decomp_for_cia`` binds to an operator
-    (a new ``functools.partial`` at every call, so known by its code object)."""
-    from torch._export.utils import _get_decomp_for_cia
-
-    for const in _get_decomp_for_cia.__code__.co_consts:
-        if isinstance(const, types.CodeType) and const.co_name == "_special_op_to_decompose_cia":
-            return const
-    return None
-
-
 def torch_name(fn: Any, op: Any) -> str | None:
     """The name of ``fn`` if it is torch's own: the very object torch registers for an
     operator (its decomposition registry, the preserve marker, an operator's Python
     CompositeImplicitAutograd kernel, or its ``_get_decomp_for_cia`` binding)."""
-    from torch.export.exported_program import _special_op_to_preserve_cia
-
-    if fn is _special_op_to_preserve_cia:
+    if fn is preserve_marker():
         return "torch:preserve"
     if (
         isinstance(fn, functools.partial)
-        and getattr(fn.func, "__code__", None) is _cia_code()
+        and getattr(fn.func, "__code__", None) is cia_binding_code()
         and not fn.args
         and set(fn.keywords) == {"kernel"}
         and isinstance(fn.keywords["kernel"], torch._ops.OpOverload)

@@ -192,11 +192,16 @@ def values_of(arg: Any) -> Any:
     return torch.fx.node.map_arg(arg, lambda n: n.meta["val"])
 
 
-def fake_mode_of(ep: ExportedProgram) -> Any:
+def detected_fake_mode(ep: ExportedProgram) -> Any:
+    """The fake mode of the program's tensor inputs (None: it has none)."""
     from torch._guards import detect_fake_mode
 
     vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
-    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+
+
+def fake_mode_of(ep: ExportedProgram) -> Any:
+    mode = detected_fake_mode(ep)
     if mode is None:
         raise Fallback("no fake tensor mode on the inputs")
     return mode

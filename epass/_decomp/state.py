@@ -82,6 +82,14 @@ def patchable_ops() -> frozenset[Any]:
     return frozenset(ops)
 
 
+def is_preservable(op: Any) -> bool:
+    """Whether torch may preserve the CompositeImplicitAutograd operator ``op``
+    (functional, not aliasing, with a kernel: ``_is_preservable_cia_op``)."""
+    from torch._export.utils import _is_preservable_cia_op
+
+    return bool(_is_preservable_cia_op(op))
+
+
 def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgram:
     """``ep.run_decompositions(table)``, under :func:`torch_state` for every operator its
     CompositeImplicitAutograd override can patch. The only way epass calls it."""

@@ -4,6 +4,8 @@ answer to "does this table rewrite op X"."""
 from __future__ import annotations
 
 import collections
+import functools
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -149,11 +151,10 @@ class DefaultSplit:
         answer = self._answers.get(op)
         if answer is not None:
             return answer
-        from torch._export.utils import _is_preservable_cia_op
         from torch.export.exported_program import _special_op_to_preserve_cia
 
         if _program.is_op_overload(op):
-            if _is_preservable_cia_op(op) and _walk_meets(op):
+            if state.is_preservable(op) and _walk_meets(op):
                 answer = (self._entry(op) or _special_op_to_preserve_cia, None)
             else:
                 answer = (None, None if op in self.keep else self.core.get(op))
@@ -170,7 +171,6 @@ class DefaultSplit:
         namespace (about 0.4 s in a fresh process). A core entry for a preservable
         operator the walk does not find is a case torch's split treats apart: the split
         is then torch's own. A test compares both sides with torch's, key by key."""
-        from torch._export.utils import _is_preservable_cia_op
         from torch.export.exported_program import _special_op_to_preserve_cia
 
         with state.LOCK:
@@ -181,7 +181,7 @@ class DefaultSplit:
                 for op, fn in self.core.items():
                     if op in self.keep or op in walked:
                         continue
-                    if _is_preservable_cia_op(op):
+                    if state.is_preservable(op):
                         return self._torch_split()
                     python[op] = fn
                 self.built = (cia, python)
@@ -270,7 +270,6 @@ def rewrites(op: Any, tables: Tables) -> bool:
     ops (a packet key stands for every overload); a CompositeImplicitAutograd op is
     decomposed unless the table preserves it (torch's split marks the preserved).
     """
-    from torch._export.utils import _is_cia_op
     from torch.export.exported_program import _special_op_to_preserve_cia
 
     if op in SIZE_OPS:
@@ -279,9 +278,36 @@ def rewrites(op: Any, tables: Tables) -> bool:
         return True
     if op in tables.python or op.overloadpacket in tables.python:
         return True
-    if _is_cia_op(op):
+    if is_cia(op):
         return tables.cia.get(op) is not _special_op_to_preserve_cia
     return False
+
+
+def is_cia(op: Any) -> bool:
+    """Whether ``op`` has a CompositeImplicitAutograd kernel (``_is_cia_op``)."""
+    from torch._export.utils import _is_cia_op
+
+    return bool(_is_cia_op(op))
+
+
+def preserve_marker() -> Any:
+    """The entry a split gives an operator the table keeps (torch's
+    ``_special_op_to_preserve_cia``)."""
+    from torch.export.exported_program import _special_op_to_preserve_cia
+
+    return _special_op_to_preserve_cia
+
+
+@functools.cache
+def cia_binding_code() -> types.CodeType | None:
+    """The code of the function torch's ``_get_decomp_for_cia`` binds to an operator
+    (a new ``functools.partial`` at every call, so known by its code object)."""
+    from torch._export.utils import _get_decomp_for_cia
+
+    for const in _get_decomp_for_cia.__code__.co_consts:
+        if isinstance(const, types.CodeType) and const.co_name == "_special_op_to_decompose_cia":
+            return const
+    return None
 
 
 def splices(node: torch.fx.Node, tables: Tables) -> bool:

@@ -138,13 +138,10 @@ def pending_calls(
     Raises:
         Fallback: when the incremental path cannot be taken at all.
     """
-    from torch._guards import detect_fake_mode
-
     reason = None if checked else safety.unsafe_reason(ep, tables)
     if reason is not None:
         raise Fallback(reason)  # the incremental path says so, and no estimate is due
-    vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
-    fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    fake_mode = keys.detected_fake_mode(ep)
     grads = safety.retrace_grads(ep)
     cache = session.cache()
     seen: set[Any] = set()
@@ -329,8 +326,6 @@ def _disk_key(
 
 
 def _storable(template: tracing.Template, tables: table.Tables) -> bool:
-    from torch._export.utils import _is_cia_op
-
     for node in template.graph.nodes:
         target = node.target
         # A kept CompositeImplicitAutograd op's value depends on the override that
@@ -338,7 +333,7 @@ def _storable(template: tracing.Template, tables: table.Tables) -> bool:
         if (
             node.op == "call_function"
             and isinstance(target, torch._ops.OpOverload)
-            and (_is_cia_op(target) or table.rewrites(target, tables))
+            and (table.is_cia(target) or table.rewrites(target, tables))
         ):
             return False
     return True
