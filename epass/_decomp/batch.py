@@ -14,7 +14,7 @@ from epass._decomp import keys, table, tracing
 from epass._decomp.safety import Fallback
 from epass._program import pytree
 
-__all__: list[str] = []
+__all__ = ["Pending", "batchable", "trace_batch"]
 
 
 @attrs.frozen(eq=False)

@@ -28,8 +28,9 @@ from epass._decomp.table import DefaultSide, Tables, cia_binding_code, preserve_
 __all__ = [
     "CACHE_KEY",
     "CacheName",
-    "cache_name",
+    "NAMED",
     "Unnamed",
+    "cache_name",
     "declared_key",
     "library_kernels",
     "name_of",

@@ -15,7 +15,20 @@ from epass._decomp import identity
 from epass._decomp.safety import Fallback
 from epass._program import pytree
 
-__all__ = ["const_key", "normalize"]
+__all__ = [
+    "const_key",
+    "describe_val",
+    "detected_fake_mode",
+    "fake_mode_of",
+    "fresh_fake",
+    "fresh_fakes",
+    "memory_key",
+    "normalize",
+    "sym_key",
+    "template_key",
+    "tensor_key",
+    "values_of",
+]
 
 
 def _is_default(value: Any, arg: Any) -> bool:

@@ -23,7 +23,7 @@ from epass import _program
 from epass._decomp import keys, safety, state, store, table, templates
 from epass._decomp.safety import Fallback
 
-__all__ = ["decompose"]
+__all__ = ["RUNTIME_ASSERT_TRACE", "decompose"]
 
 
 # The stack trace the retrace gives the nodes its runtime-assertion pass adds

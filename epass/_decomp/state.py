@@ -13,7 +13,14 @@ from torch.export import ExportedProgram
 
 from epass import _program
 
-__all__ = ["LOCK", "run_decompositions", "torch_state"]
+__all__ = [
+    "LOCK",
+    "backend_decomps_off",
+    "is_preservable",
+    "patchable_ops",
+    "run_decompositions",
+    "torch_state",
+]
 
 
 LOCK = threading.RLock()

@@ -25,15 +25,26 @@ from typing import Any, TypeVar
 from epass._version import __version__
 
 __all__ = [
+    "BAD_SIZES",
     "DIR_ENV",
     "FORMAT",
+    "KNOWN",
     "SIZE_ENV",
+    "WARNED",
     "clear",
+    "count",
+    "digest",
     "directory",
+    "discard",
+    "entry_files",
+    "environment",
+    "exists",
     "info",
     "limit",
     "load",
     "prune",
+    "prune_soon",
+    "reject",
     "store",
 ]
 

@@ -15,7 +15,20 @@ import torch
 from epass import _program
 from epass._decomp import state
 
-__all__ = ["Tables", "has_packet_keys", "rewrites", "splices", "split_table"]
+__all__ = [
+    "DefaultSide",
+    "DefaultSplit",
+    "SIZE_OPS",
+    "SPLITS",
+    "Tables",
+    "cia_binding_code",
+    "has_packet_keys",
+    "is_cia",
+    "preserve_marker",
+    "rewrites",
+    "splices",
+    "split_table",
+]
 
 
 # Size queries: the retrace re-emits them as they are.

@@ -19,12 +19,15 @@ from epass._program import pytree
 
 __all__ = [
     "OutOfTime",
+    "Session",
     "cache_info",
     "clear_cache",
     "clear_memory",
     "fill",
+    "find",
     "memory_info",
     "missing_templates",
+    "pending_calls",
     "template_work",
 ]
 

@@ -15,7 +15,18 @@ from epass._decomp import keys, safety, state, table
 from epass._decomp.safety import Fallback
 from epass._program import pytree
 
-__all__: list[str] = []
+__all__ = [
+    "INHERITED_META",
+    "Overrides",
+    "Template",
+    "blank_node",
+    "call",
+    "capture",
+    "check_template",
+    "split_meta",
+    "symbol_count",
+    "trace",
+]
 
 # The CompositeImplicitAutograd override of the table a trace runs under: a session
 # (see ``templates``) enters it at its first trace and leaves it at its end.
