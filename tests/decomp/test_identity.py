@@ -4,16 +4,12 @@ traced for its run alone."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from decomp_helpers import ROOT
+from decomp_helpers import run_script
 from torch import nn
 
 from epass import Decompose
@@ -122,22 +118,9 @@ _SCRIPT = textwrap.dedent(
 
 def _process(tmp_path: Path, scale: float) -> dict:
     (tmp_path / "behaviours.py").write_text(_BEHAVIOURS)
-    env = {
-        **os.environ,
-        "EPASS_CACHE_DIR": str(tmp_path / "cache"),
-        "EPASS_TEST_SCALE": str(scale),
-        "PYTHONPATH": str(ROOT),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return run_script(
+        _SCRIPT, tmp_path / "cache", str(tmp_path), env={"EPASS_TEST_SCALE": str(scale)}
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_a_second_process_with_other_behaviour_gets_torchs_graph_and_numbers(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 import models
 import pytest
 import torch
-from decomp_helpers import ROOT, entry_paths
+from decomp_helpers import ROOT, entry_paths, run_script
 
 import epass
 from epass import Decompose
@@ -66,24 +66,10 @@ _ZOO_SCRIPT = textwrap.dedent(
 )
 
 
-def _run(script: str, cache: Path, *args: str) -> dict:
-    env = {**os.environ, "EPASS_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def _check_zoo(names: str, cache: Path) -> None:
-    cold = _run(_ZOO_SCRIPT, cache, names)
+    cold = run_script(_ZOO_SCRIPT, cache, names)
     assert cold["disk"]["writes"] > 0 and cold["disk"]["hits"] == 0
-    warm = _run(_ZOO_SCRIPT, cache, names)
+    warm = run_script(_ZOO_SCRIPT, cache, names)
     assert warm["disk"]["hits"] > 0 and warm["disk"]["rejected"] == 0
     for key, (method, difference, code) in warm["programs"].items():
         assert difference is None, key  # disk-loaded templates give torch's program
@@ -120,7 +106,7 @@ def test_two_processes_filling_one_directory_leave_it_sound(tmp_path):
         for key, (_, difference, _) in json.loads(out.splitlines()[-1])["programs"].items():
             assert difference is None, key
     assert not [n for n in os.listdir(cache / "templates-v1") if n.endswith(".tmp")]
-    third = _run(_ZOO_SCRIPT, cache, "transformer,convbn")
+    third = run_script(_ZOO_SCRIPT, cache, "transformer,convbn")
     assert third["disk"]["rejected"] == 0 and third["disk"]["writes"] == 0
     assert third["disk"]["hits"] > 0
 
