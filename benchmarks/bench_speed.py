@@ -138,7 +138,7 @@ def bench_incremental(repeats: int, quick: bool) -> list[Row]:
     import hf_models
     from torch.export import Dim
 
-    from epass import _decomp
+    from epass._decomp import templates
     from epass.passes import presets
     from epass.passes.constant_fold import ConstantFold
     from epass.passes.cse import CSE
@@ -171,7 +171,7 @@ def bench_incremental(repeats: int, quick: bool) -> list[Row]:
         if shapes is None:
 
             def cold(ep: Any = ep) -> Any:
-                _decomp.clear_cache()
+                templates.clear_memory()
                 saved = os.environ.get("EPASS_CACHE_DIR")
                 os.environ["EPASS_CACHE_DIR"] = ""  # the disk cache off: every trace
                 try:
@@ -765,10 +765,10 @@ def bench_patchable_walk(repeats: int) -> list[Row]:
     operators, in this process."""
     from torch._export.utils import _collect_all_valid_cia_ops
 
-    from epass import _decomp
+    from epass._decomp import state
 
     times = interleaved(
-        {"epass": _decomp._patchable_ops, "torch": _collect_all_valid_cia_ops}, repeats
+        {"epass": state.patchable_ops, "torch": _collect_all_valid_cia_ops}, repeats
     )
     e, t = statistics.median(times["epass"]), statistics.median(times["torch"])
     return [

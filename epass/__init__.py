@@ -9,11 +9,10 @@ The package is layered; each layer imports only from the ones below it
     tools        report, bisect, onnx, executorch, tvm, iree, _handoff
     instruments  instruments/*
     built-ins    passes/*
-    engine       manager, io, _screen, instrumentation
+    engine       manager, io, _screen/, instrumentation
     contract     records, registry; protocol, linker, watch, options, _catalog, _paths
     grammar      pipeline
-    core         verify, _decomp, _snapshot, _graph, _program, _template_store,
-                 errors, _version
+    core         verify, _decomp/, _snapshot, _graph, _program, errors, _version
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from epass._version import __version__
 
 if TYPE_CHECKING:
-    from epass._template_store import cache_info, clear_cache
+    from epass._decomp.templates import cache_info, clear_cache
     from epass.bisect import BisectResult, bisect
     from epass.errors import (
         CliError,
@@ -119,7 +118,7 @@ __all__ = [
 
 # Where each public name lives; the modules are imported on first use.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "epass._template_store": ("cache_info", "clear_cache"),
+    "epass._decomp.templates": ("cache_info", "clear_cache"),
     "epass.bisect": ("BisectResult", "bisect"),
     "epass.errors": (
         "CliError",

@@ -511,26 +511,26 @@ def _cmd_passes(args: argparse.Namespace, out: _Out) -> int:
 
 def _cmd_cache(args: argparse.Namespace, out: _Out) -> int:
     # The store is stdlib-only at import: this command starts without torch.
-    from epass import _template_store
+    from epass._decomp import store
 
     if args.action == "clear":
-        removed, left = _template_store.clear()
-        where = _template_store.directory()
+        removed, left = store.clear()
+        where = store.directory()
         out.line(f"removed {removed} entries from {where}" if where else "the cache is off")
         if left:
             out.line(f"left {len(left)} that this cache did not write: {', '.join(left[:10])}")
         return 0
-    info = _template_store.info()
+    info = store.info()
     if args.json:
         print(json_text(info))
         return 0
     if not info["enabled"]:
-        out.line(f"the template cache is off ({_template_store.DIR_ENV} is empty)")
+        out.line(f"the template cache is off ({store.DIR_ENV} is empty)")
         return 0
     mib = 1024 * 1024
     out.line(f"directory: {info['directory']}")
     out.line(f"entries: {info['entries']} ({info['bytes'] / mib:.1f} MiB)")
-    out.line(f"limit: {info['max_bytes'] / mib:.1f} MiB ({_template_store.SIZE_ENV})")
+    out.line(f"limit: {info['max_bytes'] / mib:.1f} MiB ({store.SIZE_ENV})")
     return 0
 
 

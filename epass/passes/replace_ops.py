@@ -12,7 +12,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import subgraph_rewriter
 
-from epass import _decomp, _graph, _program
+from epass import _graph, _program
+from epass._decomp import state
 from epass.errors import ArgumentTypeError
 from epass.options import checked
 from epass.passes.lift_constants import lift_constants
@@ -143,7 +144,7 @@ class ReplaceOps:
         }
         modified = False
         if traced:
-            ep = _decomp.run_decompositions(ep, traced)
+            ep = state.run_decompositions(ep, traced)
             modified = True
         retarget = {op: new for op, new in self.ops.items() if _program.is_op_overload(new)}
         if not retarget and not self.patterns:
