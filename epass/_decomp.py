@@ -1647,13 +1647,15 @@ def _fake_mode(ep: ExportedProgram) -> Any:
 
 
 def decompose(
-    ep: ExportedProgram, tables: Tables, deadline: float | None = None
+    ep: ExportedProgram, tables: Tables, deadline: float | None = None, limit: int | None = None
 ) -> tuple[ExportedProgram, int]:
     """The program ``ep.run_decompositions`` would produce, by rewriting only the nodes
     the table decomposes. Returns it and the number of nodes rewritten.
 
     ``deadline`` (a :func:`time.perf_counter` value): trace no template after it and
     raise :class:`OutOfTime` instead; for filling the cache within a time budget.
+    ``limit``: splice only the first ``limit`` nodes that would be spliced (in graph
+    order) and copy the others as they are (``Decompose(max_rewrites=...)``).
 
     Raises:
         Fallback: when the result could differ from torch's; ``reason`` says why.
@@ -1663,14 +1665,14 @@ def decompose(
     with LOCK:
         session = _Session(tables, deadline)
         try:
-            return _decompose(ep, tables, session)
+            return _decompose(ep, tables, session, limit)
         finally:
             session.close()
             _template_store.prune_soon()
 
 
 def _decompose(
-    ep: ExportedProgram, tables: Tables, session: _Session
+    ep: ExportedProgram, tables: Tables, session: _Session, limit: int | None = None
 ) -> tuple[ExportedProgram, int]:
     from torch.export.exported_program import _get_updated_module_call_graph
 
@@ -1696,7 +1698,7 @@ def _decompose(
                 # The decomposed producer returned a tuple: index it directly.
                 builder.env[node] = builder.env[src][node.args[1]]
                 continue
-        if splices(node, tables):
+        if splices(node, tables) and (limit is None or builder.decomposed < limit):
             builder.splice(node)
             continue
         builder.copy(node)

@@ -112,7 +112,7 @@ BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], .
     ),
     "cse": (
         "Merge nodes that compute the same operator on the same inputs.",
-        (),
+        (("max_rewrites", "int | None", "none", False),),
     ),
     "dce": (
         "Remove nodes whose results are never used, and state inputs nothing reads.",
@@ -127,6 +127,7 @@ BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], .
             ("coalesce", "bool", "false", False),
             ("method", "Method", '"auto"', False),
             ("check", "bool | None", "none", False),
+            ("max_rewrites", "int | None", "none", False),
         ),
     ),
     "fold-constants": (
@@ -135,11 +136,12 @@ BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], .
         (
             ("max_growth", "float", "1.0", False),
             ("fold_views", "bool", "false", False),
+            ("max_rewrites", "int | None", "none", False),
         ),
     ),
     "fuse-conv-bn": (
         "Fold eval-mode BatchNorm into the convolution that feeds it.",
-        (),
+        (("max_rewrites", "int | None", "none", False),),
     ),
     "lift-constants": (
         "Lift tensor ``get_attr`` nodes to placeholders with ``CONSTANT_TENSOR`` specs.",
@@ -161,6 +163,7 @@ BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], .
         (
             ("ops", "dict[Any, Callable[..., Any]]", "{}", False),
             ("patterns", "tuple[tuple[Callable[..., Any], Callable[..., Any]], ...]", "[]", False),
+            ("max_rewrites", "int | None", "none", False),
         ),
     ),
 }
