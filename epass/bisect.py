@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -11,13 +12,43 @@ from torch.export import ExportedProgram
 
 from epass.errors import ArgumentValueError, PassError
 from epass.manager import PassManager, resolve_pass
-from epass.protocol import pass_name
+from epass.protocol import adapt, pass_name
 
-__all__ = ["BisectResult", "bisect"]
+__all__ = ["BisectResult", "RewriteCulprit", "bisect"]
 
 logger = logging.getLogger("epass")
 
 Predicate = Callable[[ExportedProgram], Any]
+
+
+@attrs.frozen
+class RewriteCulprit:
+    """The one rewrite of a counted pass after which the check fails (the pass's
+    ``with_max_rewrites``, :class:`~epass.protocol.RewriteCounter`).
+
+    Attributes:
+        number: the rewrite's number (1-based): the pass limited to ``number - 1``
+            rewrites passes the check, limited to ``number`` it fails.
+        total: how many rewrites the pass makes on that program (None when the
+            pass raised before it could say).
+        rewrite: which one, as the pass counts it: ``"aten.gelu.default at node gelu_3"``.
+        before / after: the programs with ``number - 1`` and ``number`` rewrites
+            (``after`` is None when the limited pass raised).
+        error: the exception, when the limited pass or the predicate raised.
+        evaluations: how many limited runs the search made.
+    """
+
+    number: int
+    total: int | None
+    rewrite: str | None
+    before: ExportedProgram
+    after: ExportedProgram | None
+    error: BaseException | None
+    evaluations: int
+
+    def __str__(self) -> str:
+        total = "?" if self.total is None else str(self.total)
+        return f"rewrite {self.number} of {total}: {self.rewrite or '(unnamed)'}"
 
 
 @attrs.frozen
@@ -36,6 +67,9 @@ class BisectResult:
         method: ``"binary"`` or ``"linear"``.
         inner: when the culprit is a nested ``PassManager`` and ``recursive`` is
             set, the bisection inside it.
+        rewrite: when the culprit counts its rewrites (it has
+            ``with_max_rewrites``) and ``rewrites`` is set, the one rewrite after
+            which the predicate fails (:class:`RewriteCulprit`), or None.
     """
 
     index: int
@@ -47,9 +81,12 @@ class BisectResult:
     evaluations: int
     method: str
     inner: BisectResult | None = None
+    rewrite: RewriteCulprit | None = None
 
     def __str__(self) -> str:
         text = f"culprit: pass {self.name!r} at position {self.index}"
+        if self.rewrite is not None:
+            text += f", {self.rewrite}"
         if self.inner is not None:
             text += f" -> {self.inner}"
         elif self.error is not None:
@@ -115,6 +152,7 @@ def bisect(
     method: Literal["auto", "binary", "linear"] = "auto",
     recursive: bool = True,
     verify: bool = True,
+    rewrites: bool = True,
 ) -> BisectResult | None:
     """Find the shortest prefix of ``passes`` after which ``predicate`` fails.
 
@@ -137,6 +175,11 @@ def bisect(
             failure that binary search cannot see.
         recursive: when the culprit is a nested ``PassManager``, bisect inside it.
         verify: verify each pass's output (as ``PassManager(verify=...)``).
+        rewrites: when the culprit counts its rewrites (``with_max_rewrites``, as
+            ``Decompose``, ``ReplaceOps``, ``CSE``, ``ConstantFold`` and
+            ``FuseConvBN`` do), go below the pass: find the first rewrite after
+            which the predicate fails (``result.rewrite``), assuming that once it
+            fails it keeps failing as more rewrites are applied.
 
     Returns:
         A :class:`BisectResult`, or None when the predicate holds after every pass.
@@ -185,6 +228,7 @@ def bisect(
     if recursive and isinstance(culprit, PassManager) and culprit.passes:
         # verify=culprit.verify: the nested pipeline's own setting decides.
         inner = bisect(before, culprit.passes, predicate, method=method, verify=culprit.verify)
+    rewrite = _rewrite(before, culprit, predicate, verify) if rewrites and inner is None else None
     return BisectResult(
         index=index,
         pass_=culprit,
@@ -195,6 +239,7 @@ def bisect(
         evaluations=len(prefixes.verdicts),
         method=method,
         inner=inner,
+        rewrite=rewrite,
     )
 
 
@@ -210,3 +255,87 @@ def _binary(prefixes: _Prefixes, predicate: Predicate, n: int) -> int | None:
         else:
             hi = mid
     return hi
+
+
+# One limited run: its program (None when it raised), the error, its notes.
+_Run = tuple[ExportedProgram | None, BaseException | None, dict[str, Any]]
+
+
+class _Limited:
+    """The runs of one counted pass on one program, each with a limit on its
+    rewrites, cached by limit."""
+
+    def __init__(self, before: ExportedProgram, limit: Callable[[int | None], Any], verify: bool):
+        self.before = before
+        self.limit = limit
+        self.verify = verify
+        self.runs: dict[int, _Run] = {}
+        self.verdicts: dict[int, bool] = {}
+
+    def run(self, k: int) -> _Run:
+        if k not in self.runs:
+            try:
+                result = PassManager([self.limit(k)], verify=self.verify)(self.before)
+            except PassError as exc:
+                self.runs[k] = (None, exc, {})
+            else:
+                notes = dict(result.records[-1].notes) if result.records else {}
+                self.runs[k] = (result.program, None, notes)
+        return self.runs[k]
+
+    def good(self, k: int, predicate: Predicate) -> bool:
+        if k not in self.verdicts:
+            program = self.run(k)[0]
+            ok = False
+            if program is not None:
+                try:
+                    ok = predicate(program) is not False
+                except Exception as exc:
+                    self.runs[k] = (program, exc, self.runs[k][2])
+            self.verdicts[k] = ok
+        return self.verdicts[k]
+
+    def applied(self, k: int) -> int | None:
+        count = self.run(k)[2].get("rewrites")
+        return count if isinstance(count, int) else None
+
+
+def _rewrite(
+    before: ExportedProgram, culprit: Any, predicate: Predicate, verify: bool
+) -> RewriteCulprit | None:
+    """The first rewrite of ``culprit`` after which ``predicate`` fails, found by
+    doubling the limit until it fails, then halving the interval (LLVM's
+    ``-opt-bisect-limit``, inside one pass). None when the pass does not count its
+    rewrites, or when limiting them does not reproduce the failure."""
+    limit = adapt(culprit).limit_rewrites
+    if limit is None:
+        return None
+    runs = _Limited(before, limit, verify)
+    if not runs.good(0, predicate):
+        return None  # the failure is not one rewrite's
+    lo, hi = 0, 1
+    while runs.good(hi, predicate):
+        applied = runs.applied(hi)
+        if applied is None or applied < hi:
+            return None  # every rewrite applied, and the check still holds
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if runs.good(mid, predicate):
+            lo = mid
+        else:
+            hi = mid
+    full = runs.run(sys.maxsize)[2].get("rewrites") if runs.run(hi)[1] is None else None
+    program, error, notes = runs.run(hi)
+    before_program = runs.run(lo)[0]
+    assert before_program is not None  # limit lo was evaluated good
+    logger.debug("bisect: %s fails at rewrite %d", pass_name(culprit), hi)
+    return RewriteCulprit(
+        number=hi,
+        total=full if isinstance(full, int) else None,
+        rewrite=notes.get("last_rewrite"),
+        before=before_program,
+        after=program,
+        error=error,
+        evaluations=len(runs.verdicts),
+    )
