@@ -24,6 +24,8 @@ __all__ = [
     "archive_records",
     "copy_graph_module",
     "export_schema",
+    "flat_call_graph",
+    "flat_inputs",
     "is_higher_order",
     "is_mutable_op",
     "is_op_overload",
@@ -220,6 +222,25 @@ def new_program(
     )
     mark_validated(out)  # the constructor's last step was validate()
     return out
+
+
+def flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> list[Any]:
+    """What ``ep.graph_module`` takes for the call ``ep.module()(*args, **kwargs)``:
+    the state placeholders' values, then the user inputs flattened by the program's
+    input spec (``ExportedProgram._graph_module_flat_inputs``)."""
+    return list(ep._graph_module_flat_inputs(args, kwargs))
+
+
+def flat_call_graph(inputs: int, outputs: int) -> list[Any]:
+    """A module call graph for a program taking ``inputs`` positional tensors and
+    returning a tuple of ``outputs``: its one root entry, with no submodule entries
+    (``unflatten`` then gives one flat module)."""
+    from torch.export import ModuleCallEntry, ModuleCallSignature
+
+    in_spec = pytree.tree_flatten((tuple(range(inputs)), {}))[1]
+    out_spec = pytree.tree_flatten(tuple(range(outputs)))[1]
+    signature = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec)
+    return [ModuleCallEntry(fqn="", signature=signature)]
 
 
 # Programs new_program built, with what torch's verifier read of them right after

@@ -328,6 +328,7 @@ def _numerics_summary(check: NumericsCheck) -> dict[str, Any]:
         "atol": check.atol,
         "rtol": check.rtol,
         "first_drift": None if first is None else str(first),
+        "first_node": None if first is None or first.node is None else first.node.as_dict(),
         "passes": [
             {"pass": d.path, "max_abs": d.max_abs, "max_rel": d.max_rel, "ok": d.ok}
             for d in check.checks
@@ -445,6 +446,8 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
         )
         if check.first_drift is not None:
             out.line(f"numerics: first drifting pass: {check.first_drift}")
+            if check.first_drift.node is not None:
+                out.line(f"numerics: first diverging node: {check.first_drift.node}")
     if output is not None and not failed:
         with _spinner(args) as spinner:
             pruned = io.save(prog, output, progress=spinner)
@@ -459,6 +462,7 @@ def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
                 summary=f"outputs drift after pass {drift.path!r}: max_abs {drift.max_abs:.3g}, "
                 f"max_rel {drift.max_rel:.3g} (atol {check.atol:g}, rtol {check.rtol:g})",
                 pass_path=drift.path,
+                node=None if drift.node is None else str(drift.node),
                 next_step=f"epass run {args.input} -p {shlex.quote(args.pipeline)} "
                 f"--check-numerics --report report.html: its section for {drift.path!r} lists "
                 "the nodes that pass added and removed",

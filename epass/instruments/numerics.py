@@ -17,6 +17,7 @@ from epass.instrumentation import Instrument
 from epass.records import PassInfo, PassRecord
 
 if TYPE_CHECKING:
+    from epass.instruments.divergence import NodeDrift
     from epass.manager import PassManager
 
 __all__ = [
@@ -43,6 +44,9 @@ class Drift:
         ok: whether every output is within ``atol + rtol * |expected|``.
         detail: why it is not ok, when the difference is not just numerical
             (shape, dtype or structure mismatch, or the program raised).
+        node: for the first drifting pass, the first node whose values part
+            (:class:`~epass.instruments.divergence.NodeDrift`), when
+            ``NumericsCheck(localize=True)`` found one.
     """
 
     path: str
@@ -51,6 +55,7 @@ class Drift:
     max_rel: float
     ok: bool
     detail: str = ""
+    node: NodeDrift | None = None
 
     def __str__(self) -> str:
         verdict = "ok" if self.ok else "DRIFT"
@@ -101,6 +106,19 @@ def run_program(
     side-effecting op (training-IR programs mutate buffers in place), and
     ``"all"`` always clones. The program's own dicts and tensors stay as they were.
     """
+    view = state_view(program, clone_state)
+    before = state_versions(program)
+    args, kwargs = _clone(tuple(args)), _clone(dict(kwargs or {}))
+    with torch.no_grad():
+        out = view.module()(*args, **kwargs)
+    check_untouched(program, before)
+    return _clone(out)
+
+
+def state_view(program: ExportedProgram, clone_state: str = "auto") -> ExportedProgram:
+    """A view of ``program`` (its graph, private dicts) whose state a run may write:
+    the buffers it mutates cloned, and every state tensor with ``"all"``, or with
+    ``"auto"`` when the graph holds an in-place or side-effecting op."""
     if clone_state not in ("auto", "all"):
         raise ArgumentValueError(f"clone_state must be 'auto' or 'all', got {clone_state!r}")
     view = _program.private_view(program, copy_graph=False)
@@ -114,23 +132,25 @@ def run_program(
                     if isinstance(value, torch.nn.Parameter)
                     else _clone(value)
                 )
+    return view
 
-    def versions() -> dict[tuple[int, str], int | None]:
-        return {
-            (i, k): _program.tensor_version(v)
-            for i, d in enumerate((program.state_dict, program.constants))
-            for k, v in d.items()
-        }
 
-    before = versions()
-    args, kwargs = _clone(tuple(args)), _clone(dict(kwargs or {}))
-    with torch.no_grad():
-        out = view.module()(*args, **kwargs)
-    touched = [key for key, v in versions().items() if before.get(key) != v]
-    if touched:  # a safety net: the cloning above should make this unreachable
+def state_versions(program: ExportedProgram) -> dict[tuple[int, str], int | None]:
+    return {
+        (i, k): _program.tensor_version(v)
+        for i, d in enumerate((program.state_dict, program.constants))
+        for k, v in d.items()
+    }
+
+
+def check_untouched(program: ExportedProgram, before: dict[tuple[int, str], int | None]) -> None:
+    """Raise ProgramError when a run wrote into ``program``'s own state tensors
+    (their write counters moved since ``before``); a safety net behind
+    :func:`state_view`, whose cloning should make it unreachable."""
+    touched = [key for key, v in state_versions(program).items() if before.get(key) != v]
+    if touched:
         names = [k for _, k in touched]
         raise ProgramError(f"running the program wrote into its state tensors {names}")
-    return _clone(out)
 
 
 def random_inputs(program: ExportedProgram, seed: int = 0) -> tuple[Any, ...]:
@@ -204,6 +224,11 @@ class NumericsCheck(Instrument):
         raise_on_drift: stop the pipeline at the first drifting pass (the manager
             reports it as an ``InstrumentError`` naming ``NumericsCheck``).
         clone_state: see :func:`run_program`.
+        localize: at the first drifting pass, find the first node whose values
+            part (``first_drift.node``): the pass runs once more, on a copy of its
+            input whose nodes carry debug handles, and both programs are run node
+            by node on the same inputs
+            (:func:`~epass.instruments.divergence.first_divergence`).
 
     After a run, ``checks`` lists a :class:`Drift` per modified pass and
     ``first_drift`` is the first one out of tolerance (or None). The user's
@@ -227,6 +252,7 @@ class NumericsCheck(Instrument):
         reference: Any = None,
         raise_on_drift: bool = False,
         clone_state: str = "auto",
+        localize: bool = True,
     ) -> None:
         self.inputs = None if inputs is None else tuple(inputs)
         self.kwargs = dict(kwargs or {})
@@ -235,7 +261,10 @@ class NumericsCheck(Instrument):
         self.reference = reference
         self.raise_on_drift = raise_on_drift
         self.clone_state = clone_state
+        self.localize = localize
         self.checks: list[Drift] = []
+        # The program each running pass was given, while it runs (for localize).
+        self._given: dict[tuple[str, int], ExportedProgram] = {}
         self.first_drift: Drift | None = None
         self._args: tuple[Any, ...] = ()
         self._kwargs: dict[str, Any] = {}
@@ -270,8 +299,13 @@ class NumericsCheck(Instrument):
         else:
             self._expected = ref
 
+    def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
+        if self.localize and self.first_drift is None:
+            self._given[(info.path, info.step)] = program
+
     def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
         path = info.path
+        given = self._given.pop((path, info.step), None)
         # A nested pipeline's passes were checked one by one already.
         if not record.modified or record.children:
             return
@@ -285,6 +319,8 @@ class NumericsCheck(Instrument):
             )
             if self.reference is None:
                 self._expected = outputs
+        if not drift.ok and self.first_drift is None and given is not None and not drift.detail:
+            drift = attrs.evolve(drift, node=self._localize(info, given, program))
         self.checks.append(drift)
         logger.debug("numerics %s", drift)
         if drift.ok or self.first_drift is not None:
@@ -294,9 +330,37 @@ class NumericsCheck(Instrument):
         if self.raise_on_drift:
             raise NumericsDriftError(f"pass {path!r} drifted beyond tolerance: {drift}")
 
+    def _localize(
+        self, info: PassInfo, before: ExportedProgram, after: ExportedProgram
+    ) -> NodeDrift | None:
+        """The first diverging node of a drifting pass, or None (logged) when it
+        cannot be told."""
+        from epass.instruments.divergence import first_divergence, rerun_tagged
+
+        try:
+            before, after = rerun_tagged(info.pass_, before)
+        except Exception as exc:  # compare what the pipeline made, by name
+            logger.debug("numerics: %s did not run again on a tagged copy: %r", info.path, exc)
+        try:
+            return first_divergence(
+                before,
+                after,
+                self._args,
+                self._kwargs,
+                rtol=self.rtol,
+                atol=self.atol,
+                clone_state=self.clone_state,
+            )
+        except Exception as exc:
+            logger.info("numerics: the diverging node of %s is unknown: %r", info.path, exc)
+            return None
+
     def report(self) -> str:
-        """One line per checked pass, and which pass drifted first."""
+        """One line per checked pass, which pass drifted first and, when found,
+        its first diverging node."""
         lines = [str(d) for d in self.checks]
         first = self.first_drift
         lines.append(f"first drifting pass: {first.path}" if first else "no pass drifted")
+        if first is not None and first.node is not None:
+            lines.append(f"first diverging node: {first.node}")
         return "\n".join(lines)
