@@ -6,7 +6,7 @@ The package is layered; each layer imports only from the ones below it
 (``lint-imports`` checks this, see docs/concepts.md)::
 
     face         cli, __main__, this module
-    tools        report, bisect, onnx, executorch
+    tools        report, bisect, reduce, onnx, executorch
     instruments  instruments/*
     text         pipeline
     built-ins    passes/*
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from epass.pipeline import create_pass
     from epass.protocol import FxPass, Pass, PassResult
     from epass.records import PassRecord, PipelineResult
+    from epass.reduce import ReduceResult, reduce
     from epass.registry import list_passes, register_pass, unregister_pass
     from epass.verify import verify_program
 
@@ -94,6 +95,7 @@ __all__ = [
     "PrintIR",
     "ProgramError",
     "Progress",
+    "ReduceResult",
     "Reproducer",
     "SaveError",
     "StateConflictError",
@@ -110,6 +112,7 @@ __all__ = [
     "list_passes",
     "load",
     "prune",
+    "reduce",
     "register_pass",
     "save",
     "unregister_pass",
@@ -156,6 +159,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "epass.pipeline": ("create_pass",),
     "epass.protocol": ("FxPass", "Pass", "PassResult"),
     "epass.records": ("PassRecord", "PipelineResult"),
+    "epass.reduce": ("ReduceResult", "reduce"),
     "epass.registry": ("list_passes", "register_pass", "unregister_pass"),
     "epass.verify": ("verify_program",),
 }

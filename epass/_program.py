@@ -36,6 +36,7 @@ __all__ = [
     "mark_validated",
     "new_program",
     "private_view",
+    "prune_range_constraints",
     "pytree",
     "pytree_type_names",
     "serialized_builtin_targets",
@@ -229,6 +230,22 @@ def flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> list[Any]:
     the state placeholders' values, then the user inputs flattened by the program's
     input spec (``ExportedProgram._graph_module_flat_inputs``)."""
     return list(ep._graph_module_flat_inputs(args, kwargs))
+
+
+def prune_range_constraints(ep: ExportedProgram) -> None:
+    """Drop the range constraints of symbols no value of ``ep``'s graph mentions (a
+    program cut out of a bigger one keeps the shape environment's ranges for every
+    symbol it ever had; a program with static sizes then has none)."""
+    used: set[Any] = set()
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        values = val if isinstance(val, (list, tuple)) else (val,)
+        for v in values:
+            dims = list(v.shape) if isinstance(v, torch.Tensor) else [v]
+            for d in dims:
+                if isinstance(d, torch.SymInt):
+                    used |= d.node.expr.free_symbols
+    ep._range_constraints = {k: v for k, v in ep.range_constraints.items() if k in used}
 
 
 def flat_call_graph(inputs: int, outputs: int) -> list[Any]:

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
+from epass import _cli_reduce
 from epass.errors import CliError, LoadError, PassError, PipelineError, RegistryError, SaveError
 from epass.registry import pass_table
 
@@ -601,11 +602,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--save", metavar="PATH", help="write the exported program (.pt2) to PATH")
     demo.set_defaults(func=_cmd_demo)
 
+    reduce = _cli_reduce.add_parser(sub, _tolerance, trust, imports)
+
     cache = sub.add_parser("cache", help="the decomposition-template cache on disk")
     cache.add_argument("action", choices=("info", "clear"), help="show it, or empty it")
     cache.add_argument("--json", action="store_true", help="print JSON (info)")
     cache.set_defaults(func=_cmd_cache)
-    for p in (run, passes, inspect, demo, cache):
+    for p in (run, passes, inspect, demo, reduce, cache):
         for flag, text in (("--debug", "show tracebacks"), ("--plain", "no rich tables")):
             p.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=text)
     return parser
