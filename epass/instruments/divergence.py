@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import operator
 import os
+import re
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -46,13 +48,15 @@ class NodeDrift:
     """The first node of a pass's input whose value differs in the pass's output.
 
     Attributes:
-        node: its name in the program before the pass.
+        node: its name in the program before the pass (for an item of a multi-output
+            op, the op's node: ``item`` says which).
         op: its operator (``aten.add.Tensor``).
         source: the line of the model it was traced from (``file:line in fn: code``),
             or "" when the node carries no stack trace.
         max_abs / max_rel: how far the value of ``compared`` is from its value.
         compared: the node of the pass's output whose value was compared with it.
         became: the nodes of the pass's output that came from it, as ``name (op)``.
+        item: which output of a multi-output op (``native_layer_norm[0]``), or None.
     """
 
     node: str
@@ -62,9 +66,11 @@ class NodeDrift:
     max_rel: float
     compared: str
     became: tuple[str, ...]
+    item: int | None = None
 
     def __str__(self) -> str:
-        text = f"{self.node} ({self.op}) max_abs={self.max_abs:.3g} max_rel={self.max_rel:.3g}"
+        where = self.node if self.item is None else f"{self.node}[{self.item}]"
+        text = f"{where} ({self.op}) max_abs={self.max_abs:.3g} max_rel={self.max_rel:.3g}"
         if self.source:
             text += f" at {self.source}"
         return f"{text}; became {', '.join(self.became) or 'nothing'}"
@@ -83,6 +89,16 @@ def _op_text(node: torch.fx.Node) -> str:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_FRAME = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<fn>.*)')
+
+
+def _short(path: str) -> str:
+    """A module's path from the folder on ``sys.path`` it was imported from
+    (``torch/nn/modules/linear.py``), or from the working folder."""
+    roots = [os.getcwd(), *(p for p in sys.path if p)]
+    inside = [root for root in roots if path.startswith(root.rstrip(os.sep) + os.sep)]
+    found = [os.path.relpath(path, root) for root in inside]
+    return min(found, key=len) if found else path
 
 
 def source_line(node: torch.fx.Node) -> str:
@@ -92,16 +108,16 @@ def source_line(node: torch.fx.Node) -> str:
     trace = node.meta.get("stack_trace") or ""
     lines = [line.strip() for line in str(trace).strip().splitlines() if line.strip()]
     frames = [
-        (lines[i].removeprefix("File "), lines[i + 1])
-        for i in range(len(lines) - 1)
-        if lines[i].startswith("File ") and not lines[i + 1].startswith("File ")
+        (match, lines[i + 1] if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else "")
+        for i, line in enumerate(lines)
+        if (match := _FRAME.match(line))
     ]
     if not frames:
         return lines[-1] if lines else ""
-    mine = [f for f in frames if not f[0].strip('"').startswith(_TORCH_DIR)]
-    where, code = (mine or frames)[-1]
-    where = where.replace('", line ', ":").replace(", in ", " in ").strip('"')
-    return f"{where}: {code}"
+    mine = [f for f in frames if not f[0]["file"].startswith(_TORCH_DIR)]
+    match, code = (mine or frames)[-1]
+    where = f"{_short(match['file'])}:{match['line']} in {match['fn']}"
+    return f"{where}: {code}" if code else where
 
 
 def tagged(program: ExportedProgram) -> ExportedProgram:
@@ -188,6 +204,8 @@ class _Provenance:
             for n in after.nodes
         )
         self.origin = {n: _origin(n, names, not tags) for n in after.nodes}
+        # The outputs are each other's, whatever meta a pass gave the new one.
+        self.origin[after.output_node()] = before.output_node().name
         self.became: dict[str, list[torch.fx.Node]] = {}
         for n in after.nodes:
             name = self.origin[n]
@@ -253,16 +271,28 @@ def first_divergence(
         drift = compare_outputs(va[a.name], value, rtol=rtol, atol=atol)
         if drift.ok:
             continue
-        became = [f"{n.name} ({_op_text(n)})" for n in provenance.group(b)]
-        if len(became) > BECAME_CAP:
-            became = [*became[:BECAME_CAP], f"... {len(became) - BECAME_CAP} more"]
-        return NodeDrift(
-            node=b.name,
-            op=_op_text(b),
-            source=source_line(b),
-            max_abs=drift.max_abs,
-            max_rel=drift.max_rel,
-            compared=a.name,
-            became=tuple(became),
-        )
+        return _report(b, a, drift.max_abs, drift.max_rel, provenance.group(b))
     return None
+
+
+def _report(
+    b: torch.fx.Node, a: torch.fx.Node, max_abs: float, max_rel: float, group: list[torch.fx.Node]
+) -> NodeDrift:
+    """The NodeDrift of ``b`` (an item of a multi-output op named by that op)."""
+    item = None
+    source = b
+    if b.target is operator.getitem and isinstance(b.args[0], torch.fx.Node):
+        source, item = b.args[0], int(b.args[1])  # type: ignore[arg-type]
+    became = [f"{n.name} ({_op_text(n)})" for n in group]
+    if len(became) > BECAME_CAP:
+        became = [*became[:BECAME_CAP], f"... {len(became) - BECAME_CAP} more"]
+    return NodeDrift(
+        node=source.name,
+        op=_op_text(source),
+        source=source_line(source),
+        max_abs=max_abs,
+        max_rel=max_rel,
+        compared=a.name,
+        became=tuple(became),
+        item=item,
+    )

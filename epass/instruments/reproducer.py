@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from epass import registry
 from epass.errors import InstrumentError
 from epass.instrumentation import Instrument
 from epass.io import module_origin
@@ -402,20 +403,34 @@ def write_pipeline(
 def _modules(passes: Sequence[Any], imports: Sequence[str]) -> list[str]:
     """The modules to import before the passes are rebuilt: those given as
     ``imports`` (``--import``), then those defining the passes' classes and
-    functions, nested pipelines included (epass's and torch's own left out)."""
+    functions and the factories that registered them, nested pipelines included
+    (epass's and torch's own left out)."""
     found = list(imports)
     stack = [adapt(p) for p in passes]
     while stack:
         model = stack.pop(0)
         stack.extend(model.children)
-        module = model.module
-        if (
-            isinstance(module, str)
-            and module.split(".")[0] not in ("epass", "torch", "builtins", "__main__")
-            and module not in found
-        ):
-            found.append(module)
+        for module in (model.module, _factory_module(model.origin)):
+            if (
+                isinstance(module, str)
+                and module.split(".")[0] not in ("epass", "torch", "builtins", "__main__")
+                and module not in found
+            ):
+                found.append(module)
     return found
+
+
+def _factory_module(origin: Any) -> str | None:
+    """The module of the factory registered under a pass's registry name: the one
+    that registers it, which pipeline text needs imported."""
+    if origin is None:
+        return None
+    try:
+        factory = registry.get_factory(origin[0])
+    except Exception:  # no longer registered: its own module has to do
+        return None
+    module = getattr(factory, "__module__", None)
+    return module if isinstance(module, str) else None
 
 
 def docstring_text(text: str) -> str:
