@@ -405,3 +405,25 @@ def test_load_program_says_what_still_differs(tmp_path: Path) -> None:
         "loaded linear_1 call_function aten.linear.default"
     )
     assert listing_differences({"g": [["a"]]}, {"g": [["a"]]}) == []
+
+
+def test_repro_imports_the_module_that_registered_a_pass(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "registers_wrapped.py").write_text(
+        "import epass\nfrom epass import Decompose\nfrom epass.protocol import NamedPass\n\n\n"
+        "@epass.register_pass('wrapped-decompose-test')\n"
+        "def make():\n"
+        "    return NamedPass('wrapped-decompose-test', Decompose())\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import registers_wrapped  # noqa: F401
+
+    from epass import registry
+    from epass.instruments.reproducer import _modules
+
+    try:
+        passes = PassManager.from_text("wrapped-decompose-test").passes
+        # The pass is epass's own Decompose: only the registry knows the module.
+        assert _modules(passes, ()) == ["registers_wrapped"]
+    finally:
+        registry.unregister_pass("wrapped-decompose-test")
+        sys.modules.pop("registers_wrapped", None)
