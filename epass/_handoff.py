@@ -54,13 +54,16 @@ class HandOff:
     sources: Mapping[str, ExportedProgram]
 
     def call(self, convert: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``convert(*args, **kwargs)``, checked: a consumer that writes into a tensor
-        of the private programs (the user's tensors) is named in a
-        :class:`~epass.StateMutationError`, whether it returned or raised."""
+        """``convert(*args, **kwargs)``, checked on every exit: a consumer that writes
+        into a tensor of the private programs (the user's tensors) is named in a
+        :class:`~epass.StateMutationError` chained to whatever it raised, whether it
+        returned, raised, called ``sys.exit()`` or was interrupted. A consumer that
+        wrote nothing has its ``SystemExit`` or ``KeyboardInterrupt`` re-raised as it
+        was."""
         watch = StoreWatch.of(self.private.values(), fingerprint=True)
         try:
             out = convert(*args, **kwargs)
-        except Exception as exc:
+        except BaseException as exc:
             self._check(watch, exc)
             raise
         self._check(watch, None)

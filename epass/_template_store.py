@@ -9,6 +9,7 @@ a fixed list. Nothing in an entry is ever imported, unpickled or evaluated.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -18,9 +19,9 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from epass._version import __version__
 
@@ -52,7 +53,7 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 _LOCK = threading.Lock()
-_STATS = {"hits": 0, "misses": 0, "writes": 0, "rejected": 0}
+_STATS = {"hits": 0, "misses": 0, "writes": 0, "rejected": 0, "bypassed": 0}
 _WARNED = False
 
 
@@ -94,7 +95,14 @@ def limit() -> int:
             )
         return _DEFAULT_LIMIT
     number, unit = match.groups()
-    return int(float(number) * _UNITS[(unit or "").upper()])
+    whole, _, fraction = number.partition(".")
+    if len(whole.lstrip("0")) > 18:
+        return sys.maxsize  # more than any disk holds: no bound
+    scale: int = _UNITS[(unit or "").upper()]
+    fraction = fraction[:12]  # digits beyond a byte of the largest unit change nothing
+    # Integer arithmetic: a float of many digits overflows.
+    divisor: int = 10 ** len(fraction)
+    return int(whole) * scale + int(fraction or "0") * scale // divisor
 
 
 def _warn(message: str) -> None:
@@ -107,6 +115,28 @@ def _warn(message: str) -> None:
     warnings.warn(
         f"epass template cache: {message}; ignored (it is rebuilt)", RuntimeWarning, stacklevel=3
     )
+
+
+_T = TypeVar("_T")
+
+
+def _quiet(default: Any) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
+    """The disk cache never makes a decomposition fail or fall back: an error in it
+    (whatever the environment or the directory holds) is reported once and costs
+    the entry, nothing more."""
+
+    def wrap(fn: Callable[..., _T]) -> Callable[..., _T]:
+        @functools.wraps(fn)
+        def quiet(*args: Any, **kwargs: Any) -> _T:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                _warn(f"{fn.__name__} failed ({type(exc).__name__}: {exc!s:.200})")
+                return default  # type: ignore[no-any-return]
+
+        return quiet
+
+    return wrap
 
 
 def _entries_dir(create: bool) -> Path | None:
@@ -123,8 +153,12 @@ def _entries_dir(create: bool) -> Path | None:
             return None
     for folder in (root, path):
         try:
-            st = folder.stat()
+            # The root may be a link the user made; the entries folder is ours.
+            st = folder.stat() if folder is root else folder.lstat()
         except OSError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            _warn(f"{folder} is a symbolic link; the disk cache is off")
             return None
         if hasattr(os, "getuid") and st.st_uid != os.getuid():
             _warn(f"{folder} belongs to another user")
@@ -154,6 +188,7 @@ def environment() -> dict[str, str]:
     }
 
 
+@_quiet(None)
 def load(key: Any) -> Any:
     """The template data stored under ``key``, or None (missing, or rejected)."""
     folder = _entries_dir(create=False)
@@ -190,6 +225,7 @@ def load(key: Any) -> Any:
     return data
 
 
+@_quiet(False)
 def exists(key: Any) -> bool:
     """Whether an entry for ``key`` is on disk (not whether it is sound)."""
     folder = _entries_dir(create=False)
@@ -225,6 +261,7 @@ def discard(key: Any) -> None:
         os.unlink(folder / f"{digest(key)[1]}.json")
 
 
+@_quiet(False)
 def store(key: Any, template: Any) -> bool:
     """Write one entry atomically (a temporary file renamed into place)."""
     folder = _entries_dir(create=True)
@@ -329,9 +366,10 @@ def _keep_bound(folder: Path, written: int, bound: int) -> None:
 
 
 def _is_dir(path: Path) -> bool:
-    # Path.is_dir raises for some errors (a name too long, no permission to search).
+    # Path.is_dir raises for some errors (a name too long, no permission to search);
+    # a link to a folder is not the entries folder.
     try:
-        return stat.S_ISDIR(path.stat().st_mode)
+        return stat.S_ISDIR(path.lstat().st_mode)
     except OSError:
         return False
 
@@ -357,27 +395,78 @@ def info() -> dict[str, Any]:
     }
 
 
-def clear() -> int:
-    """Remove every entry (and stray temporary file); returns how many entries."""
+_TEMP = re.compile(r"^\.[0-9a-f]{64}\..+\.tmp$")
+
+
+def clear() -> tuple[int, list[str]]:
+    """Remove every entry this cache wrote (and its stray temporary files): files
+    named as entries that are regular files of this user holding an entry that checks
+    out. Nothing else is touched, and no symbolic link is followed: an entries folder
+    that is a link is left as it is. Returns how many entries were removed and what
+    was left, each with why."""
     root = directory()
-    folder = None if root is None else root / _SUBDIR
-    removed = 0
-    if folder is not None and _is_dir(folder):
-        for path, _ in list(_files(folder)):
-            with contextlib.suppress(OSError):
-                path.unlink()
-                removed += 1
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            names = []
-        for name in names:
-            if name.startswith(".") and name.endswith(".tmp"):
-                with contextlib.suppress(OSError):
-                    os.unlink(folder / name)
     with _LOCK:
-        _STATS.update(hits=0, misses=0, writes=0, rejected=0)
-    return removed
+        _STATS.update(hits=0, misses=0, writes=0, rejected=0, bypassed=0)
+    if root is None:
+        return 0, []
+    folder = root / _SUBDIR
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
+    except FileNotFoundError:
+        return 0, []
+    except OSError as exc:
+        why = "a symbolic link, not followed" if os.path.islink(folder) else exc.strerror
+        return 0, [f"{folder} ({why})"]
+    try:
+        return _clear_in(fd)
+    finally:
+        os.close(fd)
+
+
+def _clear_in(fd: int) -> tuple[int, list[str]]:
+    removed = 0
+    left: list[str] = []
+    for name in sorted(os.listdir(fd)):
+        why = _not_ours(fd, name)
+        if why:
+            left.append(f"{name!r} ({why})")
+            continue
+        try:
+            os.unlink(name, dir_fd=fd)
+        except OSError as exc:
+            left.append(f"{name!r} ({exc.strerror})")
+            continue
+        removed += not name.startswith(".")
+    return removed, left
+
+
+def _not_ours(fd: int, name: str) -> str:
+    """Why the file ``name`` of the entries folder is not one this cache wrote (empty:
+    it is an entry, or a temporary file of one)."""
+    is_entry = name.endswith(".json") and bool(_HASH.match(name[:-5]))
+    if not (is_entry or _TEMP.match(name)):
+        return "not named as an entry"
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError as exc:
+        return str(exc.strerror)
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return "belongs to another user"
+    if not is_entry:
+        return ""
+    try:
+        entry_fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _NONBLOCK, dir_fd=fd)
+        with os.fdopen(entry_fd, "rb") as f:
+            raw = f.read(_MAX_ENTRY + 1)
+        entry = json.loads(raw.decode("utf-8"))
+        key_text = json.dumps(entry["key"], sort_keys=True, separators=(",", ":"))
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return "not an entry"
+    if digest(entry["key"])[1] != name[:-5] or _parse(raw, key_text)[0]:
+        return "not an entry"
+    return ""
 
 
 # --- templates as data -----------------------------------------------------------------
@@ -691,94 +780,11 @@ def decode(
     return graph, inherited, own
 
 
-# --- stable identities of decomposition functions ---------------------------------------
-
-
-def fingerprint(obj: Any) -> str:
-    """A text naming ``obj`` (a decomposition callable) the same way in every process
-    that runs the same code, or :class:`Unrepresentable`.
-
-    Functions are named by module, qualified name and a hash of their code object,
-    closure cells and defaults; functions outside torch also by the globals their code
-    reads (torch's own are fixed by the torch build, which is part of every key).
-    """
-    return hashlib.sha256(_fp(obj, {}, 0).encode()).hexdigest()
-
-
-def _code_names(code: Any) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _code_names(const)
-    return names
-
-
-def _fp(obj: Any, seen: dict[int, str], depth: int) -> str:
-    import enum
-    import functools
-    import inspect
-    import marshal
-    import types
-
-    import torch
-
-    if depth > 12:
-        raise Unrepresentable("a callable nested too deep")
-    kind = type(obj)
-    if kind in _SCALARS or kind in (float, complex, bytes):
-        return f"{kind.__name__}:{obj!r}"
-    if kind in (tuple, list, frozenset):
-        items = sorted(_fp(x, seen, depth + 1) for x in obj) if kind is frozenset else obj
-        inner = items if kind is frozenset else [_fp(x, seen, depth + 1) for x in items]
-        return f"{kind.__name__}({','.join(inner)})"
-    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return f"op:{obj}"
-    if isinstance(obj, torch._ops.HigherOrderOperator):
-        return f"hop:{obj.name()}"
-    if isinstance(obj, type(torch.ops.aten)):
-        return f"ops:{obj.name}"
-    if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format, torch.device)):
-        return f"{kind.__name__}:{obj}"
-    if isinstance(obj, inspect.Signature):
-        return f"signature:{obj}"
-    if isinstance(obj, types.ModuleType):
-        return f"module:{obj.__name__}"
-    if isinstance(obj, enum.Enum):
-        return f"enum:{kind.__module__}.{kind.__qualname__}.{obj.name}"
-    if isinstance(obj, type):
-        return f"class:{obj.__module__}.{obj.__qualname__}"
-    if isinstance(obj, functools.partial):
-        parts = [_fp(obj.func, seen, depth + 1), _fp(obj.args, seen, depth + 1)]
-        parts.append(_fp(tuple(sorted(obj.keywords.items())), seen, depth + 1))
-        return f"partial({','.join(parts)})"
-    if isinstance(obj, types.MethodType):
-        return f"method({_fp(obj.__self__, seen, depth + 1)},{_fp(obj.__func__, seen, depth + 1)})"
-    if isinstance(obj, types.BuiltinFunctionType):
-        return f"builtin:{getattr(obj, '__module__', None)}.{obj.__qualname__}"
-    if isinstance(obj, types.FunctionType):
-        if id(obj) in seen:
-            return seen[id(obj)]
-        module = obj.__module__ or ""
-        name = f"function:{module}.{obj.__qualname__}"
-        seen[id(obj)] = f"recursive:{name}"
-        torch_owned = module == "torch" or module.startswith("torch.")
-        # torch's own code is fixed by the torch build, which every key names.
-        code = "" if torch_owned else hashlib.sha256(marshal.dumps(obj.__code__)).hexdigest()
-        cells = [_fp(c.cell_contents, seen, depth + 1) for c in obj.__closure__ or ()]
-        parts = [name, code, *cells, _fp(obj.__defaults__, seen, depth + 1)]
-        parts.append(_fp(tuple(sorted((obj.__kwdefaults__ or {}).items())), seen, depth + 1))
-        if not torch_owned:
-            for global_name in sorted(_code_names(obj.__code__)):
-                if global_name in obj.__globals__:
-                    value = obj.__globals__[global_name]
-                    parts.append(f"{global_name}={_fp(value, seen, depth + 1)}")
-        return f"{name}({','.join(parts)})"
-    owner = getattr(kind, "__module__", "") or ""
-    if (owner == "torch" or owner.startswith("torch.")) and hasattr(obj, "__dict__"):
-        # torch's decorator objects (a type-promotion wrapper), named by their fields.
-        fields = tuple(sorted(vars(obj).items()))
-        return f"object:{owner}.{kind.__qualname__}({_fp(fields, seen, depth + 1)})"
-    raise Unrepresentable(f"a callable part of type {kind.__name__}")
+def count(stat: str) -> None:
+    """Count one event of this process's use of the cache (``bypassed``: a template
+    traced for a table that cannot be named, kept for its decomposition alone)."""
+    with _LOCK:
+        _STATS[stat] += 1
 
 
 def reject(key: Any, reason: str) -> None:
@@ -787,6 +793,7 @@ def reject(key: Any, reason: str) -> None:
     discard(key)
 
 
+@_quiet(None)
 def prune_soon() -> None:
     """Prune when this process's writes could have taken the cache past its bound
     (read again: it may have been lowered since). :func:`store` checks at every
@@ -810,9 +817,12 @@ def cache_info() -> dict[str, Any]:
     return {"memory": memory, "disk": info()}
 
 
-def clear_cache() -> dict[str, int]:
-    """Empty both template caches; returns how many disk entries were removed."""
+def clear_cache() -> dict[str, Any]:
+    """Empty both template caches; returns how many disk entries were removed
+    (``disk_entries``) and the files of the entries folder that were left, each with
+    why (``left``: a file this cache did not write is never removed)."""
     decomp = sys.modules.get("epass._decomp")
     if decomp is not None:
         decomp.clear_cache()
-    return {"disk_entries": clear()}
+    removed, left = clear()
+    return {"disk_entries": removed, "left": left}

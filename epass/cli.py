@@ -531,9 +531,11 @@ def _cmd_cache(args: argparse.Namespace, out: _Out) -> int:
     from epass import _template_store
 
     if args.action == "clear":
-        removed = _template_store.clear()
+        removed, left = _template_store.clear()
         where = _template_store.directory()
         out.line(f"removed {removed} entries from {where}" if where else "the cache is off")
+        if left:
+            out.line(f"left {len(left)} that this cache did not write: {', '.join(left[:10])}")
         return 0
     info = _template_store.info()
     if args.json:

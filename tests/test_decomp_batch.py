@@ -82,7 +82,7 @@ def _both_ways(ep, tables, calls):
         for c in calls:
             try:
                 single[c.key] = _decomp._trace(
-                    c.op, c.args, c.kwargs, c.values, tables, fake_mode, session
+                    c.op, c.args, c.kwargs, c.values, c.grads, tables, fake_mode, session
                 )
             except _decomp.Fallback as exc:
                 single[c.key] = exc
@@ -95,7 +95,7 @@ def _both_ways(ep, tables, calls):
 def test_batched_templates_are_the_templates_traced_one_at_a_time(name, dynamic):
     ep = _export(name, dynamic)
     tables = _decomp.split_table(None)
-    calls, _, _ = _decomp._pending(ep, tables)
+    calls, _, _ = _decomp._pending(ep, tables, _decomp._Session(tables))
     assert calls
     batch, single = _both_ways(ep, tables, calls)
     for call in calls:
@@ -113,7 +113,7 @@ def test_calls_sharing_symbols_are_left_out_of_the_batch(name, monkeypatch):
     # nodes would be shared between calls, so no part of the graph is one call's own.
     ep = _export(name, dynamic=True)
     tables = _decomp.split_table(None)
-    calls, _, _ = _decomp._pending(ep, tables)
+    calls, _, _ = _decomp._pending(ep, tables, _decomp._Session(tables))
     assert calls and not any(_decomp._batchable(c) for c in calls)
     batched = []
     trace_batch = _decomp._trace_batch
@@ -133,7 +133,7 @@ def test_calls_sharing_symbols_are_left_out_of_the_batch(name, monkeypatch):
 def test_a_batched_decomposition_equals_the_retrace(name, dynamic, monkeypatch):
     ep = _export(name, dynamic)
     tables = _decomp.split_table(None)
-    calls, _, _ = _decomp._pending(ep, tables)
+    calls, _, _ = _decomp._pending(ep, tables, _decomp._Session(tables))
     batchable = sum(_decomp._batchable(c) for c in calls)
     alone = []
     trace = _decomp._trace
@@ -170,7 +170,7 @@ def test_a_factory_op_belongs_to_the_call_that_created_it():
     tables = _decomp.split_table(
         {aten.sigmoid.default: _sigmoid, aten.relu.default: _relu_with_a_factory}
     )
-    calls, _, _ = _decomp._pending(ep, tables)
+    calls, _, _ = _decomp._pending(ep, tables, _decomp._Session(tables))
     assert [c.op for c in calls] == [aten.sigmoid.default, aten.relu.default]
     batch, single = _both_ways(ep, tables, calls)
     assert set(batch) == {c.key for c in calls}
@@ -184,7 +184,7 @@ def test_a_template_failing_a_check_is_left_out_and_keeps_its_fallback_reason():
     ep = torch.export.export(_Two(), (torch.randn(3, 4),))
     table = {aten.sigmoid.default: _sigmoid, aten.relu.default: _relu_with_a_constant}
     tables = _decomp.split_table(table)
-    calls, _, _ = _decomp._pending(ep, tables)
+    calls, _, _ = _decomp._pending(ep, tables, _decomp._Session(tables))
     batch, single = _both_ways(ep, tables, calls)
     assert set(batch) == {calls[0].key}  # the sigmoid's template is kept
     assert "creates constants" in single[calls[1].key].reason

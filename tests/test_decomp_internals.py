@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from epass import _decomp
+from epass._decomp import identity
 
 aten = torch.ops.aten
 
@@ -372,7 +373,6 @@ def cia_op():
     ids=["default", "keep-aten", "keep-custom"],
 )
 def test_the_default_table_answers_every_operator_as_torchs_split(keep, cia_op):
-    from epass import _template_store
 
     keep = tuple(cia_op if op == "custom" else op for op in keep)
     # getattr(packet, "") makes a second object for the default overload, one torch's
@@ -391,7 +391,7 @@ def test_the_default_table_answers_every_operator_as_torchs_split(keep, cia_op):
             same = g is w or (
                 g is not None
                 and w is not None
-                and _template_store.fingerprint(g) == _template_store.fingerprint(w)
+                and identity.name_of(g, op) == identity.name_of(w, op)
             )
             if not same:
                 disagree.append(f"{op} ({side}): {g!r} vs torch's {w!r}")
@@ -408,7 +408,6 @@ def test_the_default_table_answers_every_operator_as_torchs_split(keep, cia_op):
     ids=["default", "keep-aten", "keep-custom"],
 )  # fmt: skip
 def test_the_default_tables_sides_build_torchs_split_when_iterated(keep, cia_op):
-    from epass import _template_store
 
     keep = tuple(cia_op if op == "custom" else op for op in keep)
     tables = _decomp.split_table(None, keep=keep)
@@ -418,9 +417,9 @@ def test_the_default_tables_sides_build_torchs_split_when_iterated(keep, cia_op)
     assert split.built is not None
     assert dict(tables.python.items()).keys() == python.keys()
     assert cia_op in cia
-    fingerprint = _template_store.fingerprint
     for ours, theirs in ((tables.cia, cia), (tables.python, python)):
-        differ = [op for op in theirs if fingerprint(ours[op]) != fingerprint(theirs[op])]
+        name = identity.name_of
+        differ = [op for op in theirs if name(ours[op], op) != name(theirs[op], op)]
         assert not differ, differ[:5]
 
 
@@ -439,22 +438,35 @@ def test_a_core_entry_the_walk_does_not_find_builds_torchs_own_split(monkeypatch
     assert op in cia
 
 
+def _default_name(keep=()):
+    _decomp.clear_cache()  # a table is named once per process; name it afresh
+    return _decomp.cache_name(_decomp.split_table(None, keep=keep))
+
+
 def test_the_default_tables_name_follows_what_decides_its_contents(cia_op):
-    first = _decomp._default_table_id(_decomp._DefaultSplit(frozenset()), frozenset({"a"}))
-    same = _decomp._default_table_id(_decomp._DefaultSplit(frozenset()), frozenset({"a"}))
-    assert first == same
-    kept = _decomp._DefaultSplit(frozenset({aten.gelu.default}))
-    assert _decomp._default_table_id(kept, frozenset({"a"})) != first
-    assert _decomp._default_table_id(_decomp._DefaultSplit(frozenset()), frozenset({"b"})) != first
-    # A Python CompositeImplicitAutograd kernel is what the op's own decomposition runs.
+    first = _default_name()
+    assert first.table is not None and first.why_not is None
+    assert _default_name().table == first.table
+    assert _default_name(keep=(aten.gelu.default,)).table != first.table
+    # A Python CompositeImplicitAutograd kernel is what the op's own decomposition
+    # runs: a user's takes part only through the identity it declares.
     key = torch._C.DispatchKey.CompositeImplicitAutograd
-    cia_op.py_impl(key)(lambda x: x * 3)
+
+    def triple(x):
+        return x * 3
+
+    cia_op.py_impl(key)(triple)
     try:
-        changed = _decomp._default_table_id(_decomp._DefaultSplit(frozenset()), frozenset({"a"}))
+        undeclared = _default_name()
+        triple.cache_key = "v1"
+        v1 = _default_name()
+        triple.cache_key = "v2"
+        v2 = _default_name()
     finally:
         del cia_op.py_kernels[key]
         cia_op._dispatch_cache.clear()
-    assert changed != first
+    assert undeclared.table is None and "triple" in undeclared.why_not
+    assert None not in (v1.table, v2.table) and len({v1.table, v2.table, first.table}) == 3
 
 
 @pytest.mark.parametrize("keep", [(), (aten.linear.default, aten.gelu.default)])

@@ -92,6 +92,39 @@ def test_a_consumer_that_writes_and_raises_is_named() -> None:
     assert isinstance(info.value.__cause__, RuntimeError)
 
 
+def _exit() -> None:
+    sys.exit(3)
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("leave", [_exit, _interrupt], ids=["sys.exit", "interrupted"])
+def test_a_consumer_that_writes_and_exits_or_is_interrupted_is_named(leave) -> None:
+    _, ep, _ = models.export("mlp")
+    hand_off = _handoff.start({"forward": ep}, None, "careless.convert")
+
+    def write_then_leave(program: torch.export.ExportedProgram) -> None:
+        with torch.no_grad():
+            program.state_dict["net.0.weight"].mul_(2)
+        leave()
+
+    with pytest.raises(epass.StateMutationError, match=r"careless\.convert") as info:
+        hand_off.call(write_then_leave, hand_off.private["forward"])
+    assert isinstance(info.value.__cause__, (SystemExit, KeyboardInterrupt))
+    assert info.value.keys == ("state_dict:net.0.weight",)
+
+
+@pytest.mark.parametrize("leave", [_exit, _interrupt], ids=["sys.exit", "interrupted"])
+def test_a_consumer_that_only_exits_or_is_interrupted_is_let_go(leave) -> None:
+    _, ep, _ = models.export("mlp")
+    hand_off = _handoff.start({"forward": ep}, None, "careful.convert")
+    kind = SystemExit if leave is _exit else KeyboardInterrupt
+    with pytest.raises(kind):
+        hand_off.call(lambda program: leave(), hand_off.private["forward"])
+
+
 def test_relink_gives_back_the_users_dicts_and_tensors() -> None:
     _, ep, _ = models.export("mlp")
     hand_off = _handoff.start({"forward": ep}, presets.lower(), "consumer")

@@ -545,32 +545,6 @@ def test_bytes_rewritten_after_screening_are_not_what_torch_reads(
     assert all(not v.any() for v in ep.state_dict.values())
 
 
-def test_read_once_view_returns_a_byte_as_first_read(tmp_path: Path) -> None:
-    path = tmp_path / "f.bin"
-    path.write_bytes(b"abcdefgh")
-    with open(path, "rb") as f:
-        view = epass._screen.ReadOnce(f)
-        assert view.read(3) == b"abc"
-        view.seek(5)
-        assert view.read(2) == b"fg"
-        path.write_bytes(b"ABCDEFGH")  # in place
-        view.seek(0)
-        assert view.read() == b"abcDEfgH"  # kept bytes, and the rest as now on disk
-        view.seek(0)
-        assert view.read() == b"abcDEfgH"
-        assert view.seek(-2, os.SEEK_END) == 6
-        with pytest.raises(OSError):
-            view.seek(-9, os.SEEK_END)
-
-
-def test_read_once_view_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
-    read, write = os.pipe()
-    with os.fdopen(read, "rb") as r, os.fdopen(write, "wb"):
-        assert not epass._screen.ReadOnce.usable(r)
-    with open(tmp_path / "f.bin", "wb") as f:
-        assert epass._screen.ReadOnce.usable(f)
-
-
 def test_screen_refuses_members_torch_finds_elsewhere(program_file: Path, tmp_path: Path) -> None:
     """Loading canonicalizes such a file (above); screening it as it is refuses it."""
     evil = _central_directory_elsewhere(program_file, tmp_path / "evil.pt2", tmp_path / "m")
@@ -849,17 +823,3 @@ def test_symbolic_expressions_and_guards_of_real_programs_pass_the_screen(
     assert "ToFloat(" in text and "LessThan(" in text and "guards_code" in text
     loaded = epass.load(tmp_path / "shapes.pt2")
     assert str(loaded.range_constraints) == str(ep.range_constraints)
-
-
-def test_allowed_shape_functions_cover_torchs_deserializer() -> None:
-    """Every sympy function torch's deserializer knows must pass the screen."""
-    import re
-
-    from torch._export.serde import serialize
-
-    from epass._screen import _SYMPY_CALLS
-
-    source = Path(serialize.__file__).read_text()
-    known = set(re.findall(r'"(\w+)": torch\.utils\._sympy\.functions\.\w+', source))
-    assert len(known) > 10, "torch's deserializer no longer lists its sympy functions"
-    assert known <= _SYMPY_CALLS, sorted(known - _SYMPY_CALLS)

@@ -322,20 +322,29 @@ def test_processes_writing_one_small_cache_keep_it_bounded(tmp_path):
     assert _disk_bytes(cache) <= bound
 
 
-def _closure_table(value):
+def _closure_table(value, key=None):
     def silu(x):
         return aten.mul.Tensor(aten.sigmoid.default(x), value)
 
+    if key is not None:
+        silu.cache_key = key
     return {aten.silu.default: silu}
 
 
-def test_tables_are_named_by_their_code_and_refused_when_they_cannot_be():
-    a = _decomp._table_id(_decomp.split_table(_closure_table(2.0)))
-    b = _decomp._table_id(_decomp.split_table(_closure_table(3.0)))
-    assert a is not None and b is not None and a != b
-    assert a == _decomp._table_id(_decomp.split_table(_closure_table(2.0)))
-    # A cell holding an object nothing can name the same way in another process.
-    assert _decomp._table_id(_decomp.split_table(_closure_table(object()))) is None
+def _name(table):
+    return _decomp.cache_name(_decomp.split_table(table))
+
+
+def test_a_users_table_is_named_only_through_the_identity_it_declares():
+    undeclared = _name(_closure_table(2.0))
+    assert undeclared.table is None
+    assert "silu (aten.silu.default) declares no cache identity" in undeclared.why_not
+    a, b = _name(_closure_table(2.0, "two")), _name(_closure_table(3.0, "three"))
+    assert None not in (a.table, b.table) and a.table != b.table
+    # The declaration names the behaviour, whatever the closure holds.
+    assert _name(_closure_table(object(), "two")).table == a.table
+    # torch's own decompositions are named by identity, however they are collected.
+    assert _name(torch._decomp.core_aten_decompositions()).table is not None
 
 
 def test_public_cache_info_and_clear_cover_memory_and_disk(cache):
@@ -525,7 +534,7 @@ def test_cache_info_and_clear_report_an_unusable_directory_as_empty(monkeypatch,
     monkeypatch.setenv("EPASS_CACHE_DIR", str(tmp_path / ("x" * 300)))
     info = _template_store.info()
     assert info["enabled"] is True and info["entries"] == 0
-    assert _template_store.clear() == 0
+    assert _template_store.clear()[0] == 0
     assert _template_store.store({"k": 1}, {"inputs": []}) is False
     assert _template_store.load({"k": 1}) is None
 
@@ -541,3 +550,100 @@ def test_a_filled_cache_serves_torchs_default_table_without_building_its_split(c
     assert again.notes["method"] == "incremental"
     assert Decompose()._tables().cia._split.built is None
     assert _decomp.first_difference(again.program, first.program) is None
+
+
+def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "epass", "--plain", *argv],
+        cwd=ROOT,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1" + "0" * 400, "9" * 5000 + "T", "1." + "5" * 400 + "G", "0" * 40 + "5M"],
+    ids=["400-digits", "5000-digits", "long-fraction", "leading-zeros"],
+)
+def test_any_cache_size_is_taken_without_a_crash(cache, monkeypatch, value):
+    monkeypatch.setenv(_template_store.SIZE_ENV, value)
+    assert _template_store.limit() > 0
+    done = _cli("cache", "info", env={"EPASS_CACHE_DIR": str(cache), "EPASS_CACHE_SIZE": value})
+    assert done.returncode == 0 and "limit:" in done.stdout, done.stderr
+    _, ep, _ = models.export("mlp")
+    result = Decompose()(ep)
+    assert result.notes["method"] == "incremental" and _template_store.info()["entries"] > 0
+
+
+def test_an_error_inside_the_disk_cache_costs_the_entry_not_the_incremental_path(
+    cache, monkeypatch
+):
+    def broken(*args, **kwargs):
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(_template_store, "limit", broken)
+    _decomp.clear_cache()
+    _, ep, _ = models.export("mlp")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = Decompose(method="auto")(ep)
+    assert result.notes["method"] == "incremental"
+    assert any("OverflowError" in str(w.message) for w in caught)
+
+
+def _look_alikes(folder: Path) -> dict[str, bytes]:
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {
+        "a" * 64 + ".json": b"not an entry",
+        "b" * 64 + ".json": json.dumps({"format": 1, "key": 1, "sha256": "x"}).encode(),
+        "notes.txt": b"the user's own file",
+        "." + "c" * 64 + ".x.bak": b"a look-alike of a temporary file",
+    }
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return files
+
+
+def test_cache_clear_follows_no_symbolic_link_and_says_what_it_left(cache, tmp_path):
+    _, ep, _ = models.export("mlp")
+    Decompose(method="incremental")(ep)
+    entries = cache / f"templates-v{_template_store.FORMAT}"
+    genuine = sorted(p.name for p in entries.glob("*.json"))
+    assert genuine
+    # Files of the entries folder this cache did not write stay.
+    files = _look_alikes(entries)
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    (entries / ("d" * 64 + ".json")).symlink_to(outside)
+    done = _cli("cache", "clear", env={"EPASS_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr
+    assert f"removed {len(genuine)} entries" in done.stdout
+    assert "left 5 that this cache did not write" in done.stdout
+    assert "not a regular file" in done.stdout and "not named as an entry" in done.stdout
+    for name, data in files.items():
+        assert (entries / name).read_bytes() == data
+    assert outside.read_text() == "{}" and (entries / ("d" * 64 + ".json")).is_symlink()
+    assert not any((entries / name).exists() for name in genuine)
+
+
+def test_cache_clear_leaves_a_linked_entries_folder_and_what_it_points_to(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    files = _look_alikes(elsewhere)
+    (elsewhere / ("e" * 64 + ".json")).write_text("{}")
+    (cache / f"templates-v{_template_store.FORMAT}").symlink_to(elsewhere)
+    done = _cli("cache", "clear", env={"EPASS_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr
+    assert "removed 0 entries" in done.stdout and "symbolic link, not followed" in done.stdout
+    assert all((elsewhere / name).read_bytes() == data for name, data in files.items())
+    assert (elsewhere / ("e" * 64 + ".json")).exists()
+    # Nor do lookups and writes use it.
+    monkeypatch.setenv(_template_store.DIR_ENV, str(cache))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert _template_store.store({"k": 1}, {"inputs": []}) is False
+    assert not list(elsewhere.glob("*.tmp"))

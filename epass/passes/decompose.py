@@ -103,6 +103,10 @@ class DecomposeResult(PassResult):
             templates it traced for next time. None where there was nothing to
             weigh: ``method`` was given, or the program is one the incremental path
             cannot take (``fallback`` says why).
+        cache: set when the incremental path traced its templates for this run
+            alone, kept neither in memory for later runs nor on disk, and why (a
+            decomposition of the table declares no cache identity; see
+            docs/speed.md).
     """
 
     method: str = "retrace"
@@ -110,6 +114,7 @@ class DecomposeResult(PassResult):
     rewritten: int | None = None
     checked: bool = False
     decision: str | None = None
+    cache: str | None = None
     counted: Mapping[str, Any] | None = None
 
     @property
@@ -125,6 +130,8 @@ class DecomposeResult(PassResult):
         }
         if self.decision is not None:
             notes["decision"] = self.decision
+        if self.cache is not None:
+            notes["cache"] = self.cache
         if self.counted is not None:
             notes.update(self.counted)
         return notes
@@ -351,8 +358,8 @@ class Decompose:
         except Exception as exc:
             raise self._explain(ep, exc) from exc
 
-    @staticmethod
     def _result(
+        self,
         ep: ExportedProgram,
         out: ExportedProgram,
         method: str,
@@ -362,6 +369,11 @@ class Decompose:
         decision: str | None = None,
     ) -> DecomposeResult:
         modified = not (out.graph_module.code == ep.graph_module.code and out.dialect == ep.dialect)
+        cache = None
+        if method == "incremental":
+            why_not = _decomp.cache_name(self._tables()).why_not
+            if why_not is not None:
+                cache = f"templates traced for this run only, kept nowhere: {why_not}"
         return DecomposeResult(
             out if modified else ep,
             modified,
@@ -370,6 +382,7 @@ class Decompose:
             rewritten=rewritten,
             checked=checked,
             decision=decision,
+            cache=cache,
         )
 
     # --- no-op skip -------------------------------------------------------------

@@ -32,16 +32,19 @@ from torch.export.graph_signature import (
 )
 
 from epass import _program, _template_store
+from epass._decomp import identity
 from epass._program import pytree
 
 __all__ = [
     "INTERNALS",
     "COMPARED_META",
     "LOCK",
+    "CacheName",
     "Fallback",
     "OutOfTime",
     "Tables",
     "cache_info",
+    "cache_name",
     "const_key",
     "clear_cache",
     "decompose",
@@ -49,6 +52,7 @@ __all__ = [
     "first_difference",
     "is_plain_call",
     "missing_templates",
+    "retrace_grads",
     "rewrites",
     "run_decompositions",
     "splices",
@@ -431,51 +435,6 @@ class _DefaultSplit:
         return self.built
 
 
-def _default_table_id(split: _DefaultSplit, regs: frozenset[str]) -> str:
-    """A name for torch's default table less ``keep`` made from what decides its
-    contents, without building it: the core decompositions, the Python
-    CompositeImplicitAutograd kernels of the operators loaded so far (an op's own
-    decomposition runs that kernel where there is one; a kernel needs its op loaded),
-    the ops torch keeps, ``keep``, the functions torch uses for the rest, and the
-    CompositeImplicitAutograd registrations. The torch build decides everything else
-    (part of every key)."""
-    from torch._export.utils import _get_decomp_for_cia
-    from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
-    from torch.export.exported_program import _special_op_to_preserve_cia
-
-    fingerprint = _template_store.fingerprint
-    cia_key = torch._C.DispatchKey.CompositeImplicitAutograd
-    kernels = []
-    for space_name in list(torch.ops):
-        space = getattr(torch.ops, space_name)
-        for packet_name in list(space):
-            packet = getattr(space, packet_name)
-            for overload_name in list(packet):
-                kernel = getattr(packet, overload_name).py_kernels.get(cia_key)
-                if kernel is not None:
-                    name = f"{space_name}.{packet_name}.{overload_name}"
-                    kernels.append(
-                        (
-                            name,
-                            str(kernel)
-                            if isinstance(kernel, type(cia_key))
-                            else fingerprint(kernel),
-                        )
-                    )
-    return _template_store.digest(
-        [
-            "default",
-            sorted((str(op), fingerprint(fn)) for op, fn in split.core.items()),
-            sorted(kernels),
-            sorted(str(op) for op in PRESERVED_ATEN_CIA_OPS),
-            sorted(str(op) for op in split.keep),
-            fingerprint(_get_decomp_for_cia),
-            fingerprint(_special_op_to_preserve_cia),
-            sorted(regs),
-        ]
-    )[1]
-
-
 def split_table(
     table: Mapping[Any, Callable[..., Any]] | None, keep: tuple[Any, ...] = ()
 ) -> Tables:
@@ -594,6 +553,9 @@ def unsafe_reason(ep: ExportedProgram, tables: Tables) -> str | None:
             # The retrace registers constants as buffers and lifts them again, in
             # an order of its own (by module, then by use).
             return f"a lifted constant input ({spec.arg.name}); the retrace re-orders them"
+    problem = _state_problem(ep)
+    if problem is not None:
+        return problem
     for out in sig.output_specs:
         if out.kind == OutputKind.TOKEN:
             return "effect tokens"
@@ -627,6 +589,38 @@ def unsafe_reason(ep: ExportedProgram, tables: Tables) -> str | None:
             return f"an unknown call target ({target!r} at {node.name})"
         if "val" not in node.meta and not _returns_nothing(target):
             return f"node {node.name} carries no value"
+    return None
+
+
+def _state_problem(ep: ExportedProgram) -> str | None:
+    """Why the retrace would see other state tensors than the program recorded (None:
+    it sees the same). The retrace fakes the state tensors themselves, and a
+    decomposition may branch on any of their properties."""
+    vals = {}
+    for node in ep.graph.nodes:
+        if node.op != "placeholder":
+            break
+        vals[node.name] = node.meta.get("val")
+    for name, tensor in _state_tensors(ep).items():
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            return f"a state tensor of type {type(tensor).__name__} ({name})"
+        val = vals.get(name)
+        if not isinstance(val, torch.Tensor) or (
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.storage_offset(),
+            tensor.dtype,
+            tensor.device,
+            tensor.layout,
+        ) != (
+            tuple(val.shape),
+            tuple(val.stride()),
+            val.storage_offset(),
+            val.dtype,
+            val.device,
+            val.layout,
+        ):
+            return f"state tensor {name} is not the tensor the program recorded"
     return None
 
 
@@ -739,6 +733,7 @@ def clear_cache() -> None:
     with LOCK:
         _CACHE.clear()
         _SPLITS.clear()
+        _NAMED.clear()
         _STATS.update(hits=0, misses=0)
 
 
@@ -777,7 +772,10 @@ def const_key(value: Any) -> Any:
     raise Fallback(f"a constant argument of type {kind.__name__}")
 
 
-def _tensor_key(t: torch.Tensor) -> Any:
+def _tensor_key(t: torch.Tensor, requires_grad: bool) -> Any:
+    """The key of a tensor input as a decomposition sees it in the retrace: every
+    property :func:`_fresh_fake` gives the input a template is traced on (and a test
+    checks that it gives them all)."""
     return (
         "tensor",
         type(t).__name__,
@@ -787,15 +785,18 @@ def _tensor_key(t: torch.Tensor) -> Any:
         const_key(t.dtype),
         const_key(t.device),
         const_key(t.layout),
-        t.requires_grad,
+        requires_grad,
         t.is_conj(),
         t.is_neg(),
     )
 
 
-def _fresh_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
-    # make_fx maps tensors to placeholders by identity: each input its own object,
-    # detached as AOTAutograd's inputs are.
+def _fresh_fake(fake_mode: Any, t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """A new fake tensor with the properties :func:`_tensor_key` names.
+
+    make_fx maps tensors to placeholders by identity: each input its own object."""
+    if t.layout != torch.strided or t.is_conj() or t.is_neg():
+        raise Fallback(f"an input of layout {t.layout} or with a conjugate or negative bit")
     with fake_mode:
         out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
         if t.storage_offset() != 0:
@@ -805,6 +806,10 @@ def _fresh_fake(fake_mode: Any, t: torch.Tensor) -> torch.Tensor:
                 device=t.device,
             )
             out = base.as_strided(t.shape, t.stride(), t.storage_offset())
+        if requires_grad:
+            # A leaf that requires grad, as the retrace's fake parameters are (torch's
+            # matmul, for one, takes another path for them).
+            out = out.detach().requires_grad_(True)
     return out
 
 
@@ -822,6 +827,10 @@ class _Session:
     def __init__(self, tables: Tables, deadline: float | None = None) -> None:
         self.tables = tables
         self.deadline = deadline
+        self.name = cache_name(tables)
+        # The templates of a table without a name: this decomposition's alone.
+        self.local: dict[Any, _Template] = {}
+        self.grads: frozenset[str] = frozenset()
         # The program being decomposed, whose missing templates one batch traces.
         self.program: ExportedProgram | None = None
         self.traced = 0
@@ -836,8 +845,13 @@ class _Session:
         for the walk that collects them)."""
         if self.program is not None and not self._batch_done:
             self._batch_done = True
-            _prefill(self.program, self.tables, fake_mode, self)
+            _prefill(self.program, fake_mode, self)
         return self.batched.pop(key, None)
+
+    def cache(self) -> collections.OrderedDict[Any, _Template] | dict[Any, _Template]:
+        """Where this decomposition keeps its templates: the process's cache when the
+        table has a name, else its own."""
+        return _CACHE if self.name.table is not None else self.local
 
     @contextlib.contextmanager
     def overrides(self) -> Iterator[None]:
@@ -853,6 +867,7 @@ class _Session:
         self._stack.close()
         self._entered = False
         self.batched.clear()
+        self.local.clear()
 
 
 class OutOfTime(Exception):
@@ -955,8 +970,11 @@ def _check_template(graph: torch.fx.Graph, op: Any, tables: Tables) -> None:
             raise Fallback(f"the decomposition of {op} calls {node.target!r}")
 
 
-def _fakes(fake_mode: Any, values: Iterable[Any]) -> list[Any]:
-    return [_fresh_fake(fake_mode, v) if isinstance(v, torch.Tensor) else v for v in values]
+def _fakes(fake_mode: Any, values: Iterable[Any], grads: Iterable[bool]) -> list[Any]:
+    return [
+        _fresh_fake(fake_mode, v, g) if isinstance(v, torch.Tensor) else v
+        for v, g in zip(values, grads, strict=True)
+    ]
 
 
 def _trace(
@@ -964,6 +982,7 @@ def _trace(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     inputs: list[Any],
+    grads: list[bool],
     tables: Tables,
     fake_mode: Any,
     session: _Session,
@@ -977,7 +996,7 @@ def _trace(
 
     shape_env = fake_mode.shape_env
     before = _symbol_count(shape_env)
-    gm = _make_fx(fn, _fakes(fake_mode, inputs), tables, fake_mode, session)
+    gm = _make_fx(fn, _fakes(fake_mode, inputs, grads), tables, fake_mode, session)
     if shape_env is not None and _symbol_count(shape_env) != before:
         raise Fallback(f"the decomposition of {op} creates new symbols")
     _check_template(gm.graph, op, tables)
@@ -997,6 +1016,7 @@ class _Pending:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     values: list[Any]
+    grads: list[bool]
 
 
 # fx names a node after its target, plus ``_<n>`` when the name is taken.
@@ -1039,7 +1059,9 @@ def _trace_batch(
 
     shape_env = fake_mode.shape_env
     before = _symbol_count(shape_env)
-    fakes = _fakes(fake_mode, (v for c in calls for v in c.values))
+    fakes = _fakes(
+        fake_mode, (v for c in calls for v in c.values), (g for c in calls for g in c.grads)
+    )
     try:
         gm = _make_fx(fn, fakes, tables, fake_mode, session)
     except Exception:  # each call's own trace raises (or not) as it always did
@@ -1125,7 +1147,7 @@ def _partition(
 
 
 def _pending(
-    ep: ExportedProgram, tables: Tables, checked: bool = False
+    ep: ExportedProgram, tables: Tables, session: _Session, checked: bool = False
 ) -> tuple[list[_Pending], int, int]:
     """The distinct templates decomposing ``ep`` needs that are neither in memory nor
     on disk, keyed from the nodes' values before any rewrite, in program order; how
@@ -1142,6 +1164,8 @@ def _pending(
         raise Fallback(reason)  # the incremental path says so, and no estimate is due
     vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    grads = retrace_grads(ep)
+    cache = session.cache()
     seen: set[Any] = set()
     pending: list[_Pending] = []
     unkeyed = 0
@@ -1156,21 +1180,21 @@ def _pending(
             continue
         try:
             args, kwargs = normalize(node.target, node.args, dict(node.kwargs))
-            spec, parts, inputs = _template_key(node.target, args, kwargs)
+            spec, parts, inputs, flags = _template_key(node.target, args, kwargs, grads)
         except Exception:
             unkeyed += 1  # counted as a trace; the walk itself decides
             continue
-        key = (node.target, spec, parts, tables.token, fake_mode)
+        key = _memory_key(node.target, spec, parts, session.name, fake_mode)
         if key in seen:
             continue
         seen.add(key)
         with LOCK:
-            if key in _CACHE:
+            if key in cache:
                 continue
-        disk_key = _disk_key(node.target, spec, parts, tables)
+        disk_key = _disk_key(node.target, spec, parts, session.name)
         if disk_key is None or not _template_store.exists(disk_key):
             values = [a.meta["val"] for a in inputs]
-            pending.append(_Pending(key, disk_key, node.target, args, kwargs, values))
+            pending.append(_Pending(key, disk_key, node.target, args, kwargs, values, flags))
     return pending, unkeyed, nodes
 
 
@@ -1180,33 +1204,36 @@ def _batchable(call: _Pending) -> bool:
     return "'sym'" not in repr(call.key[2])
 
 
-def _prefill(ep: ExportedProgram, tables: Tables, fake_mode: Any, session: _Session) -> None:
+def _prefill(ep: ExportedProgram, fake_mode: Any, session: _Session) -> None:
     """Trace the templates ``ep`` needs at once, for the walk to take."""
     try:
-        pending, _, _ = _pending(ep, tables, checked=True)
+        pending, _, _ = _pending(ep, session.tables, session, checked=True)
     except Exception:
         return  # the walk decides, and explains
-    calls = [c for c in pending if _batchable(c) and c.key[4] is fake_mode]
+    calls = [c for c in pending if _batchable(c) and c.key[-1] is fake_mode]
     if len(calls) > 1:
-        session.batched.update(_trace_batch(calls, tables, fake_mode, session))
+        session.batched.update(_trace_batch(calls, session.tables, fake_mode, session))
 
 
 def fill(ep: ExportedProgram, tables: Tables, limit: int | None = None) -> int:
     """Trace, in one batch, up to ``limit`` (None: all) of the templates decomposing
     ``ep`` needs that are neither in memory nor on disk, in program order, and keep
     them for later decompositions (on disk where their key allows). Returns how many
-    were kept. Holds :data:`LOCK`.
+    were kept: none for a table without a name (see :class:`CacheName`), whose
+    templates no later decomposition may reuse. Holds :data:`LOCK`.
 
     Raises:
         Fallback: when the incremental path cannot be taken at all.
     """
     with LOCK:
-        pending, _, _ = _pending(ep, tables)
+        session = _Session(tables)
+        if session.name.table is None:
+            return 0
+        pending, _, _ = _pending(ep, tables, session)
         fake_mode = _fake_mode(ep)
         calls = [c for c in pending if _batchable(c)][:limit]
         if not calls:
             return 0
-        session = _Session(tables)
         try:
             templates = _trace_batch(calls, tables, fake_mode, session)
         finally:
@@ -1218,26 +1245,70 @@ def fill(ep: ExportedProgram, tables: Tables, limit: int | None = None) -> int:
                 continue
             if call.disk_key is not None:
                 _store(call.disk_key, template, tables)
-            _STATS["misses"] += 1
-            _CACHE[call.key] = template
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
+            _keep(_CACHE, call.key, template)
         return len(templates)
 
 
+def _memory_key(op: Any, spec: str, parts: tuple[Any, ...], name: CacheName, fake_mode: Any) -> Any:
+    # Template values are fake tensors of one program's fake mode (and its symbols):
+    # the mode is part of the key (last), and the cache keeps it alive while the
+    # entry lives.
+    return (op, spec, parts, name.table, name.settings, fake_mode)
+
+
+def _keep(cache: dict[Any, _Template], key: Any, template: _Template) -> None:
+    _STATS["misses"] += 1
+    cache[key] = template
+    if cache is _CACHE:
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+
+
+def retrace_grads(ep: ExportedProgram) -> frozenset[str]:
+    """The placeholders whose value requires grad in the retrace: it traces the user's
+    inputs as the program recorded them and fakes of the state tensors themselves,
+    under ``no_grad`` (so no value computed in the graph requires grad)."""
+    state = _state_tensors(ep)
+    grads = set()
+    for node in ep.graph.nodes:
+        if node.op != "placeholder":
+            break
+        value = state.get(node.name, node.meta.get("val"))
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            grads.add(node.name)
+    return frozenset(grads)
+
+
+def _state_tensors(ep: ExportedProgram) -> dict[str, Any]:
+    """The tensors the retrace fakes for the parameter and buffer placeholders."""
+    found = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target is not None:
+            store = ep.state_dict if spec.target in ep.state_dict else ep.constants
+            if spec.target in store:
+                found[spec.arg.name] = store[spec.target]
+    return found
+
+
 def _template_key(
-    op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[str, tuple[Any, ...], list[torch.fx.Node]]:
+    op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], grads: frozenset[str]
+) -> tuple[str, tuple[Any, ...], list[torch.fx.Node], list[bool]]:
+    """The key of a call's template (its argument structure and each argument's key),
+    its input nodes, and whether each input requires grad in the retrace."""
     flat, spec = pytree.tree_flatten((args, kwargs))
-    inputs = [a for a in flat if isinstance(a, torch.fx.Node)]
+    inputs: list[torch.fx.Node] = []
+    flags: list[bool] = []
     key_parts: list[Any] = []
     for a in flat:
         if isinstance(a, torch.fx.Node):
             v = a.meta["val"]
-            key_parts.append(_tensor_key(v) if isinstance(v, torch.Tensor) else const_key(v))
+            grad = a.op == "placeholder" and a.name in grads
+            inputs.append(a)
+            flags.append(grad)
+            key_parts.append(_tensor_key(v, grad) if isinstance(v, torch.Tensor) else const_key(v))
         else:
             key_parts.append(const_key(a))
-    return str(spec), tuple(key_parts), inputs
+    return str(spec), tuple(key_parts), inputs, flags
 
 
 def _template(
@@ -1248,34 +1319,34 @@ def _template(
     fake_mode: Any,
     session: _Session,
 ) -> tuple[_Template, list[torch.fx.Node]]:
-    spec, parts, inputs = _template_key(op, args, kwargs)
+    spec, parts, inputs, flags = _template_key(op, args, kwargs, session.grads)
     values = [a.meta["val"] for a in inputs]
-    # Template values are fake tensors of one program's fake mode (and its symbols):
-    # the mode is part of the key, and the cache keeps it alive while the entry lives.
-    key = (op, spec, parts, tables.token, fake_mode)
+    key = _memory_key(op, spec, parts, session.name, fake_mode)
+    cache = session.cache()
     with LOCK:
-        hit = _CACHE.get(key)
+        hit = cache.get(key)
         if hit is not None:
-            _CACHE.move_to_end(key)
+            if cache is _CACHE:
+                _CACHE.move_to_end(key)
             _STATS["hits"] += 1
             return hit, inputs
-    disk_key = _disk_key(op, spec, parts, tables)
-    template = None if disk_key is None else _load(disk_key, (op, args, kwargs), tables, fake_mode)
+    disk_key = _disk_key(op, spec, parts, session.name)
+    template = (
+        None if disk_key is None else _load(disk_key, (op, args, kwargs), flags, tables, fake_mode)
+    )
     if template is None:
         if session.deadline is not None and time.perf_counter() > session.deadline:
             raise OutOfTime
         template = session.take(key, fake_mode)
         if template is None:
-            template = _trace(op, args, kwargs, values, tables, fake_mode, session)
+            template = _trace(op, args, kwargs, values, flags, tables, fake_mode, session)
         session.traced += 1
         if disk_key is not None:
             _store(disk_key, template, tables)
-
+        elif session.name.table is None:
+            _template_store.count("bypassed")
     with LOCK:
-        _STATS["misses"] += 1
-        _CACHE[key] = template
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
+        _keep(cache, key, template)
     return template, inputs
 
 
@@ -1287,7 +1358,7 @@ def missing_templates(ep: ExportedProgram, tables: Tables) -> tuple[int, int]:
     Raises:
         Fallback: when the incremental path cannot be taken at all.
     """
-    pending, unkeyed, nodes = _pending(ep, tables)
+    pending, unkeyed, nodes = _pending(ep, tables, _Session(tables))
     return len(pending) + unkeyed, nodes
 
 
@@ -1299,7 +1370,7 @@ def template_work(ep: ExportedProgram, tables: Tables) -> tuple[int, int, int]:
     Raises:
         Fallback: when the incremental path cannot be taken at all.
     """
-    pending, unkeyed, nodes = _pending(ep, tables)
+    pending, unkeyed, nodes = _pending(ep, tables, _Session(tables))
     batched = sum(_batchable(c) for c in pending)
     if batched < 2:
         batched = 0  # a batch of one is a trace of its own
@@ -1308,44 +1379,119 @@ def template_work(ep: ExportedProgram, tables: Tables) -> tuple[int, int, int]:
 
 # --- templates on disk (epass/_template_store.py holds the files and the format) -----
 
-_TABLE_IDS: dict[Any, str | None] = {}
+
+@attrs.frozen
+class CacheName:
+    """What names one decomposition's templates in the caches.
+
+    Attributes:
+        table: a name of the table that is the same in every process running the same
+            code and declarations (None: the table cannot be named, and its templates
+            are traced afresh for this decomposition alone, never kept in memory or
+            on disk for another).
+        why_not: why the table has no name (None when it has one).
+        settings: the process-wide settings torch's decompositions read.
+    """
+
+    table: str | None
+    why_not: str | None
+    settings: tuple[tuple[str, Any], ...]
 
 
-def _table_id(tables: Tables) -> str | None:
-    """A name of the table's contents that is the same in every process running the
-    same code, or None when some decomposition cannot be named so."""
+# Per table: the names of torch's own entries (fixed for the process), and the other
+# entries, named again at every decomposition (a declaration may come, go or change).
+_NAMED: collections.OrderedDict[Any, tuple[str, list[Any]]] = collections.OrderedDict()
+
+
+def cache_name(tables: Tables) -> CacheName:
+    """The name of ``tables`` for this decomposition's template keys (see
+    :class:`CacheName`). torch's own decompositions are named by identity; a user's
+    only through the ``cache_key`` it declares (:mod:`epass._decomp.identity`)."""
+    settings = identity.settings()
+    library = identity.library_kernels()
+    if library:
+        more = f" and {len(library) - 2} more" if len(library) > 2 else ""
+        why = (
+            f"Python kernels registered through torch.library for {', '.join(library[:2])}"
+            f"{more} cannot be named"
+        )
+        return CacheName(None, why, settings)
     with LOCK:
-        if tables.token in _TABLE_IDS:
-            return _TABLE_IDS[tables.token]
+        known = _NAMED.get(tables.token)
+    if known is None:
+        known = _name_entries(tables)
+        with LOCK:
+            _NAMED[tables.token] = known
+            while len(_NAMED) > 64:
+                _NAMED.popitem(last=False)
+    fixed, others = known
+    if not others:
+        return CacheName(fixed, None, settings)
     try:
-        if isinstance(tables.cia, _DefaultSide):
-            ident: str | None = _default_table_id(tables.cia._split, tables.token[1])
+        names = identity.name_table(others)
+    except identity.Unnamed as exc:
+        return CacheName(None, exc.reason, settings)
+    return CacheName(_template_store.digest([fixed, names])[1], None, settings)
+
+
+def _name_entries(tables: Tables) -> tuple[str, list[Any]]:
+    """torch's own part of the table's name (a digest), and its other entries."""
+    if isinstance(tables.cia, _DefaultSide):
+        split = tables.cia._split
+        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+
+        fixed: list[Any] = [
+            "default",
+            sorted(str(op) for op in split.keep),
+            sorted(str(op) for op in PRESERVED_ATEN_CIA_OPS),
+            sorted(tables.token[1]),
+        ]
+        entries = [("python", op, fn) for op, fn in split.core.items()]
+        entries += _python_cia_kernels()
+    else:
+        fixed = ["explicit", sorted(tables.token[1])]
+        entries = [
+            (side, op, fn)
+            for side, part in (("cia", tables.cia), ("python", tables.python))
+            for op, fn in part.items()
+        ]
+    names, others = [], []
+    for side, op, fn in entries:
+        own = (
+            f"dispatch:{fn}"
+            if isinstance(fn, torch._C.DispatchKey)
+            else identity.torch_name(fn, op)
+        )
+        if own is not None:
+            names.append((side, str(op), own))
         else:
-            ident = _explicit_table_id(tables)
-    except _template_store.Unrepresentable:
-        ident = None
-    with LOCK:
-        _TABLE_IDS[tables.token] = ident
-        while len(_TABLE_IDS) > 64:
-            _TABLE_IDS.pop(next(iter(_TABLE_IDS)))
-    return ident
+            others.append((side, op, fn))
+    return _template_store.digest([*fixed, sorted(names)])[1], others
 
 
-def _explicit_table_id(tables: Tables) -> str:
-    items = sorted(
-        (kind, str(op), _template_store.fingerprint(fn))
-        for kind, part in (("cia", tables.cia), ("python", tables.python))
-        for op, fn in part.items()
-    )
-    # and the CompositeImplicitAutograd registrations the split was made with
-    return _template_store.digest([items, sorted(tables.token[1])])[1]
+def _python_cia_kernels() -> list[tuple[str, Any, Any]]:
+    """Every loaded operator's Python CompositeImplicitAutograd kernel: what its own
+    decomposition runs, in torch's default table."""
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    found = []
+    for space_name in list(torch.ops):
+        space = getattr(torch.ops, space_name)
+        if not isinstance(space, torch._ops._OpNamespace):
+            continue
+        for packet_name in list(space):
+            packet = getattr(space, packet_name)
+            for overload_name in list(packet):
+                op = getattr(packet, overload_name)
+                kernel = op.py_kernels.get(key)
+                if kernel is not None:
+                    found.append(("kernel", op, kernel))
+    return found
 
 
-def _disk_key(op: Any, spec: str, parts: tuple[Any, ...], tables: Tables) -> dict[str, Any] | None:
-    if _template_store.directory() is None or not isinstance(op, torch._ops.OpOverload):
+def _disk_key(op: Any, spec: str, parts: tuple[Any, ...], name: CacheName) -> dict[str, Any] | None:
+    if name.table is None or not isinstance(op, torch._ops.OpOverload):
         return None
-    table = _table_id(tables)
-    if table is None:
+    if _template_store.directory() is None:
         return None
     text = repr(parts)
     if "'sym'" in text:
@@ -1361,7 +1507,8 @@ def _disk_key(op: Any, spec: str, parts: tuple[Any, ...], tables: Tables) -> dic
         "op": str(op),
         "spec": spec,
         "parts": text,
-        "table": table,
+        "table": name.table,
+        "settings": [list(item) for item in name.settings],
     }
 
 
@@ -1394,6 +1541,7 @@ def _store(key: dict[str, Any], template: _Template, tables: Tables) -> None:
 def _load(
     key: dict[str, Any],
     call: tuple[Any, tuple[Any, ...], dict[str, Any]],
+    grads: list[bool],
     tables: Tables,
     fake_mode: Any,
 ) -> _Template | None:
@@ -1404,9 +1552,10 @@ def _load(
     values = [
         a.meta["val"] for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.fx.Node)
     ]
-    fakes = [_fresh_fake(fake_mode, v) if isinstance(v, torch.Tensor) else v for v in values]
     try:
-        graph, inherited, own = _template_store.decode(body, fakes, fake_mode, _INHERITED_META)
+        fakes = _fakes(fake_mode, values, grads)
+        with torch.no_grad():  # values as a trace computes them (under no_grad)
+            graph, inherited, own = _template_store.decode(body, fakes, fake_mode, _INHERITED_META)
         for node in graph.nodes:
             if node.op == "call_function" and not (
                 _program.is_op_overload(node.target) or is_plain_call(node.target)
@@ -1681,6 +1830,7 @@ def _decompose(
         raise Fallback(reason)
     fake_mode = _fake_mode(ep)
     session.program = ep
+    session.grads = retrace_grads(ep)
     builder = _Builder(tables, fake_mode, session)
     old_graph = ep.graph
     for node in old_graph.nodes:

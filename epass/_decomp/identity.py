@@ -1,0 +1,328 @@
+"""Names of decomposition functions for cache keys: torch's own by identity, a user's
+only through the identity it declares; anything else has no name and is never cached.
+
+A cache may only answer what it can name completely. No fingerprint of arbitrary
+Python sees every value a function may read (a module attribute, an environment
+variable, a list it closes over), so a user's function takes part only through a
+declared ``cache_key`` (Inductor's rule for custom passes, ``uuid()``).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import os
+import threading
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "CACHE_KEY",
+    "Unnamed",
+    "declared_key",
+    "library_kernels",
+    "name_of",
+    "name_table",
+    "settings",
+    "torch_made",
+    "torch_name",
+]
+
+CACHE_KEY = "cache_key"
+"""The attribute (a string, or a method returning one) by which a user's decomposition
+declares its identity. Change it whenever the function's behaviour changes."""
+
+
+class Unnamed(Exception):
+    """A decomposition the cache cannot name; ``reason`` says which and why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_LOCK = threading.Lock()
+# Verdicts on torch's own objects, keyed by the objects themselves (kept alive with
+# the verdict, so that an address is never reused for another function).
+_VERDICTS: dict[int, tuple[Any, bool]] = {}
+
+
+@functools.cache
+def _torch_root() -> str:
+    return str(os.path.realpath(os.path.dirname(str(torch.__file__)))) + os.sep
+
+
+def _torch_module(name: Any) -> bool:
+    return isinstance(name, str) and (name == "torch" or name.startswith("torch."))
+
+
+def _in_torch(code: types.CodeType) -> bool:
+    try:
+        return os.path.realpath(code.co_filename).startswith(_torch_root())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+_DATA = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))
+_TORCH_VALUES = (
+    torch._ops.OpOverload,
+    torch._ops.OpOverloadPacket,
+    torch._ops.HigherOrderOperator,
+    torch.dtype,
+    torch.layout,
+    torch.memory_format,
+    torch.device,
+    torch._C.DispatchKey,
+)
+
+
+def _torch_made(obj: Any, seen: set[int], depth: int) -> bool:
+    """Whether ``obj`` is code of the torch build, and holds nothing but torch's code
+    and plain data: a function whose code object lies in torch's installed package
+    (``functools.wraps`` copies names, never code), with its closure, defaults and
+    wrapped objects checked the same way."""
+    if depth > 64:
+        return False
+    if isinstance(obj, (*_DATA, *_TORCH_VALUES)):
+        return True
+    if id(obj) in seen:
+        return True  # a cycle: judged where it started
+    seen.add(id(obj))
+    step = depth + 1
+    if isinstance(obj, (tuple, list, frozenset, set)):
+        return all(_torch_made(x, seen, step) for x in obj)
+    if isinstance(obj, dict):
+        return all(_torch_made(item, seen, step) for item in obj.items())
+    if isinstance(obj, types.ModuleType):
+        return _torch_module(obj.__name__)
+    if isinstance(obj, type):
+        return _torch_module(obj.__module__) or obj.__module__ == "builtins"
+    if isinstance(obj, enum.Enum):
+        return _torch_made(type(obj), seen, step)
+    if isinstance(obj, inspect.Signature):  # annotations are types; defaults are values
+        defaults = [p.default for p in obj.parameters.values() if p.default is not p.empty]
+        return _torch_made(defaults, seen, step)
+    if isinstance(obj, functools.partial):
+        return all(_torch_made(p, seen, step) for p in (obj.func, obj.args, obj.keywords))
+    if isinstance(obj, types.MethodType):
+        return _torch_made(obj.__func__, seen, step) and _torch_made(obj.__self__, seen, step)
+    if isinstance(obj, types.BuiltinFunctionType):
+        return _torch_module(getattr(obj, "__module__", None))
+    if isinstance(obj, types.FunctionType):
+        cells = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
+        parts = [cells, obj.__defaults__, obj.__kwdefaults__, getattr(obj, "__wrapped__", None)]
+        return _in_torch(obj.__code__) and all(_torch_made(p, seen, step) for p in parts)
+    kind = type(obj)
+    if _torch_module(kind.__module__) and hasattr(obj, "__dict__"):
+        # torch's decorator objects (a type-promotion wrapper) and their fields
+        return _torch_made(kind, seen, step) and _torch_made(vars(obj), seen, step)
+    return False
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
+
+
+def torch_made(obj: Any) -> bool:
+    """:func:`_torch_made`, cached per object."""
+    with _LOCK:
+        hit = _VERDICTS.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+    verdict = _torch_made(obj, set(), 0)
+    with _LOCK:
+        _VERDICTS[id(obj)] = (obj, verdict)
+    return verdict
+
+
+def _registered() -> dict[int, tuple[Any, str]]:
+    """torch's decomposition registry by object: ``id -> (object, "kind:op")``."""
+    from torch._decomp import global_decomposition_table
+
+    found: dict[int, tuple[Any, str]] = {}
+    for kind, table in global_decomposition_table.items():
+        for op, fn in list(table.items()):
+            found.setdefault(id(fn), (fn, f"{kind}:{op}"))
+    return found
+
+
+_REGISTRY: dict[int, tuple[Any, str]] = {}
+_REGISTRY_SIZE = -1
+
+
+def _registry_name(fn: Any, op: Any) -> str | None:
+    """The name of ``fn`` in torch's decomposition registry (None: not there)."""
+    from torch._decomp import global_decomposition_table
+
+    for kind, table in global_decomposition_table.items():
+        if table.get(op) is fn:
+            return f"{kind}:{op}"
+    global _REGISTRY, _REGISTRY_SIZE
+    size = sum(len(t) for t in global_decomposition_table.values())
+    with _LOCK:
+        if size != _REGISTRY_SIZE:
+            _REGISTRY, _REGISTRY_SIZE = _registered(), size
+        hit = _REGISTRY.get(id(fn))
+    return hit[1] if hit is not None and hit[0] is fn else None
+
+
+@functools.cache
+def _cia_code() -> types.CodeType | None:
+    """The code of the function torch's ``_get_decomp_for_cia`` binds to an operator
+    (a new ``functools.partial`` at every call, so known by its code object)."""
+    from torch._export.utils import _get_decomp_for_cia
+
+    for const in _get_decomp_for_cia.__code__.co_consts:
+        if isinstance(const, types.CodeType) and const.co_name == "_special_op_to_decompose_cia":
+            return const
+    return None
+
+
+def torch_name(fn: Any, op: Any) -> str | None:
+    """The name of ``fn`` if it is torch's own: the very object torch registers for an
+    operator (its decomposition registry, the preserve marker, an operator's Python
+    CompositeImplicitAutograd kernel, or its ``_get_decomp_for_cia`` binding)."""
+    from torch.export.exported_program import _special_op_to_preserve_cia
+
+    if fn is _special_op_to_preserve_cia:
+        return "torch:preserve"
+    if (
+        isinstance(fn, functools.partial)
+        and getattr(fn.func, "__code__", None) is _cia_code()
+        and not fn.args
+        and set(fn.keywords) == {"kernel"}
+        and isinstance(fn.keywords["kernel"], torch._ops.OpOverload)
+    ):
+        return f"torch:cia:{fn.keywords['kernel']}"
+    if isinstance(op, torch._ops.OpOverload):
+        kernel = op.py_kernels.get(torch._C.DispatchKey.CompositeImplicitAutograd)
+        if kernel is fn and torch_made(fn):
+            return f"torch:py_kernel:{op}"
+    registered = _registry_name(fn, op)
+    if registered is not None and torch_made(fn):
+        return f"torch:{registered}"
+    return None
+
+
+def _label(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None and isinstance(fn, functools.partial):
+        return f"partial({_label(fn.func)})"
+    return str(name) if name is not None else type(fn).__name__
+
+
+def declared_key(fn: Any) -> str | None:
+    """The identity ``fn`` declares (its ``cache_key``), or None.
+
+    Raises:
+        TypeError: when ``cache_key`` is there but is not a string (or a method
+            returning one).
+    """
+    try:
+        value = getattr(fn, CACHE_KEY, None)
+    except Exception as exc:  # a property that raises
+        raise TypeError(f"{_label(fn)}.{CACHE_KEY} raised {type(exc).__name__}: {exc}") from exc
+    if value is None:
+        return None
+    if callable(value):
+        value = value()
+    if not isinstance(value, str) or not value:
+        raise TypeError(
+            f"{_label(fn)}.{CACHE_KEY} must be a non-empty string (or a method returning "
+            f"one), got {type(value).__name__}"
+        )
+    return value
+
+
+def name_of(fn: Any, op: Any) -> str:
+    """A name of the decomposition ``fn`` (the table's entry for ``op``) that is the
+    same in every process running the same code and the same declarations.
+
+    Raises:
+        Unnamed: ``fn`` is not torch's own and declares no identity.
+    """
+    own = torch_name(fn, op)
+    if own is not None:
+        return own
+    try:
+        declared = declared_key(fn)
+    except TypeError as exc:
+        raise Unnamed(str(exc)) from None
+    if declared is None:
+        raise Unnamed(f"{_label(fn)} ({op}) declares no cache identity ({CACHE_KEY})")
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return f"user:{module}.{_label(fn)}:{declared}"
+
+
+def name_table(entries: Iterable[tuple[str, Any, Callable[..., Any]]]) -> list[tuple[str, ...]]:
+    """Names of a table's entries ``(side, op, fn)``, sorted.
+
+    Raises:
+        Unnamed: for the entries that cannot be named (all of them in its reason).
+    """
+    names = []
+    unnamed = []
+    for side, op, fn in entries:
+        try:
+            names.append((side, str(op), name_of(fn, op)))
+        except Unnamed as exc:
+            unnamed.append(exc.reason)
+    if unnamed:
+        more = f" and {len(unnamed) - 3} more" if len(unnamed) > 3 else ""
+        raise Unnamed("; ".join(unnamed[:3]) + more)
+    return sorted(names)
+
+
+_LIBRARY: list[Any] = [-1, []]
+
+
+def library_kernels() -> list[str]:
+    """Kernels registered from Python through ``torch.library`` for ATen or prims
+    operators (``"aten::gelu/CompositeImplicitAutograd"``): arbitrary Python behind an
+    operator every decomposition may call. Read again whenever the registrations
+    (which libraries add and remove) change in number."""
+    from torch import library
+
+    impls = library._impls
+    with _LOCK:
+        if _LIBRARY[0] != len(impls):
+            found = sorted(k for k in list(impls) if k.startswith(("aten::", "prims::")))
+            _LIBRARY[:] = [len(impls), found]
+        return list(_LIBRARY[1])
+
+
+def settings() -> tuple[tuple[str, Any], ...]:
+    """The process-wide settings torch's decompositions read (the attention backend a
+    ``scaled_dot_product_attention`` decomposes to, the default dtype of the tensors
+    a decomposition creates, ...): part of every template key."""
+    cuda = torch.backends.cuda
+    found: list[tuple[str, Any]] = [
+        ("default_dtype", str(torch.get_default_dtype())),
+        ("deterministic", torch.are_deterministic_algorithms_enabled()),
+        ("deterministic_warn", torch.is_deterministic_algorithms_warn_only_enabled()),
+        ("matmul_precision", torch.get_float32_matmul_precision()),
+        ("grad", torch.is_grad_enabled()),
+        ("inference", torch.is_inference_mode_enabled()),
+        ("autocast_cpu", torch.is_autocast_enabled("cpu")),
+    ]
+    getter: Mapping[str, str] = {
+        "flash_sdp": "flash_sdp_enabled",
+        "mem_efficient_sdp": "mem_efficient_sdp_enabled",
+        "math_sdp": "math_sdp_enabled",
+        "cudnn_sdp": "cudnn_sdp_enabled",
+        "math_sdp_reduction": "fp16_bf16_reduction_math_sdp_allowed",
+    }
+    for label, name in getter.items():
+        fn = getattr(cuda, name, None)
+        found.append((label, fn() if callable(fn) else None))
+    device = getattr(torch, "get_default_device", None)
+    found.append(("default_device", str(device()) if callable(device) else None))
+    return tuple(found)
