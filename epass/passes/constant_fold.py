@@ -192,9 +192,14 @@ class ConstantFold:
     def __call__(self, ep: ExportedProgram) -> ConstantFoldResult:
         counter = RewriteCounter(self.max_rewrites)
         plan, evaluated = self._plan(ep)
+        plan = {  # in graph order, as far as the counter allows
+            n.name: plan[n.name]
+            for n in ep.graph.nodes
+            if n.name in plan and counter.allow(n.target, n.name)
+        }
         if not plan:
             return ConstantFoldResult(ep, False, notes=counter.notes)
-        return self._apply(ep, plan, evaluated, counter)
+        return self._apply(ep, plan, evaluated, counter.notes)
 
     def _plan(self, ep: ExportedProgram) -> tuple[dict[str, tuple[str, torch.Tensor]], set[str]]:
         """Boundary node name -> (name of the node whose value it shares, the value),
@@ -276,7 +281,7 @@ class ConstantFold:
         ep: ExportedProgram,
         plan: dict[str, tuple[str, torch.Tensor]],
         evaluated: set[str],
-        counter: RewriteCounter,
+        notes: dict[str, Any],
     ) -> ConstantFoldResult:
         gm = _graph.copy_graph(ep)
         kinds = _graph.input_kinds(ep)
@@ -292,8 +297,6 @@ class ConstantFold:
         for node in list(gm.graph.nodes):
             entry = plan.get(node.name)
             if entry is None or node.op != "call_function":
-                continue
-            if not counter.allow(node.target, node.name):
                 continue
             first, value = entry
             placeholder = lifted.get(first)
@@ -311,8 +314,6 @@ class ConstantFold:
                     nbytes += value.nbytes
             node.replace_all_uses_with(placeholder)
             folded.append(node)
-        if not folded:  # the counter held every fold back
-            return ConstantFoldResult(ep, False, notes=counter.notes)
         _drop_split_sources(gm, folded)
         # Erase the folded subgraphs (their nodes are now dead), newest first; other
         # dead code is DeadCodeElimination's business.
@@ -330,7 +331,7 @@ class ConstantFold:
             folded=tuple(n.name for n in folded),
             added=added,
             bytes_added=nbytes,
-            notes=counter.notes,
+            notes=notes,
         )
 
 

@@ -111,33 +111,24 @@ def reduce(
     max_steps: int | None = None,
     progress: Callable[[Progress], Any] | None = None,
 ) -> ReduceResult:
-    """Shrink ``ep`` to a small program on which ``pipeline`` fails the same way.
+    """Shrink ``ep`` (never modified) to a small program on which ``pipeline`` (a
+    manager, a list of passes or pipeline text) fails the same way.
 
     Args:
-        ep: the program the pipeline fails on; never modified.
-        pipeline: a :class:`~epass.PassManager`, a list of passes or pipeline text.
-        failure: what must keep happening: ``"error"`` (a pass raises),
-            ``"drift"`` (a pass's outputs drift, as ``NumericsCheck`` judges each
-            pass against the program before it), or ``"auto"``: whichever ``ep``
-            shows. A kept error is raised by the same pass with the same error type
-            (or, with ``match``, a message matching it); a kept drift is in the
-            same pass.
-        match: a regular expression the error message must match.
+        failure: what must keep happening: ``"error"`` (the same pass raises the
+            same error type, or an error matching ``match``), ``"drift"`` (the same
+            pass drifts, as ``NumericsCheck`` judges each pass against the program
+            before it, with ``rtol`` / ``atol``), or ``"auto"``: whichever ``ep`` shows.
         in_pass: the pass that must fail or drift (default: the one that does on ``ep``).
-        rtol / atol: the drift tolerance.
-        inputs / kwargs: the inputs to run ``ep`` on; default its ``example_inputs``,
-            else random inputs of the right shapes. The value every node takes on
-            them is what a node turned into an input is fed with.
+        inputs / kwargs: what to run ``ep`` on (default its ``example_inputs``, else
+            random inputs); a node turned into an input is fed the value it took.
         time_limit / max_steps: a budget in seconds and in candidates run; when it
             is spent (or on Ctrl-C) the smallest program found so far is returned.
         progress: called with a :class:`Progress` after each candidate.
 
-    Returns:
-        A :class:`ReduceResult`; ``result.write(directory)`` writes the program and
-        a ``repro.py``.
-
-    Raises:
-        ArgumentValueError: the pipeline does not fail (that way) on ``ep``.
+    Returns a :class:`ReduceResult`; ``result.write(directory)`` writes the program
+    and a ``repro.py``. Raises ArgumentValueError when the pipeline does not fail
+    (that way) on ``ep``.
 
     Example::
 
@@ -145,13 +136,7 @@ def reduce(
         print(result.summary())  # reduced 812 -> 5 nodes in 9.1 s (63 steps): ...
         result.write("reduced")
     """
-    if not isinstance(ep, ExportedProgram):
-        raise ArgumentTypeError(f"reduce takes an ExportedProgram, got {type(ep).__name__}")
-    manager = as_pipeline(
-        PassManager.from_text(pipeline) if isinstance(pipeline, str) else pipeline
-    )
-    if manager is None:
-        raise ArgumentTypeError("reduce needs a pipeline")
+    manager = _pipeline(ep, pipeline)
     args, kw = _inputs(ep, inputs, kwargs)
     oracle = Oracle(manager, kind=failure, match=match, in_pass=in_pass, rtol=rtol, atol=atol)
     budget = Budget(time_limit, max_steps)
@@ -161,17 +146,20 @@ def reduce(
     search = Search(source, oracle, budget, progress, nodes_before, first, outcome)
     stopped = search.run()
     return ReduceResult(
-        program=search.best,
-        failure=search.best_outcome,
-        pipeline=manager,
-        nodes_before=nodes_before,
-        nodes_after=search.best_nodes,
-        seconds=budget.elapsed(),
-        steps=search.steps,
-        stopped=stopped,
-        rtol=rtol,
-        atol=atol,
+        search.best, search.best_outcome, manager, nodes_before, search.best_nodes,
+        budget.elapsed(), search.steps, stopped, rtol, atol,
+    )  # fmt: skip
+
+
+def _pipeline(ep: Any, pipeline: Any) -> PassManager:
+    if not isinstance(ep, ExportedProgram):
+        raise ArgumentTypeError(f"reduce takes an ExportedProgram, got {type(ep).__name__}")
+    manager = as_pipeline(
+        PassManager.from_text(pipeline) if isinstance(pipeline, str) else pipeline
     )
+    if manager is None:
+        raise ArgumentTypeError("reduce needs a pipeline")
+    return manager
 
 
 def _first(
