@@ -247,14 +247,18 @@ def _binary(prefixes: _Prefixes, predicate: Predicate, n: int) -> int | None:
     """Smallest failing prefix length, assuming good ... good bad ... bad."""
     if n == 0 or prefixes.good(n, predicate):
         return None
-    lo, hi = 0, n  # lo is good, hi is bad
+    return _halve(0, n, lambda k: prefixes.good(k, predicate))[1]
+
+
+def _halve(lo: int, hi: int, good: Callable[[int], bool]) -> tuple[int, int]:
+    """Halve ``lo`` (good) .. ``hi`` (bad) down to adjacent ``(good, bad)`` limits."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if prefixes.good(mid, predicate):
+        if good(mid):
             lo = mid
         else:
             hi = mid
-    return hi
+    return lo, hi
 
 
 # One limited run: its program (None when it raised), the error, its notes.
@@ -319,12 +323,7 @@ def _rewrite(
         if applied is None or applied < hi:
             return None  # every rewrite applied, and the check still holds
         lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if runs.good(mid, predicate):
-            lo = mid
-        else:
-            hi = mid
+    lo, hi = _halve(lo, hi, lambda k: runs.good(k, predicate))
     full = runs.run(sys.maxsize)[2].get("rewrites") if runs.run(hi)[1] is None else None
     program, error, notes = runs.run(hi)
     before_program = runs.run(lo)[0]

@@ -5,14 +5,16 @@ numerics line, the JSON report and the HTML verdict say it too."""
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from fingerprint import fingerprint
+from test_instruments import export_residual
 from test_rewrites import fast_gelu, widths
-from torch import nn
 
 import epass
 from epass import Decompose, FxPass, PassManager, registry
@@ -23,19 +25,8 @@ from epass.passes import ReplaceOps
 aten = torch.ops.aten
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(8, 16)
-        self.down = nn.Linear(16, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(x)))
-
-
 def block() -> torch.export.ExportedProgram:
-    torch.manual_seed(0)
-    return torch.export.export(Block().eval(), (torch.randn(4, 8),))
+    return export_residual()[1]
 
 
 def add_to_sub(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -55,8 +46,8 @@ def test_a_retargeted_node_is_named_with_its_source_line() -> None:
     node = drift.node
     assert (node.node, node.op, node.compared) == ("add", "aten.add.Tensor", "add")
     assert node.became == ("add (aten.sub.Tensor)",)
-    assert node.source.endswith("in forward: return x + self.down(torch.relu(self.up(x)))")
-    assert "test_divergence.py:" in node.source
+    assert node.source.endswith("in forward: return x + self.lin2(torch.relu(self.lin1(x)))")
+    assert node.source.startswith("test_instruments.py:")
     assert node.max_abs == pytest.approx(drift.max_abs)
     assert check.report().splitlines()[-1] == f"first diverging node: {node}"
     assert fingerprint(ep) == before
@@ -109,7 +100,7 @@ def test_tagging_copies_and_leaves_the_program_alone() -> None:
     copy = tagged(ep)
     assert all(n.meta["custom"][HANDLE] == n.name for n in copy.graph.nodes)
     assert all(HANDLE not in n.meta.get("custom", {}) for n in ep.graph.nodes)
-    assert copy.state_dict["up.weight"] is ep.state_dict["up.weight"]
+    assert copy.state_dict["lin1.weight"] is ep.state_dict["lin1.weight"]
     assert fingerprint(ep) == before
 
 
@@ -123,29 +114,42 @@ def test_node_values_and_no_divergence_between_equal_programs() -> None:
     assert first_divergence(ep, decomposed, x) is None
 
 
-@pytest.fixture
-def drift_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    (tmp_path / "drift_passes.py").write_text(
-        "import torch\nimport epass\n\n\n"
-        "@epass.register_pass('add-to-sub-test')\n"
-        "def add_to_sub(ep):\n"
+def planted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, retarget: str, program: Any
+) -> Iterator[Path]:
+    """A module registering the pass ``name`` that retargets calls as ``retarget``
+    says (``"tanh <- mul: sigmoid"``: tanh fed by a mul becomes sigmoid), importable
+    from ``tmp_path``, the working folder, where ``program`` is saved as ``p.pt2``."""
+    target, _, new = retarget.partition(": ")
+    op, _, source = target.partition(" <- ")
+    fed = f" and n.args[0].target is aten.{source}.Tensor" if source else ""
+    (tmp_path / "planted_passes.py").write_text(
+        "import torch\nimport epass\n\naten = torch.ops.aten\n\n\n"
+        f"@epass.register_pass({name!r})\n"
+        "def planted(ep):\n"
         "    for n in ep.graph.nodes:\n"
-        "        if n.target is torch.ops.aten.add.Tensor:\n"
-        "            n.target = torch.ops.aten.sub.Tensor\n"
+        f"        if n.target is aten.{op}{fed}:\n"
+        f"            n.target = aten.{new}\n"
         "    ep.graph_module.recompile()\n"
         "    return ep\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    torch.export.save(block(), tmp_path / "block.pt2")
+    torch.export.save(program, tmp_path / "p.pt2")
     yield tmp_path
-    registry.unregister_pass("add-to-sub-test")
+    registry.unregister_pass(name)
+    sys.modules.pop("planted_passes", None)
+
+
+@pytest.fixture
+def drift_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    yield from planted(tmp_path, monkeypatch, "add-to-sub-test", "add.Tensor: sub.Tensor", block())
 
 
 def test_the_cli_line_the_json_report_and_the_html_verdict_name_the_node(
     drift_module: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["--plain", "run", "block.pt2", "--import", "drift_passes", "-p", "add-to-sub-test"]
+    argv = ["--plain", "run", "p.pt2", "--import", "planted_passes", "-p", "add-to-sub-test"]
     argv += ["--check-numerics", "--report"]
     assert main([*argv, "r.json"]) == 1
     out = capsys.readouterr().out

@@ -8,6 +8,7 @@ import functools
 import operator
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import models
 import pytest
 import torch
 from fingerprint import fingerprint
+from test_divergence import planted
 from torch import nn
 
 import epass
@@ -367,24 +369,10 @@ def test_the_zoo_mlp_program_is_left_alone_by_a_reduction() -> None:
 
 
 @pytest.fixture
-def planted_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    (tmp_path / "planted_cli.py").write_text(
-        "import torch\nimport epass\n\n\n"
-        "@epass.register_pass('tanh-of-mul-test')\n"
-        "def tanh_of_mul(ep):\n"
-        "    for n in ep.graph.nodes:\n"
-        "        if n.target is torch.ops.aten.tanh.default and "
-        "n.args[0].target is torch.ops.aten.mul.Tensor:\n"
-        "            n.target = torch.ops.aten.sigmoid.default\n"
-        "    ep.graph_module.recompile()\n"
-        "    return ep\n"
+def planted_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    yield from planted(
+        tmp_path, monkeypatch, "tanh-of-mul-test", "tanh.default <- mul: sigmoid.default", chain()
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    torch.export.save(chain(), tmp_path / "chain.pt2")
-    yield tmp_path
-    epass.registry.unregister_pass("tanh-of-mul-test")
-    sys.modules.pop("planted_cli", None)
 
 
 def test_the_command_writes_the_reduced_program_and_says_how_far_it_got(
@@ -392,7 +380,7 @@ def test_the_command_writes_the_reduced_program_and_says_how_far_it_got(
 ) -> None:
     from epass.cli import main
 
-    argv = ["--plain", "reduce", "chain.pt2", "--import", "planted_cli", "-p"]
+    argv = ["--plain", "reduce", "p.pt2", "--import", "planted_passes", "-p"]
     assert main([*argv, "tanh-of-mul-test", "-o", "out"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("reduced ")
