@@ -336,7 +336,10 @@ class Decompose:
     ) -> tuple[ExportedProgram | None, int | None, str | None]:
         """The incremental path's program, or None and the reason it was not taken."""
         try:
-            out, rewritten = _decomp.decompose(ep, self._tables(), limit=limit)
+            if limit is None:
+                out, rewritten = _decomp.decompose(ep, self._tables())
+            else:
+                out, rewritten = _decomp.decompose(ep, self._tables(), limit=limit)
         except _decomp.Fallback as exc:
             return None, None, exc.reason
         except Exception as exc:  # torch's retrace decides, and explains its failure
