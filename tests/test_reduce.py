@@ -271,6 +271,42 @@ def test_a_failure_inside_a_cond_branch_keeps_the_cond_and_sheds_the_rest() -> N
     result.program.module()(*result.program.example_inputs[0])  # it runs
 
 
+class Loop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.a(x))
+        start = (torch.tensor(0), y)
+        _, z = torch._higher_order_ops.while_loop(
+            lambda i, t: i < 3, lambda i, t: (i + 1, torch.tanh(t * 2)), start
+        )
+        return torch.sigmoid(z) + 1
+
+
+def test_a_failure_inside_a_while_loop_body_keeps_the_loop() -> None:
+    ep = torch.export.export(Loop().eval(), (torch.randn(4, 8),))
+
+    class RefuseLoopTanh:
+        name = "refuse-loop-tanh"
+        changes_input = False
+
+        def __call__(self, program: Any) -> Any:
+            for module in program.graph_module.modules():
+                body = module is not program.graph_module
+                if body and any(n.target is aten.tanh.default for n in module.graph.nodes):
+                    raise NotImplementedError("tanh in a loop body")
+            return epass.PassResult(program, False)
+
+    result = epass.reduce(ep, [RefuseLoopTanh()])
+    calls = [n for n in result.program.graph.nodes if n.op == "call_function"]
+    assert [n.target for n in calls if n.target is not operator.getitem] == [
+        torch.ops.higher_order.while_loop
+    ]
+    assert result.nodes_after < result.nodes_before
+
+
 def test_match_and_in_pass_choose_which_failure_is_kept() -> None:
     ep = chain()
     relu = next(n.name for n in ep.graph.nodes if n.target is aten.relu.default)
