@@ -249,28 +249,6 @@ class Branches(nn.Module):
         return torch.tanh(z) * 2
 
 
-def test_a_failure_inside_a_cond_branch_keeps_the_cond_and_sheds_the_rest() -> None:
-    ep = torch.export.export(Branches().eval(), (torch.randn(4, 8),))
-
-    class RefuseSiluBranches:
-        name = "refuse-silu-branches"
-        changes_input = False
-
-        def __call__(self, program: Any) -> Any:
-            for module in program.graph_module.modules():
-                branch = module is not program.graph_module
-                if branch and any(n.target is aten.silu.default for n in module.graph.nodes):
-                    raise NotImplementedError("silu inside a branch")
-            return epass.PassResult(program, False)
-
-    result = epass.reduce(ep, [RefuseSiluBranches()])
-    calls = [n for n in result.program.graph.nodes if n.op == "call_function"]
-    assert [str(n.target) for n in calls if n.target is not operator.getitem] == ["cond"]
-    assert result.nodes_after < result.nodes_before
-    assert result.program.example_inputs is not None
-    result.program.module()(*result.program.example_inputs[0])  # it runs
-
-
 class Loop(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -285,26 +263,41 @@ class Loop(nn.Module):
         return torch.sigmoid(z) + 1
 
 
-def test_a_failure_inside_a_while_loop_body_keeps_the_loop() -> None:
-    ep = torch.export.export(Loop().eval(), (torch.randn(4, 8),))
+class RefuseInBodies:
+    """Fails on a program whose nested graphs (branches, loop bodies) call ``op``."""
 
-    class RefuseLoopTanh:
-        name = "refuse-loop-tanh"
-        changes_input = False
+    name = "refuse-in-bodies"
+    changes_input = False
 
-        def __call__(self, program: Any) -> Any:
-            for module in program.graph_module.modules():
-                body = module is not program.graph_module
-                if body and any(n.target is aten.tanh.default for n in module.graph.nodes):
-                    raise NotImplementedError("tanh in a loop body")
-            return epass.PassResult(program, False)
+    def __init__(self, op: Any) -> None:
+        self.op = op
 
-    result = epass.reduce(ep, [RefuseLoopTanh()])
+    def __call__(self, program: Any) -> Any:
+        for module in program.graph_module.modules():
+            body = module is not program.graph_module
+            if body and any(n.target is self.op for n in module.graph.nodes):
+                raise NotImplementedError(f"{self.op} in a nested graph")
+        return epass.PassResult(program, False)
+
+
+@pytest.mark.parametrize(
+    ("model", "op", "hop"),
+    [
+        (Branches, aten.silu.default, torch.ops.higher_order.cond),
+        (Loop, aten.tanh.default, torch.ops.higher_order.while_loop),
+    ],
+    ids=["cond", "while_loop"],
+)
+def test_a_failure_inside_a_nested_graph_keeps_that_node_and_sheds_the_rest(
+    model: type[nn.Module], op: Any, hop: Any
+) -> None:
+    ep = torch.export.export(model().eval(), (torch.randn(4, 8),))
+    result = epass.reduce(ep, [RefuseInBodies(op)])
     calls = [n for n in result.program.graph.nodes if n.op == "call_function"]
-    assert [n.target for n in calls if n.target is not operator.getitem] == [
-        torch.ops.higher_order.while_loop
-    ]
+    assert [n.target for n in calls if n.target is not operator.getitem] == [hop]
     assert result.nodes_after < result.nodes_before
+    assert result.program.example_inputs is not None
+    result.program.module()(*result.program.example_inputs[0])  # it runs
 
 
 def test_match_and_in_pass_choose_which_failure_is_kept() -> None:
