@@ -138,7 +138,7 @@ def bench_incremental(repeats: int, quick: bool) -> list[Row]:
     import hf_models
     from torch.export import Dim
 
-    from epass import _decomp
+    from epass._decomp import templates
     from epass.passes import presets
     from epass.passes.constant_fold import ConstantFold
     from epass.passes.cse import CSE
@@ -171,7 +171,7 @@ def bench_incremental(repeats: int, quick: bool) -> list[Row]:
         if shapes is None:
 
             def cold(ep: Any = ep) -> Any:
-                _decomp.clear_cache()
+                templates.clear_memory()
                 saved = os.environ.get("EPASS_CACHE_DIR")
                 os.environ["EPASS_CACHE_DIR"] = ""  # the disk cache off: every trace
                 try:
@@ -765,10 +765,10 @@ def bench_patchable_walk(repeats: int) -> list[Row]:
     operators, in this process."""
     from torch._export.utils import _collect_all_valid_cia_ops
 
-    from epass import _decomp
+    from epass._decomp import state
 
     times = interleaved(
-        {"epass": _decomp._patchable_ops, "torch": _collect_all_valid_cia_ops}, repeats
+        {"epass": state.patchable_ops, "torch": _collect_all_valid_cia_ops}, repeats
     )
     e, t = statistics.median(times["epass"]), statistics.median(times["torch"])
     return [
@@ -784,19 +784,19 @@ def bench_guards(repeats: int) -> list[Row]:
     import hf_models
 
     import epass.linker
-    from epass import StateLinker, _graph, _program
+    from epass import StateLinker, _program, _snapshot
 
     _, ep, _ = hf_models.export("llama")
     label, make = lower_pipeline()
     manager = make()
     view = _program.private_view(ep, copy_graph=True)
-    snapshot = _graph.ProgramSnapshot(view)
+    snapshot = _snapshot.ProgramSnapshot(view)
     out = manager.run(ep)
     linker = StateLinker()
     lock = epass.linker.STORE_LOCK
 
     def guard() -> None:
-        _graph.ProgramSnapshot(view).changed(view)
+        _snapshot.ProgramSnapshot(view).changed(view)
 
     def meta() -> None:
         for node in ep.graph.nodes:

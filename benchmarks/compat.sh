@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tests on another torch release, in a virtual environment outside the
 # repository: the quick suite (-m "not slow") and the fast-path test
-# (tests/test_fast_path.py).
+# (tests/decomp/test_fast_path.py).
 #
 #   bash benchmarks/compat.sh 2.15.0
 #
@@ -33,5 +33,5 @@ export PIP_CONSTRAINT=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 installed=$SECONDS
 
 "$venv_python" -m pytest -q -m "not slow"
-"$venv_python" -m pytest -q tests/test_fast_path.py
+"$venv_python" -m pytest -q tests/decomp/test_fast_path.py
 echo "torch $version: install $((installed - start)) s, tests $((SECONDS - installed)) s"

@@ -14,8 +14,8 @@ rounds="${1:-20}"
 shift || true
 if [ "$#" -eq 0 ]; then
     set -- \
-        tests/test_decompose_incremental.py::test_random_modules_and_tables_match_torch \
-        tests/test_decompose_incremental.py::test_random_multi_output_and_complex_ops_match_torch \
+        tests/decomp/test_splice.py::test_random_modules_and_tables_match_torch \
+        tests/decomp/test_splice.py::test_random_multi_output_and_complex_ops_match_torch \
         tests/test_properties.py \
         tests/test_properties_guarantees.py
 fi

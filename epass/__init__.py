@@ -5,14 +5,14 @@ time the name is used, so ``import epass`` and ``epass --help`` do not wait for 
 The package is layered; each layer imports only from the ones below it
 (``lint-imports`` checks this, see docs/concepts.md)::
 
-    face         cli, __main__, this module
-    tools        report, bisect, reduce, onnx, executorch
+    face         cli, _cli_reduce, _terminal, __main__, this module
+    tools        report, bisect, reduce, onnx, executorch, tvm, iree, _handoff
     instruments  instruments/*
-    text         pipeline
     built-ins    passes/*
-    engine       manager, instrumentation, io
-    contract     protocol, records, linker, registry
-    core         errors, verify, _program, _graph, _version
+    engine       manager, io, _screen/, instrumentation
+    contract     records, registry; protocol, linker, watch, options, _catalog, _paths
+    grammar      pipeline
+    core         verify, _decomp/, _snapshot, _graph, _program, errors, _version
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from epass._version import __version__
 
 if TYPE_CHECKING:
-    from epass._template_store import cache_info, clear_cache
+    from epass._decomp.templates import cache_info, clear_cache
     from epass.bisect import BisectResult, bisect
     from epass.errors import (
         CliError,
@@ -57,9 +57,8 @@ if TYPE_CHECKING:
     )
     from epass.io import inspect, load, prune, save
     from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
-    from epass.manager import PassManager
+    from epass.manager import PassManager, create_pass
     from epass.passes import Decompose
-    from epass.pipeline import create_pass
     from epass.protocol import FxPass, Pass, PassResult
     from epass.records import PassRecord, PipelineResult
     from epass.reduce import ReduceResult, reduce
@@ -122,7 +121,7 @@ __all__ = [
 
 # Where each public name lives; the modules are imported on first use.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "epass._template_store": ("cache_info", "clear_cache"),
+    "epass._decomp.templates": ("cache_info", "clear_cache"),
     "epass.bisect": ("BisectResult", "bisect"),
     "epass.errors": (
         "CliError",
@@ -154,9 +153,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "epass.io": ("inspect", "load", "prune", "save"),
     "epass.linker": ("DictReport", "LinkReport", "LinkResult", "StateLinker"),
-    "epass.manager": ("PassManager",),
+    "epass.manager": ("PassManager", "create_pass"),
     "epass.passes": ("Decompose",),
-    "epass.pipeline": ("create_pass",),
     "epass.protocol": ("FxPass", "Pass", "PassResult"),
     "epass.records": ("PassRecord", "PipelineResult"),
     "epass.reduce": ("ReduceResult", "reduce"),

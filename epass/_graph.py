@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +36,8 @@ __all__ = [
     "fake_mode",
     "fake_value",
     "fill_meta",
+    "graph_modules",
+    "graphs",
     "input_kinds",
     "lift_tensor_attributes",
     "run_graph_pass",
@@ -47,7 +49,6 @@ __all__ = [
     "new_state_placeholder",
     "parameter_spec",
     "placeholders",
-    "ProgramSnapshot",
     "meta_changed",
     "meta_snapshot",
     "remove_unused_state_placeholders",
@@ -232,35 +233,8 @@ def build_program(
     ``ep``'s output specs, renamed after ``gm``'s output nodes. State entries whose
     inputs are gone leave the new program's dicts.
     """
-    by_name = specs_by_name(ep.graph_signature)
     old_specs = ep.graph_signature.input_specs
-    added = dict(new_specs or {})
-    nodes = list(placeholders(gm))
-    current = {node.name for node in nodes}
-    positional = len(nodes) == len(old_specs)
-    inputs = []
-    for i, node in enumerate(nodes):
-        spec = node.meta.pop(_SPEC, None) or added.get(node.name) or by_name.get(node.name)
-        if spec is None and positional:
-            old_name = getattr(old_specs[i].arg, "name", None)
-            if old_name not in current:
-                spec = old_specs[i]
-        if spec is None:
-            known = [name for name in by_name if name]
-            raise ProgramError(
-                f"the graph has a new placeholder {node.name!r} that matches no input "
-                f"spec (known: {known}); a graph pass may remove inputs but cannot add them"
-            )
-        arg_name = getattr(spec.arg, "name", None)
-        if (
-            arg_name is not None
-            and arg_name != node.name
-            and not isinstance(spec.arg, (ConstantArgument, CustomObjArgument))
-        ):
-            spec = InputSpec(
-                spec.kind, type(spec.arg)(name=node.name), spec.target, spec.persistent
-            )
-        inputs.append(spec)
+    inputs = _input_specs(old_specs, list(placeholders(gm)), dict(new_specs or {}))
     user_before = sum(s.kind == InputKind.USER_INPUT for s in old_specs)
     user_after = sum(s.kind == InputKind.USER_INPUT for s in inputs)
     if user_before != user_after:
@@ -268,21 +242,7 @@ def build_program(
             f"the pass changed the number of user inputs from {user_before} to "
             f"{user_after}; the calling convention must stay the same"
         )
-    outs = leaves(gm.graph.output_node().args[0])
-    if len(outs) != len(ep.graph_signature.output_specs):
-        raise ProgramError(
-            f"the pass changed the number of outputs from "
-            f"{len(ep.graph_signature.output_specs)} to {len(outs)}; the calling "
-            "convention must stay the same"
-        )
-    outputs = []
-    for spec, node in zip(ep.graph_signature.output_specs, outs, strict=True):
-        arg = spec.arg
-        if isinstance(node, torch.fx.Node) and not isinstance(
-            arg, (ConstantArgument, CustomObjArgument)
-        ):
-            arg = type(arg)(name=node.name)
-        outputs.append(OutputSpec(spec.kind, arg, spec.target))
+    outputs = _output_specs(ep.graph_signature.output_specs, gm)
     gm.recompile()
     signature = ExportGraphSignature(input_specs=inputs, output_specs=outputs)
     sd = dict(ep.state_dict if state_dict is None else state_dict)
@@ -293,6 +253,54 @@ def build_program(
             sd.pop(spec.target, None)
             consts.pop(spec.target, None)
     return _program.new_program(ep, gm, signature, sd, consts)
+
+
+def _input_specs(
+    old_specs: Sequence[InputSpec], nodes: list[torch.fx.Node], added: Mapping[str, InputSpec]
+) -> list[InputSpec]:
+    """Each placeholder's input spec, by :func:`build_program`'s rule, renamed after it."""
+    by_name = {s.arg.name: s for s in old_specs if hasattr(s.arg, "name")}
+    current = {node.name for node in nodes}
+    positional = len(nodes) == len(old_specs)
+    inputs = []
+    for i, node in enumerate(nodes):
+        spec = node.meta.pop(_SPEC, None) or added.get(node.name) or by_name.get(node.name)
+        if spec is None and positional and getattr(old_specs[i].arg, "name", None) not in current:
+            spec = old_specs[i]
+        if spec is None:
+            known = [name for name in by_name if name]
+            raise ProgramError(
+                f"the graph has a new placeholder {node.name!r} that matches no input "
+                f"spec (known: {known}); a graph pass may remove inputs but cannot add them"
+            )
+        arg_name = getattr(spec.arg, "name", None)
+        if arg_name not in (None, node.name) and not isinstance(spec.arg, _UNNAMED):
+            spec = InputSpec(
+                spec.kind, type(spec.arg)(name=node.name), spec.target, spec.persistent
+            )
+        inputs.append(spec)
+    return inputs
+
+
+def _output_specs(old_specs: Sequence[OutputSpec], gm: torch.fx.GraphModule) -> list[OutputSpec]:
+    """``old_specs``, renamed after ``gm``'s output nodes; their number must not change."""
+    outs = leaves(gm.graph.output_node().args[0])
+    if len(outs) != len(old_specs):
+        raise ProgramError(
+            f"the pass changed the number of outputs from {len(old_specs)} to {len(outs)}; "
+            "the calling convention must stay the same"
+        )
+    outputs = []
+    for spec, node in zip(old_specs, outs, strict=True):
+        arg = spec.arg
+        if isinstance(node, torch.fx.Node) and not isinstance(arg, _UNNAMED):
+            arg = type(arg)(name=node.name)
+        outputs.append(OutputSpec(spec.kind, arg, spec.target))
+    return outputs
+
+
+# Arguments that carry no node name (a constant, a custom object).
+_UNNAMED = (ConstantArgument, CustomObjArgument)
 
 
 def tensor_attributes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -362,7 +370,7 @@ def run_graph_pass(
     gm = copy_graph(ep)
     before = _program.graph_code(gm)
     # gm is a fresh copy: ep's own node meta is the snapshot to compare with.
-    metas = [node.meta for _, m in _graph_modules(ep.graph_module) for node in m.graph.nodes]
+    metas = [node.meta for _, m in graph_modules(ep.graph_module) for node in m.graph.nodes]
     out = fn(gm)
     flag: bool | None
     if out is None:
@@ -395,23 +403,24 @@ def run_graph_pass(
 def graphs(gm: torch.fx.GraphModule) -> list[torch.fx.Graph]:
     """The graph of ``gm`` and of every GraphModule in its module tree (``torch.cond``
     branches, ``while_loop`` bodies, and theirs), each once, in module order."""
-    return [m.graph for _, m in _graph_modules(gm)]
+    return [m.graph for _, m in graph_modules(gm)]
 
 
-def _graph_modules(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
+def graph_modules(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
+    """``gm`` and every GraphModule in its module tree, with their names."""
     return [(n, m) for n, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule)]
 
 
 def meta_snapshot(gm: torch.fx.GraphModule) -> list[Any]:
     """A copy of every node's ``meta`` (containers copied, leaves shared), in graph
     order, nested graphs included: what :func:`meta_changed` compares against."""
-    return [_program.copy_meta(node.meta) for _, m in _graph_modules(gm) for node in m.graph.nodes]
+    return [_program.copy_meta(node.meta) for _, m in graph_modules(gm) for node in m.graph.nodes]
 
 
 def meta_changed(gm: torch.fx.GraphModule, snapshot: list[Any], *, ignore: str = "") -> bool:
     """Whether any node's ``meta`` of ``gm`` differs from ``snapshot`` (the key
     ``ignore`` aside)."""
-    metas = [node.meta for _, m in _graph_modules(gm) for node in m.graph.nodes]
+    metas = [node.meta for _, m in graph_modules(gm) for node in m.graph.nodes]
     if ignore:
         metas = [
             {k: v for k, v in meta.items() if k != ignore} if ignore in meta else meta
@@ -428,98 +437,6 @@ def meta_changed(gm: torch.fx.GraphModule, snapshot: list[Any], *, ignore: str =
         except Exception:  # a leaf replaced by a tensor or another odd value
             return True
     return False
-
-
-def _structure(gm: torch.fx.GraphModule) -> list[Any]:
-    return [
-        (name, m, m.graph, [(n, n.op, n.name, n.target, n.args, n.kwargs) for n in m.graph.nodes])
-        for name, m in _graph_modules(gm)
-    ]
-
-
-def _other_fields(ep: ExportedProgram, copy: bool = False) -> tuple[Any, ...]:
-    """The program's fields besides graph, signature and state that a pass may edit:
-    range constraints, module call graph, example inputs, verifiers, graph-module
-    meta. ``copy`` takes containers' copies (for a program the pass will hold)."""
-    fields = (
-        ep.range_constraints,
-        ep.module_call_graph,
-        ep.example_inputs,
-        ep.verifiers,
-        ep.graph_module.meta,
-    )
-    if not copy:
-        return fields
-    return tuple(_program.copy_meta(f) for f in fields)
-
-
-def _differ(a: Any, b: Any) -> bool:
-    try:
-        # Containers compare identical items by identity first: shared tensors are
-        # never compared element-wise.
-        return bool(a != b)
-    except Exception:  # an item replaced by a tensor or another odd value
-        return True
-
-
-def _signature_rows(sig: ExportGraphSignature) -> list[Any]:
-    rows: list[Any] = [(s.kind, repr(s.arg), s.target, s.persistent) for s in sig.input_specs]
-    rows += [(s.kind, repr(s.arg), s.target) for s in sig.output_specs]
-    return rows
-
-
-class ProgramSnapshot:
-    """What a program looked like when a pass got it: graph structure (nodes, their
-    arguments and targets, nested graphs), node meta, signature, and which object
-    each state key held. Taken in O(nodes + entries); no tensor is read.
-
-    :meth:`changed` tells whether the program was edited in place since. When
-    ``ep``'s graph was just copied from ``copied_from``'s, that program's node meta
-    serves as the snapshot of the meta.
-    """
-
-    def __init__(self, ep: ExportedProgram, *, copied_from: ExportedProgram | None = None) -> None:
-        self.graph_module = ep.graph_module
-        self.structure = _structure(ep.graph_module)
-        if copied_from is not None:
-            # ``ep``'s graph is a fresh copy of ``copied_from``'s, which the pass does
-            # not hold: its node meta is the snapshot, with nothing copied again.
-            self.meta = [
-                node.meta
-                for _, m in _graph_modules(copied_from.graph_module)
-                for node in m.graph.nodes
-            ]
-        else:
-            self.meta = meta_snapshot(ep.graph_module)
-        self.signature = _signature_rows(ep.graph_signature)
-        self.fields = (
-            _other_fields(copied_from) if copied_from is not None else _other_fields(ep, True)
-        )
-        self.state = [(k, id(v)) for k, v in ep.state_dict.items()]
-        self.constants = [(k, id(v)) for k, v in ep.constants.items()]
-
-    def graph_changed(self, ep: ExportedProgram) -> bool:
-        """Whether the graph (structure or node meta) differs from the snapshot."""
-        gm = ep.graph_module
-        if gm is not self.graph_module:
-            return True
-        try:
-            if _structure(gm) != self.structure:
-                return True
-        except Exception:  # an argument with an odd __eq__
-            return True
-        return meta_changed(gm, self.meta)
-
-    def changed(self, ep: ExportedProgram) -> bool:
-        """Whether ``ep`` differs from the snapshot: graph, meta, signature, or the
-        keys and objects of its dicts."""
-        return (
-            [(k, id(v)) for k, v in ep.state_dict.items()] != self.state
-            or [(k, id(v)) for k, v in ep.constants.items()] != self.constants
-            or _signature_rows(ep.graph_signature) != self.signature
-            or _differ(_other_fields(ep), self.fields)
-            or self.graph_changed(ep)
-        )
 
 
 def constant_spec(name: str, key: str) -> InputSpec:

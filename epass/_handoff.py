@@ -15,7 +15,8 @@ from epass import _program
 from epass.errors import StateMutationError
 from epass.io import prune
 from epass.linker import LinkReport, StateLinker
-from epass.manager import PipelineResult, StoreWatch, as_pipeline
+from epass.manager import PipelineResult, as_pipeline
+from epass.watch import StoreWatch
 
 __all__ = ["HandOff", "private_program", "start"]
 

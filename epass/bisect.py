@@ -18,6 +18,8 @@ __all__ = ["BisectResult", "RewriteCulprit", "bisect"]
 
 logger = logging.getLogger("epass")
 
+# How a bisection searches: binary (the predicate, once false, stays false) or linear.
+Search = Literal["binary", "linear"]
 Predicate = Callable[[ExportedProgram], Any]
 
 
@@ -67,9 +69,11 @@ class BisectResult:
         method: ``"binary"`` or ``"linear"``.
         inner: when the culprit is a nested ``PassManager`` and ``recursive`` is
             set, the bisection inside it.
-        rewrite: when the culprit counts its rewrites (it has
-            ``with_max_rewrites``) and ``rewrites`` is set, the one rewrite after
-            which the predicate fails (:class:`RewriteCulprit`), or None.
+        rewrite: when the culprit counts its rewrites (``with_max_rewrites``, as
+            ``Decompose``, ``ReplaceOps``, ``CSE``, ``ConstantFold`` and
+            ``FuseConvBN`` do) and ``rewrites`` is set, the first rewrite after which
+            the predicate fails (:class:`RewriteCulprit`; found assuming that once it
+            fails it keeps failing as more rewrites are applied), or None.
     """
 
     index: int
@@ -175,11 +179,7 @@ def bisect(
             failure that binary search cannot see.
         recursive: when the culprit is a nested ``PassManager``, bisect inside it.
         verify: verify each pass's output (as ``PassManager(verify=...)``).
-        rewrites: when the culprit counts its rewrites (``with_max_rewrites``, as
-            ``Decompose``, ``ReplaceOps``, ``CSE``, ``ConstantFold`` and
-            ``FuseConvBN`` do), go below the pass: find the first rewrite after
-            which the predicate fails (``result.rewrite``), assuming that once it
-            fails it keeps failing as more rewrites are applied.
+        rewrites: go below a culprit that counts its rewrites (``result.rewrite``).
 
     Returns:
         A :class:`BisectResult`, or None when the predicate holds after every pass.
@@ -192,15 +192,11 @@ def bisect(
         found = bisect(ep, passes, lambda p: torch.allclose(p.module()(x), expected))
         print(found)  # culprit: pass 'swap-add' at position 3
     """
-
     if isinstance(passes, PassManager):
         passes = passes.passes
     passes = [resolve_pass(p, i) for i, p in enumerate(passes)]
     if method not in ("auto", "binary", "linear"):
         raise ArgumentValueError(f"method must be 'auto', 'binary' or 'linear', got {method!r}")
-    fallback = method == "auto"
-    if method == "auto":
-        method = "binary" if getattr(predicate, "monotonic", True) is not False else "linear"
     prefixes = _Prefixes(ep, passes, {"verify": verify})
     if not prefixes.good(0, predicate):
         _, error = prefixes.verdicts[0]
@@ -208,16 +204,40 @@ def bisect(
             "the predicate already fails on the input program, before any pass"
             + (f": {type(error).__name__}: {error}" if error else "")
         )
-    n = len(passes)
-    if method == "linear":
-        bad = next((k for k in range(1, n + 1) if not prefixes.good(k, predicate)), None)
-    else:
-        bad = _binary(prefixes, predicate, n)
-        if bad is None and fallback:
-            method = "linear"
-            bad = next((k for k in range(1, n) if not prefixes.good(k, predicate)), None)
+    bad, found_by = _search(prefixes, predicate, len(passes), method)
     if bad is None:
         return None
+    return _found(prefixes, passes, bad, predicate, found_by, recursive, rewrites)
+
+
+def _search(
+    prefixes: _Prefixes,
+    predicate: Predicate,
+    n: int,
+    method: Literal["auto", "binary", "linear"],
+) -> tuple[int | None, Search]:
+    """The shortest failing prefix length (None if none fails), and how it was found:
+    ``auto`` is binary unless the predicate says it is not monotonic, and scans
+    linearly when binary search finds nothing."""
+    if method == "linear" or (method == "auto" and getattr(predicate, "monotonic", 1) is False):
+        return next((k for k in range(1, n + 1) if not prefixes.good(k, predicate)), None), "linear"
+    bad = _binary(prefixes, predicate, n)
+    if bad is None and method == "auto":
+        return next((k for k in range(1, n) if not prefixes.good(k, predicate)), None), "linear"
+    return bad, "binary"
+
+
+def _found(
+    prefixes: _Prefixes,
+    passes: list[Any],
+    bad: int,
+    predicate: Predicate,
+    method: Search,
+    recursive: bool,
+    rewrites: bool,
+) -> BisectResult:
+    """The result for the culprit at ``bad - 1``, bisected inside when it is a pipeline,
+    or below the pass, rewrite by rewrite, when it counts its rewrites."""
     index = bad - 1
     before = prefixes.program(index)
     assert before is not None  # prefix `index` was evaluated good
@@ -227,8 +247,16 @@ def bisect(
     inner = None
     if recursive and isinstance(culprit, PassManager) and culprit.passes:
         # verify=culprit.verify: the nested pipeline's own setting decides.
-        inner = bisect(before, culprit.passes, predicate, method=method, verify=culprit.verify)
-    rewrite = _rewrite(before, culprit, predicate, verify) if rewrites and inner is None else None
+        inner = bisect(
+            before,
+            culprit.passes,
+            predicate,
+            method=method,
+            verify=culprit.verify,  # type: ignore[arg-type]
+        )
+    rewrite = None
+    if rewrites and inner is None:
+        rewrite = _rewrite(before, culprit, predicate, bool(prefixes.options["verify"]))
     return BisectResult(
         index=index,
         pass_=culprit,

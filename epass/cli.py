@@ -7,8 +7,9 @@ pipeline syntax errors); ``--debug`` shows the traceback. Exit codes: 0, 1 (a pa
 or a check failed), 2 (bad arguments, files or pipeline text), 130 (interrupted,
 SIGINT), 143 (terminated, SIGTERM); both signals clean up as any failure does.
 
-Each command imports torch and the library inside the function that runs it, so
-``epass --help``, ``epass passes`` and argument errors start at once.
+Each command imports torch and the library inside the function that runs it, after
+everything that can be checked without them, so ``epass --help``, ``epass passes``
+and argument errors (bad files and pipeline text included) answer at once.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import re
 import shlex
 import signal
@@ -25,9 +25,14 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from epass import _cli_reduce
+import attrs
+
+from epass import _cli_reduce, _paths, pipeline, registry
+from epass._terminal import Out as _Out
+from epass._terminal import printable
 from epass.errors import CliError, LoadError, PassError, PipelineError, RegistryError, SaveError
 from epass.registry import pass_table
 
@@ -36,6 +41,8 @@ if TYPE_CHECKING:
 
     from epass.instruments import NumericsCheck, Reproducer
     from epass.manager import PassManager
+    from epass.records import PipelineResult
+    from epass.report import RunLog
 
 __all__ = [
     "EXIT_FAILED",
@@ -53,91 +60,6 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 REPORT_SUFFIXES = (".json", ".html", ".htm")
-
-
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: every non-printable character escaped.
-
-    Names in a .pt2 file are whatever its author wrote. ESC, BEL, CSI, OSC or C1
-    sequences printed raw would set the window title, clear the screen or rewrite
-    what was shown; a newline would forge an output line. Everything the command
-    prints goes through here.
-    """
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else _ESCAPES.get(c) or _escape(ord(c)) for c in text)
-
-
-def _escape(code: int) -> str:
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-class _Out:
-    """Tables and progress with rich, or plain text when rich is missing or --plain.
-
-    Every string is passed through :func:`printable`, and rich reads none as markup.
-    """
-
-    def __init__(self, plain: bool, stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stdout
-        self.rich: Any = None
-        if not plain and not os.environ.get("EPASS_PLAIN"):
-            try:
-                from rich.console import Console
-            except ImportError:
-                pass
-            else:
-                terminal = self.stream.isatty()
-                self.rich = Console(
-                    file=self.stream,
-                    width=None if terminal else 120,
-                    highlight=False,
-                    emoji=False,
-                    soft_wrap=False,
-                )
-
-    def line(self, text: str = "") -> None:
-        text = printable(text)
-        if self.rich is not None:
-            self.rich.print(text, markup=False)
-        else:
-            print(text, file=self.stream)
-
-    def table(
-        self, title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]]
-    ) -> None:
-        right = {"step", "seconds", "nodes", "count", "bytes", "entries", "ops"}
-        rows = [[printable(cell) for cell in row] for row in rows]
-        if self.rich is not None:
-            from rich.table import Table
-            from rich.text import Text
-
-            table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-            for c in columns:
-                table.add_column(c, justify="right" if c in right else "left", overflow="fold")
-            for row in rows:
-                table.add_row(*(Text(cell) for cell in row))  # Text: no markup
-            self.rich.print(table)
-            return
-        if title:
-            print(title, file=self.stream)
-        widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
-
-        def fmt(cells: Sequence[str]) -> str:
-            return "  ".join(
-                cell.rjust(w) if col in right else cell.ljust(w)
-                for cell, w, col in zip(cells, widths, columns, strict=True)
-            ).rstrip()
-
-        print(fmt(columns), file=self.stream)
-        print("  ".join("-" * w for w in widths), file=self.stream)
-        for row in rows:
-            print(fmt(row), file=self.stream)
 
 
 def _summary(out: _Out, result: Any) -> None:
@@ -178,6 +100,7 @@ def _spinner(args: argparse.Namespace) -> Any:
 
 
 def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
+    _paths.check_input_path(args.input)  # before torch
     from epass import io
 
     with _spinner(args) as spinner:
@@ -234,8 +157,7 @@ def _demo_program() -> ExportedProgram:
 
 def _demo_pipeline() -> tuple[Any, str]:
     """The ``lower`` preset when it is installed, else ``decompose``."""
-    from epass.manager import PassManager
-    from epass.pipeline import create_pass
+    from epass.manager import PassManager, create_pass
 
     try:
         create_pass("lower")
@@ -245,15 +167,15 @@ def _demo_pipeline() -> tuple[Any, str]:
 
 
 def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
+    if args.report:  # before torch
+        _paths.check_output_path(args.report, REPORT_SUFFIXES)
+    if args.save:
+        _paths.check_output_path(args.save, (".pt2",))
     import torch
 
     from epass import io
-    from epass.report import build_report, write_report
+    from epass.report import PipelineRun, write_report
 
-    if args.report:
-        io.check_output_path(args.report, REPORT_SUFFIXES)
-    if args.save:
-        io.check_output_path(args.save, (".pt2",))
     start = time.perf_counter()
     ep = _demo_program()
     out.line(f"exported a 2-layer TransformerEncoder in {time.perf_counter() - start:.2f}s")
@@ -277,7 +199,7 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     diff = (prog.module()(x) - ep.module()(x)).abs().max().item()
     out.line(f"max abs difference against the exported program: {diff:.2e}")
     if args.report:
-        write_report(args.report, build_report(result, manager=pm, pipeline=text))
+        write_report(args.report, PipelineRun(result, manager=pm, pipeline=text))
         out.line(f"wrote {args.report}")
     out.line()
     if args.save:
@@ -288,13 +210,17 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     return 0
 
 
+def _pipeline_error(exc: PipelineError) -> CliError:
+    return CliError(f"bad pipeline: {exc.reason}", context=exc.context)
+
+
 def _build_manager(text: str, steps: int) -> PassManager:
     from epass.manager import PassManager
 
     try:
         return PassManager.from_text(text, steps=steps)
     except PipelineError as exc:
-        raise CliError(f"bad pipeline: {exc.reason}", context=exc.context) from exc
+        raise _pipeline_error(exc) from exc
     except Exception as exc:  # ordering errors, factory errors
         raise CliError(f"bad pipeline: {type(exc).__name__}: {exc}") from exc
 
@@ -346,150 +272,223 @@ def _reproducer_note(reproducer: Reproducer) -> str:
     return ""
 
 
-def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
-    from epass import io
-    from epass.instruments import Progress, Reproducer
-    from epass.records import count_text
-    from epass.report import RunLog, build_report, verdict, write_report
+@attrs.define
+class _RunTools:
+    """The instruments ``epass run`` adds to the pipeline, and where its files go."""
 
-    # Everything that can be checked is checked before the (slow) load and run.
+    output: Path | None
+    report: Path | None
+    check: NumericsCheck | None = None
+    reproducer: Reproducer | None = None
+    log: RunLog | None = None
+
+
+def _check_run(args: argparse.Namespace) -> _RunTools:
+    """Everything ``epass run`` can check before torch is imported: its numbers, its
+    files and its pipeline text (names and a built-in's options too, unless
+    ``--import`` modules, which may register passes, have to be imported first)."""
     if args.steps < 1:
         raise CliError(f"--steps must be a positive integer, got {args.steps}")
-    output = io.check_output_path(args.output, (".pt2",)) if args.output else None
-    report_path = io.check_output_path(args.report, REPORT_SUFFIXES) if args.report else None
-    if output is not None and report_path is not None and output.resolve() == report_path.resolve():
+    output = _paths.check_output_path(args.output, (".pt2",)) if args.output else None
+    report = _paths.check_output_path(args.report, REPORT_SUFFIXES) if args.report else None
+    if output is not None and report is not None and output.resolve() == report.resolve():
         raise CliError(f"{args.output}: -o and --report name the same file")
+    _paths.check_input_path(args.input)
+    try:
+        if args.imports:
+            pipeline.parse(args.pipeline, resolve=False)
+        else:
+            registry.check_text(args.pipeline)
+    except PipelineError as exc:
+        raise _pipeline_error(exc) from exc
+    return _RunTools(output, report)
+
+
+def _attach(
+    args: argparse.Namespace, pm: PassManager, ep: ExportedProgram, tools: _RunTools
+) -> None:
+    """Add the instruments the arguments ask for to ``pm``."""
+    from epass.instruments import Progress, Reproducer
+    from epass.report import RunLog
+
+    tools.check = _numerics_check(args, ep) if args.check_numerics else None
+    if args.repro_dir:
+        tools.reproducer = Reproducer(args.repro_dir, imports=args.imports)
+    tools.log = RunLog() if tools.report is not None else None
+    progress = Progress() if sys.stderr.isatty() and not args.plain else None
+    for instrument in (tools.check, tools.reproducer, progress, tools.log):
+        if instrument is not None:
+            pm.instruments.append(instrument)
+
+
+def _write_report(
+    args: argparse.Namespace,
+    pm: PassManager,
+    tools: _RunTools,
+    result: PipelineResult,
+    outcome: dict[str, Any] | None,
+    output: Path | None = None,
+) -> None:
+    from epass.report import PipelineRun, write_report
+
+    assert tools.report is not None
+    run = PipelineRun(
+        result,
+        manager=pm,
+        pipeline=_canonical(pm, args.pipeline),
+        input_path=str(args.input),
+        output_path=str(args.output) if output is not None else None,
+        numerics=_numerics_summary(tools.check) if tools.check is not None else None,
+        outcome=outcome,
+        diffs=tools.log.diffs if tools.log is not None else None,
+    )
+    write_report(tools.report, run)
+
+
+def _report_unfinished(
+    args: argparse.Namespace, pm: PassManager, tools: _RunTools, outcome: dict[str, Any]
+) -> None:
+    """A run that got past loading is reported whatever happened to it."""
+    if tools.log is None or tools.report is None or tools.log.program is None:
+        return
+    _write_report(args, pm, tools, tools.log.result(), outcome)
+    print(f"epass: wrote {printable(args.report)}", file=sys.stderr)
+
+
+def _failure_verdict(args: argparse.Namespace, tools: _RunTools, exc: PassError) -> dict[str, Any]:
+    from epass.report import verdict
+
+    failure = (tools.log.failure if tools.log is not None else None) or {}
+    written = tools.reproducer.written if tools.reproducer is not None else []
+    repro = str(written[-1] / "repro.py") if written else None
+    again = f"epass run {args.input} -p {shlex.quote(args.pipeline)} --repro-dir repros"
+    return verdict(
+        "pass failed",
+        summary=f"pass {failure.get('pass', exc.pass_name)!r} failed",
+        pass_path=failure.get("pass", exc.pass_name),
+        error=failure.get("error", str(exc).splitlines()[0]),
+        traceback_lines=failure.get("traceback", ()),
+        reproducer=repro,
+        next_step=f"python {repro}" if repro else again,
+    )
+
+
+def _run_pipeline(
+    args: argparse.Namespace, pm: PassManager, ep: ExportedProgram, tools: _RunTools
+) -> tuple[PipelineResult, float]:
+    """Run ``pm``; a failed or interrupted run is reported before its error goes on."""
+    from epass.records import count_text
+    from epass.report import verdict
+
+    start = time.perf_counter()
+    try:
+        return pm(ep), time.perf_counter() - start
+    except PassError as exc:
+        note = _reproducer_note(tools.reproducer) if tools.reproducer is not None else ""
+        if note:
+            print(printable(note), file=sys.stderr)
+        _report_unfinished(args, pm, tools, _failure_verdict(args, tools, exc))
+        raise CliError(str(exc).splitlines()[0], code=EXIT_FAILED) from exc
+    except (KeyboardInterrupt, _Terminated) as exc:
+        done = count_text(tools.log.records) if tools.log is not None else "no pass"
+        what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
+        _report_unfinished(
+            args, pm, tools, verdict("interrupted", summary=f"{what} after {done} finished")
+        )
+        raise
+
+
+def _show_run(
+    out: _Out, ep: ExportedProgram, result: PipelineResult, seconds: float, tools: _RunTools
+) -> None:
+    from epass.records import count_text
+
+    _summary(out, result)
+    prog = result.program
+    out.line()
+    out.line(
+        f"{count_text(result.records)} in {seconds:.2f} s; nodes "
+        f"{len(ep.graph.nodes)} -> {len(prog.graph.nodes)}; "
+        f"state_dict shared: {'yes' if prog.state_dict is ep.state_dict else 'no'}, "
+        f"constants shared: {'yes' if prog.constants is ep.constants else 'no'}"
+    )
+    check = tools.check
+    if check is None:
+        return
+    numerics = _numerics_summary(check)
+    word = "ok" if numerics["ok"] else "FAILED"
+    out.line(
+        f"numerics: max abs diff {numerics['max_abs_diff']:.3g} "
+        f"(atol {check.atol:g}, rtol {check.rtol:g}) {word}"
+    )
+    if check.first_drift is not None:
+        out.line(f"numerics: first drifting pass: {check.first_drift}")
+        if check.first_drift.node is not None:
+            out.line(f"numerics: first diverging node: {check.first_drift.node}")
+
+
+def _drift_verdict(args: argparse.Namespace, check: NumericsCheck) -> dict[str, Any] | None:
+    from epass.report import verdict
+
+    drift = check.first_drift
+    if drift is None:
+        return None
+    return verdict(
+        "numerics drift",
+        summary=f"outputs drift after pass {drift.path!r}: max_abs {drift.max_abs:.3g}, "
+        f"max_rel {drift.max_rel:.3g} (atol {check.atol:g}, rtol {check.rtol:g})",
+        pass_path=drift.path,
+        node=None if drift.node is None else str(drift.node),
+        next_step=f"epass run {args.input} -p {shlex.quote(args.pipeline)} "
+        f"--check-numerics --report report.html: its section for {drift.path!r} lists "
+        "the nodes that pass added and removed",
+    )
+
+
+def _write_outputs(
+    args: argparse.Namespace, out: _Out, pm: PassManager, result: PipelineResult, tools: _RunTools
+) -> int:
+    """Save the program (unless its numerics drifted), write the report, and exit 1
+    on a drift."""
+    from epass import io
+
+    check = tools.check
+    drift = check.first_drift if check is not None else None
+    output = tools.output if drift is None else None
+    if output is not None:
+        with _spinner(args) as spinner:
+            pruned = io.save(result.program, output, progress=spinner)
+        note = f" (pruned {len(pruned)} unreferenced state entries)" if pruned else ""
+        out.line(f"wrote {args.output}{note}")
+    if tools.report is not None:
+        outcome = _drift_verdict(args, check) if check is not None else None
+        _write_report(args, pm, tools, result, outcome, output)
+        out.line(f"wrote {args.report}")
+    if drift is not None and check is not None:
+        why = drift.detail or (
+            f"max abs diff {drift.max_abs:.3g} exceeds atol {check.atol:g} / rtol {check.rtol:g}"
+        )
+        unwritten = f"; {args.output} was not written" if tools.output is not None else ""
+        raise CliError(
+            f"numerics differ after pass {drift.path!r}: {why}{unwritten}", code=EXIT_FAILED
+        )
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
+    """check (before torch) -> build -> load -> run -> write."""
+    tools = _check_run(args)
+    from epass import io  # torch: after everything that can be checked without it
+
     io.import_modules(args.imports)  # they may register passes as well as ops
     pm = _build_manager(args.pipeline, args.steps)
     io.import_modules(io.declared_imports(pm.passes))
     with _spinner(args) as spinner:
         ep = io.load(args.input, trust=args.trust, progress=spinner)
-    check = _numerics_check(args, ep) if args.check_numerics else None
-    reproducer = Reproducer(args.repro_dir, imports=args.imports) if args.repro_dir else None
-    for instrument in (check, reproducer):
-        if instrument is not None:
-            pm.instruments.append(instrument)
-    if sys.stderr.isatty() and not args.plain:
-        pm.instruments.append(Progress())
-    log = RunLog() if report_path is not None else None
-    if log is not None:
-        pm.instruments.append(log)
-
-    def report_unfinished(outcome: dict[str, Any]) -> None:
-        # A run that got past loading is reported whatever happened to it.
-        if log is None or report_path is None or log.program is None:
-            return
-        report = build_report(
-            log.result(),
-            manager=pm,
-            pipeline=_canonical(pm, args.pipeline),
-            input_path=str(args.input),
-            numerics=_numerics_summary(check) if check is not None else None,
-            outcome=outcome,
-            diffs=log.diffs,
-        )
-        write_report(report_path, report)
-        print(f"epass: wrote {printable(args.report)}", file=sys.stderr)
-
-    start = time.perf_counter()
-    try:
-        result = pm(ep)
-    except PassError as exc:
-        note = _reproducer_note(reproducer) if reproducer is not None else ""
-        if note:
-            print(printable(note), file=sys.stderr)
-        failure = (log.failure if log is not None else None) or {}
-        repro = (
-            str(reproducer.written[-1] / "repro.py")
-            if reproducer is not None and reproducer.written
-            else None
-        )
-        again = f"epass run {args.input} -p {shlex.quote(args.pipeline)} --repro-dir repros"
-        report_unfinished(
-            verdict(
-                "pass failed",
-                summary=f"pass {failure.get('pass', exc.pass_name)!r} failed",
-                pass_path=failure.get("pass", exc.pass_name),
-                error=failure.get("error", str(exc).splitlines()[0]),
-                traceback_lines=failure.get("traceback", ()),
-                reproducer=repro,
-                next_step=f"python {repro}" if repro else again,
-            )
-        )
-        raise CliError(str(exc).splitlines()[0], code=EXIT_FAILED) from exc
-    except (KeyboardInterrupt, _Terminated) as exc:
-        done = count_text(log.records) if log is not None else "no pass"
-        report_unfinished(
-            verdict(
-                "interrupted",
-                summary=f"{'terminated' if isinstance(exc, _Terminated) else 'interrupted'} "
-                f"after {done} finished",
-            )
-        )
-        raise
-    elapsed = time.perf_counter() - start
-    _summary(out, result)
-    prog = result.program
-    out.line()
-    out.line(
-        f"{count_text(result.records)} in {elapsed:.2f} s; nodes "
-        f"{len(ep.graph.nodes)} -> {len(prog.graph.nodes)}; "
-        f"state_dict shared: {'yes' if prog.state_dict is ep.state_dict else 'no'}, "
-        f"constants shared: {'yes' if prog.constants is ep.constants else 'no'}"
-    )
-    numerics = _numerics_summary(check) if check is not None else None
-    failed = check is not None and check.first_drift is not None
-    if check is not None and numerics is not None:
-        word = "ok" if numerics["ok"] else "FAILED"
-        out.line(
-            f"numerics: max abs diff {numerics['max_abs_diff']:.3g} "
-            f"(atol {check.atol:g}, rtol {check.rtol:g}) {word}"
-        )
-        if check.first_drift is not None:
-            out.line(f"numerics: first drifting pass: {check.first_drift}")
-            if check.first_drift.node is not None:
-                out.line(f"numerics: first diverging node: {check.first_drift.node}")
-    if output is not None and not failed:
-        with _spinner(args) as spinner:
-            pruned = io.save(prog, output, progress=spinner)
-        note = f" (pruned {len(pruned)} unreferenced state entries)" if pruned else ""
-        out.line(f"wrote {args.output}{note}")
-    if report_path is not None:
-        drift = check.first_drift if check is not None else None
-        outcome = None
-        if drift is not None and check is not None:
-            outcome = verdict(
-                "numerics drift",
-                summary=f"outputs drift after pass {drift.path!r}: max_abs {drift.max_abs:.3g}, "
-                f"max_rel {drift.max_rel:.3g} (atol {check.atol:g}, rtol {check.rtol:g})",
-                pass_path=drift.path,
-                node=None if drift.node is None else str(drift.node),
-                next_step=f"epass run {args.input} -p {shlex.quote(args.pipeline)} "
-                f"--check-numerics --report report.html: its section for {drift.path!r} lists "
-                "the nodes that pass added and removed",
-            )
-        report = build_report(
-            result,
-            manager=pm,
-            pipeline=_canonical(pm, args.pipeline),
-            input_path=str(args.input),
-            output_path=str(args.output) if output is not None and not failed else None,
-            numerics=numerics,
-            outcome=outcome,
-            diffs=log.diffs if log is not None else None,
-        )
-        write_report(report_path, report)
-        out.line(f"wrote {args.report}")
-    if failed and check is not None and check.first_drift is not None:
-        drift = check.first_drift
-        why = drift.detail or (
-            f"max abs diff {drift.max_abs:.3g} exceeds atol {check.atol:g} / rtol {check.rtol:g}"
-        )
-        unwritten = f"; {args.output} was not written" if output is not None else ""
-        raise CliError(
-            f"numerics differ after pass {drift.path!r}: {why}{unwritten}", code=EXIT_FAILED
-        )
-    return 0
+    _attach(args, pm, ep, tools)
+    result, seconds = _run_pipeline(args, pm, ep, tools)
+    _show_run(out, ep, result, seconds, tools)
+    return _write_outputs(args, out, pm, result, tools)
 
 
 def _canonical(pm: Any, text: str) -> str:
@@ -528,26 +527,26 @@ def _cmd_passes(args: argparse.Namespace, out: _Out) -> int:
 
 def _cmd_cache(args: argparse.Namespace, out: _Out) -> int:
     # The store is stdlib-only at import: this command starts without torch.
-    from epass import _template_store
+    from epass._decomp import store
 
     if args.action == "clear":
-        removed, left = _template_store.clear()
-        where = _template_store.directory()
+        removed, left = store.clear()
+        where = store.directory()
         out.line(f"removed {removed} entries from {where}" if where else "the cache is off")
         if left:
             out.line(f"left {len(left)} that this cache did not write: {', '.join(left[:10])}")
         return 0
-    info = _template_store.info()
+    info = store.info()
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     if not info["enabled"]:
-        out.line(f"the template cache is off ({_template_store.DIR_ENV} is empty)")
+        out.line(f"the template cache is off ({store.DIR_ENV} is empty)")
         return 0
     mib = 1024 * 1024
     out.line(f"directory: {info['directory']}")
     out.line(f"entries: {info['entries']} ({info['bytes'] / mib:.1f} MiB)")
-    out.line(f"limit: {info['max_bytes'] / mib:.1f} MiB ({_template_store.SIZE_ENV})")
+    out.line(f"limit: {info['max_bytes'] / mib:.1f} MiB ({store.SIZE_ENV})")
     return 0
 
 

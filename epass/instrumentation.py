@@ -4,20 +4,21 @@ The manager knows where each call comes from, so it hands the nesting in:
 pass hooks get a :class:`~epass.records.PassInfo` (``depth``, ``parent``, ``path``,
 ``manager``), and the pipeline hooks get ``parent``, the info of the pass that runs
 a nested pipeline (None for a top-level run), as MLIR's pass instrumentation does.
+:func:`instrument_list` checks what a manager is given as instruments.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from torch.export import ExportedProgram
 
-from epass.errors import InstrumentError
+from epass.errors import ArgumentTypeError, InstrumentError
 from epass.records import PassInfo, PassRecord, PipelineResult
 
-__all__ = ["HOOKS", "Dispatch", "Instrument"]
+__all__ = ["HOOKS", "Dispatch", "Instrument", "instrument_list"]
 
 
 class Instrument:
@@ -125,3 +126,23 @@ class Dispatch:
                     index=info.index if info else None,
                     step=info.step if info else None,
                 ) from exc
+
+
+def instrument_list(instruments: Any) -> list[Any]:
+    """``instruments`` as a list, each checked to be an instrument instance."""
+    if isinstance(instruments, (str, bytes)) or not isinstance(instruments, Iterable):
+        raise ArgumentTypeError(
+            f"instruments must be a list of instruments, got {type(instruments).__name__}"
+        )
+    out = list(instruments)
+    for i, instrument in enumerate(out):
+        if isinstance(instrument, type):
+            raise ArgumentTypeError(
+                f"instruments[{i}] is the class {instrument.__name__}; pass an instance"
+            )
+        if not any(hasattr(instrument, hook) for hook in HOOKS):
+            raise ArgumentTypeError(
+                f"instruments[{i}] ({type(instrument).__name__}) is not an instrument "
+                f"(an instrument has at least one of the hooks {', '.join(HOOKS)})"
+            )
+    return out

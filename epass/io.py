@@ -24,6 +24,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _program
+from epass._paths import check_exists, check_output_path, directory_of
 from epass._screen import ALLOWLIST, ReadOnce, readers_agree, screen
 from epass._screen import first_line as _first_line
 from epass._screen import private_copy as _private_copy
@@ -164,10 +165,7 @@ def load(
     """
     import_modules(imports)
     p = Path(path)
-    if not p.exists():
-        raise LoadError(f"{p}: no such file", path=str(p))
-    if p.is_dir():
-        raise LoadError(f"{p}: is a directory, not a .pt2 file", path=str(p))
+    check_exists(p)
     try:
         # Not waiting on a FIFO for a writer: a program is a regular file (its reader
         # seeks, and the screen and torch must read the same bytes).
@@ -230,38 +228,6 @@ def _umask() -> int:
     return 0o022
 
 
-def _directory(p: Path) -> Path:
-    """The directory holding ``p``'s own entry, where the rename happens.
-
-    Not the directory a symlink at ``p`` points into: the rename replaces the link
-    (it never writes through it), and must not cross file systems.
-    """
-    return Path(os.path.abspath(p)).parent
-
-
-def check_output_path(path: str | os.PathLike[str], suffixes: Sequence[str]) -> Path:
-    """Check, before any work is done, that ``path`` can be written.
-
-    Raises:
-        SaveError: wrong suffix, missing or unwritable directory, or a directory.
-    """
-    p = Path(path)
-    if p.suffix.lower() not in suffixes:
-        raise SaveError(f"{p}: the file must end in {' or '.join(suffixes)}")
-    parent = _directory(p)
-    if not parent.is_dir():
-        raise SaveError(f"{p}: directory {p.parent} does not exist")
-    if p.is_dir():
-        raise SaveError(f"{p}: is a directory")
-    try:  # the one reliable test (permissions, read-only mounts, /proc) is to try
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{p.stem}.", suffix=".probe")
-    except OSError as exc:
-        raise SaveError(f"{p}: cannot write in {p.parent} ({exc.strerror or exc})") from exc
-    os.close(fd)
-    os.unlink(probe)
-    return p
-
-
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` on success.
@@ -276,7 +242,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     p = Path(path)
     try:
         fd, name = tempfile.mkstemp(
-            dir=_directory(p), prefix=f".{p.stem}.", suffix=f".tmp{p.suffix}"
+            dir=directory_of(p), prefix=f".{p.stem}.", suffix=f".tmp{p.suffix}"
         )
     except OSError as exc:
         raise SaveError(f"{p}: cannot write ({exc.strerror or exc})") from exc

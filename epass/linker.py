@@ -211,6 +211,19 @@ class _Plan:
     output: dict[str, Any]  # values for the output dict, originals where unchanged
 
 
+def _refuse_changes(plans: Mapping[str, _Plan], pass_name: str | None) -> None:
+    """The ``strict`` policy: raise StateConflictError when a value changed."""
+    conflicts = [f"{name}:{k}" for name, p in plans.items() for k in p.report.changed]
+    if conflicts:
+        raise StateConflictError(
+            f"changed the value of existing state entries {conflicts}; the "
+            "'strict' policy forbids this (use 'share' to give the output its "
+            "own dict, or 'in_place' to overwrite the store)",
+            keys=conflicts,
+            pass_name=pass_name,
+        )
+
+
 def _plan(store: dict[str, Any], new: dict[str, Any], compare_values: bool) -> _Plan:
     unchanged: list[str] = []
     relinked: list[str] = []
@@ -330,15 +343,7 @@ class StateLinker:
             "constants": _plan(original.constants, new.constants, self.compare_values),
         }
         if self.policy == "strict":
-            conflicts = [f"{name}:{k}" for name, p in plans.items() for k in p.report.changed]
-            if conflicts:
-                raise StateConflictError(
-                    f"changed the value of existing state entries {conflicts}; the "
-                    "'strict' policy forbids this (use 'share' to give the output its "
-                    "own dict, or 'in_place' to overwrite the store)",
-                    keys=conflicts,
-                    pass_name=pass_name,
-                )
+            _refuse_changes(plans, pass_name)
         write: Callable[[dict[str, Any], str, Any], None]
         delete: Callable[[dict[str, Any], str], None]
         if journal is not None:

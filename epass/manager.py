@@ -1,81 +1,156 @@
-"""PassManager: runs passes on an ExportedProgram, verifies and links each result."""
+"""PassManager: runs passes on an ExportedProgram, verifying and linking each result;
+builds pipelines from text (through the grammar and the registry) and prints them back."""
 
 from __future__ import annotations
 
-import graphlib
-import hashlib
-import importlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _program
+from epass import _program, _snapshot, pipeline, registry
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
-    OrderingError,
     PassError,
     ProgramError,
     StateConflictError,
     StateMutationError,
     VerificationError,
 )
-from epass.instrumentation import HOOKS, Dispatch
+from epass.instrumentation import Dispatch, instrument_list
 from epass.linker import STORE_LOCK, Journal, StateLinker
-from epass.protocol import FxPass, PassModel, PassResult, adapt
+from epass.pipeline import Group, Item
+from epass.protocol import FxPass, Origin, PassModel, PassResult, adapt, check_ordering
 from epass.records import OpDelta, PassInfo, PassRecord, PipelineResult, op_targets
 from epass.verify import check_arguments, check_state_writes, verify_program
+from epass.watch import StoreWatch
 
 __all__ = [
     "PassManager",
     "PassRecord",
     "PipelineResult",
-    "StoreWatch",
-    "TextLayer",
     "as_pipeline",
     "coalesce",
+    "create_pass",
     "resolve_pass",
+    "to_text",
 ]
 
 logger = logging.getLogger("epass")
 
 
-class TextLayer(Protocol):
-    """What the engine needs from the pipeline-text layer, which sits above it:
-    ``epass.pipeline``, loaded by name on first use, as the registry loads the
-    built-in passes (``import epass.manager`` alone resolves string passes)."""
-
-    def parse_pipeline(self, text: str) -> list[Any]: ...
-
-    def resolve(self, spec: str, /) -> tuple[Any, tuple[str, dict[str, Any]] | None]: ...
-
-    def manager_text(self, pm: PassManager) -> str: ...
-
-
-def _text() -> TextLayer:
-    layer: TextLayer = importlib.import_module("epass.pipeline")  # type: ignore[assignment]
-    return layer
+# --- building: strings and text through the grammar and the registry --------------------
 
 
 def _model(p: Any, position: int | None = None) -> PassModel:
-    """The model of ``p``; registered names and pipeline text are made into passes
-    by the text layer."""
+    """The model of ``p``; a registered name or pipeline text is made into a pass first."""
     if isinstance(p, str):
-        p, origin = _text().resolve(p)
+        p, origin = _from_string(p)
         return adapt(p, position=position, origin=origin)
     return adapt(p, position=position)
 
 
 def resolve_pass(p: Any, position: int | None = None) -> Any:
-    """A pass object for ``p``: registered names and pipeline text through the text
-    layer, torch.fx passes wrapped in :class:`~epass.FxPass`, other passes as they are."""
+    """A pass object for ``p``: registered names and pipeline text made into passes,
+    torch.fx passes wrapped in :class:`~epass.FxPass`, other passes as they are."""
     return _model(p, position).pass_
+
+
+def _build(items: Sequence[Item], text: str) -> list[tuple[Any, Origin | None]]:
+    """The passes of a spec tree, each with the name and options it was made from
+    (None for a group, which becomes a nested :class:`PassManager`)."""
+    out: list[tuple[Any, Origin | None]] = []
+    for item in items:
+        if isinstance(item, Group):
+            passes = [p for p, _ in _build(item.items, text)]
+            out.append((PassManager(passes, steps=item.count, name=item.kind), None))
+        else:
+            made, options = registry.create(item, text=text)
+            out.append((made, (item.name, options)))
+    return out
+
+
+def _from_string(spec: str, options: Mapping[str, Any] | None = None) -> tuple[Any, Origin | None]:
+    """:func:`create_pass`, and the origin of what it made (None for several passes)."""
+    name = spec.strip()
+    if pipeline.NAME_PATTERN.fullmatch(name):
+        made, converted = registry.create(pipeline.PassSpec(name, tuple((options or {}).items())))
+        return made, (name, converted)
+    if options:
+        raise ArgumentTypeError("pass options either in the text or as keywords, not both")
+    built = _build(pipeline.parse(spec), spec)
+    if not built:
+        raise ArgumentValueError(f"create_pass: spec {spec!r} holds no pass")
+    if len(built) == 1:
+        return built[0]
+    return PassManager([p for p, _ in built], name=name), None
+
+
+def create_pass(spec: str, /, **options: Any) -> Any:
+    """Make a pass from a registered name and options, or from pipeline text.
+
+    ``create_pass("cast-dtype", dtype=torch.bfloat16)`` and
+    ``create_pass("cast-dtype(dtype=bfloat16)")`` give the same pass. Text holding
+    several passes (``"decompose, dce"``) gives a nested :class:`PassManager`.
+    """
+    if not isinstance(spec, str):
+        raise ArgumentTypeError(
+            f"create_pass takes a name or pipeline text, got {type(spec).__name__}"
+        )
+    if not spec.strip():
+        raise ArgumentValueError("create_pass: spec is empty; give a pass name or pipeline text")
+    return _from_string(spec, options)[0]
+
+
+# --- printing: a pipeline back to its text ------------------------------------------------
+
+
+def _spec_tree(models: Iterable[PassModel]) -> tuple[Item, ...]:
+    """The spec tree that makes these passes again; ValueError if one has no name."""
+    out: list[Item] = []
+    for model in models:
+        spec = registry.spec_of(model.pass_, model.name, model.origin)
+        if spec is not None:
+            out.append(spec)
+        elif isinstance(model.pass_, PassManager):
+            kind = "fixpoint" if model.pass_.name == "fixpoint" else "repeat"
+            out.append(Group(kind, model.pass_.steps, _spec_tree(model.children)))
+        else:
+            raise ArgumentValueError(
+                f"pass {model.name!r} ({type(model.pass_).__name__}) is not registered, so it "
+                "has no textual form; register it with epass.register_pass"
+            )
+    return tuple(out)
+
+
+def to_text(passes: Iterable[Any]) -> str:
+    """Pass objects (or their models) as pipeline text that
+    :meth:`PassManager.from_text` reads back.
+
+    Raises:
+        ValueError: a pass is not registered, or has an option that pipeline text
+            cannot set or write.
+    """
+    tree = _spec_tree(p if isinstance(p, PassModel) else adapt(p) for p in passes)
+    for spec in pipeline.walk(tree):
+        declared = registry.declared_options(spec.name)
+        for key, value in spec.options:
+            if key not in declared:
+                raise ArgumentValueError(
+                    f"option {key!r} of pass {spec.name!r} is a keyword argument that "
+                    "pipeline text cannot set"
+                )
+            try:
+                pipeline.format_value(value)
+            except ValueError as exc:
+                raise ArgumentValueError(f"option {key!r} of pass {spec.name!r}: {exc}") from None
+    return pipeline.format_pipeline(tree)
 
 
 def as_pipeline(pipeline: Any) -> PassManager | None:
@@ -88,38 +163,6 @@ def as_pipeline(pipeline: Any) -> PassManager | None:
     if isinstance(pipeline, Sequence) and not isinstance(pipeline, (str, bytes)):
         return PassManager(pipeline)
     return PassManager([pipeline])
-
-
-def _matches(model: PassModel, target: Any) -> bool:
-    if isinstance(target, type):
-        return isinstance(model.pass_, target)
-    return bool(model.name == target)
-
-
-def check_ordering(models: Sequence[PassModel]) -> None:
-    """Raise OrderingError when the pass order breaks a declared constraint."""
-    edges: dict[int, set[int]] = {i: set() for i in range(len(models))}  # node -> predecessors
-    for i, m in enumerate(models):
-        for target in m.run_before:
-            for j, q in enumerate(models):
-                if j != i and _matches(q, target):
-                    edges[j].add(i)
-        for target in m.run_after:
-            for j, q in enumerate(models):
-                if j != i and _matches(q, target):
-                    edges[i].add(j)
-    try:
-        tuple(graphlib.TopologicalSorter(edges).static_order())
-    except graphlib.CycleError as exc:
-        cycle = " -> ".join(f"{models[k].name}@{k}" for k in exc.args[1])
-        raise OrderingError(f"ordering constraints form a cycle: {cycle}") from None
-    for node, preds in edges.items():
-        for pred in sorted(preds):
-            if pred > node:
-                raise OrderingError(
-                    f"pass {models[pred].name!r} at position {pred} must run before "
-                    f"pass {models[node].name!r} at position {node}; reorder the pipeline"
-                )
 
 
 def coalesce(models: Sequence[PassModel]) -> list[PassModel]:
@@ -140,98 +183,14 @@ def coalesce(models: Sequence[PassModel]) -> list[PassModel]:
     return out
 
 
-# One store entry as it was before a pass: (label, key, tensor, mark).
-_Entry = tuple[str, str, Any, "tuple[int | None, bool]"]
-
-
-def _store_entries(ep: ExportedProgram) -> list[_Entry]:
-    # list(d.items()) copies in one step, so keys another thread adds meanwhile
-    # neither break the loop nor join the snapshot.
-    items = [
-        (label, key, value)
-        for label, d in (("state_dict", ep.state_dict), ("constants", ep.constants))
-        for key, value in list(d.items())
-        if isinstance(value, torch.Tensor)
-    ]
-    # A mark is the version counter and the requires_grad flag
-    # (requires_grad_ does not count as a write).
-    marks = _program.tensor_marks([value for _, _, value in items])
-    return [(*item, mark) for item, mark in zip(items, marks, strict=True)]
-
-
-def _fingerprint(entries: list[_Entry]) -> list[int | None]:
-    """A hash of each entry's bytes, dtype, shape, strides and storage offset."""
-    out: list[int | None] = []
-    for _, _, value, _ in entries:
-        if value.device.type == "meta":
-            out.append(None)
-            continue
-        digest = hashlib.blake2b(_program.tensor_bytes(value), digest_size=8)
-        digest.update(repr(_program.tensor_layout(value)).encode())
-        out.append(int.from_bytes(digest.digest(), "little"))
-    return out
-
-
-@attrs.define
-class StoreWatch:
-    """The store tensors of some programs as they were at one moment, to tell later
-    which of them were written in place: the check the manager makes around every
-    pass, and the hand-offs around every consumer.
-
-    Example::
-
-        watch = StoreWatch.of([ep], fingerprint=True)
-        consumer(ep)
-        assert watch.touched() == []
-    """
-
-    entries: list[_Entry]
-    prints: list[int | None] | None
-
-    @classmethod
-    def of(cls, programs: Iterable[ExportedProgram], *, fingerprint: bool = False) -> StoreWatch:
-        """Snapshot the ``state_dict`` and ``constants`` tensors of ``programs``:
-        version counters and ``requires_grad``, and with ``fingerprint`` a hash of
-        each tensor's bytes and layout. A tensor held by several programs (or
-        under several keys) is watched once, under its first key."""
-        seen: set[int] = set()
-        entries: list[_Entry] = []
-        for ep in programs:
-            for entry in _store_entries(ep):
-                if id(entry[2]) not in seen:
-                    seen.add(id(entry[2]))
-                    entries.append(entry)
-        return cls(entries, _fingerprint(entries) if fingerprint else None)
-
-    def touched(self) -> list[str]:
-        """The entries written in place since the snapshot, as ``"state_dict:<key>"``
-        / ``"constants:<key>"``. A flipped ``requires_grad`` flag counts and is set
-        back (the one change that can be undone)."""
-        touched = []
-        marks = _program.tensor_marks([value for _, _, value, _ in self.entries])
-        for (label, key, value, mark), now in zip(self.entries, marks, strict=True):
-            if now != mark:
-                touched.append(f"{label}:{key}")
-                if now[1] != mark[1]:
-                    value.requires_grad_(mark[1])
-        if self.prints is not None:
-            after = _fingerprint(self.entries)
-            touched += [
-                f"{label}:{key}"
-                for (label, key, _, _), h, now in zip(self.entries, self.prints, after, strict=True)
-                if h != now and f"{label}:{key}" not in touched
-            ]
-        return touched
-
-
 class _Snapshot:
     """A pass's view as the pass got it, graph side and store side.
 
-    The graph side (``_graph.ProgramSnapshot``) tells whether the pass edited its view
+    The graph side (``_snapshot.ProgramSnapshot``) tells whether the pass edited its view
     in place; the store side (a :class:`StoreWatch`) which store tensors it wrote.
     """
 
-    def __init__(self, watch: StoreWatch, program: _graph.ProgramSnapshot | None) -> None:
+    def __init__(self, watch: StoreWatch, program: _snapshot.ProgramSnapshot | None) -> None:
         self.watch = watch
         self.program = program
 
@@ -263,7 +222,7 @@ class _Run:
     # A graph-side snapshot of ``current`` still known to hold: taken for one pass
     # and compared again after it left ``current`` as it was, it serves the next
     # pass too (a snapshot costs far more than a comparison).
-    held: _graph.ProgramSnapshot | None = None
+    held: _snapshot.ProgramSnapshot | None = None
     # current's call_function target count, while no pass has edited it since.
     targets: Counter[Any] | None = None
 
@@ -283,25 +242,6 @@ class _Prepared:
     # counted after the pass, and only when the pass modified the program).
     targets_before: Counter[Any] | None
     seconds: float = 0.0
-
-
-def _instrument_list(instruments: Any) -> list[Any]:
-    if isinstance(instruments, (str, bytes)) or not isinstance(instruments, Iterable):
-        raise ArgumentTypeError(
-            f"instruments must be a list of instruments, got {type(instruments).__name__}"
-        )
-    out = list(instruments)
-    for i, instrument in enumerate(out):
-        if isinstance(instrument, type):
-            raise ArgumentTypeError(
-                f"instruments[{i}] is the class {instrument.__name__}; pass an instance"
-            )
-        if not any(hasattr(instrument, hook) for hook in HOOKS):
-            raise ArgumentTypeError(
-                f"instruments[{i}] ({type(instrument).__name__}) is not an instrument "
-                f"(an instrument has at least one of the hooks {', '.join(HOOKS)})"
-            )
-    return out
 
 
 class PassManager:
@@ -358,7 +298,7 @@ class PassManager:
         self.steps = steps
         self.linker = linker if linker is not None else StateLinker()
         self.verify = verify
-        self.instruments = _instrument_list(instruments)
+        self.instruments = instrument_list(instruments)
         self.fingerprint = fingerprint
         self.name = name
 
@@ -379,7 +319,7 @@ class PassManager:
         Keyword arguments go to the constructor. See ``docs/pipelines.md`` for the
         grammar; errors are :class:`epass.PipelineError` with a caret line.
         """
-        return cls(_text().parse_pipeline(text), **kwargs)
+        return cls([p for p, _ in _build(pipeline.parse(text), text)], **kwargs)
 
     def to_text(self) -> str:
         """The pipeline text that :meth:`from_text` reads back into this pipeline.
@@ -387,7 +327,8 @@ class PassManager:
         Raises ValueError when a pass is not registered or has an option with no
         textual form. ``steps > 1`` prints as ``repeat(steps, [...])``.
         """
-        return _text().manager_text(self)
+        text = to_text(self.models)
+        return f"repeat({self.steps}, [{text}])" if self.steps > 1 else text
 
     def run(self, ep: ExportedProgram) -> ExportedProgram:
         """Run the pipeline and return the resulting program."""
@@ -410,16 +351,8 @@ class PassManager:
         parent: PassInfo | None,
         user: ExportedProgram | None = None,
     ) -> PipelineResult:
-        if not isinstance(ep, ExportedProgram):
-            raise ArgumentTypeError(
-                f"{self.name} expects an ExportedProgram, got {type(ep).__name__}; "
-                "call torch.export.export(module, args) first"
-            )
-        dispatch = Dispatch([*inherited, *self.instruments])
+        run = self._start(ep, inherited, parent, user)
         depth = 0 if parent is None else parent.depth + 1
-        if dispatch:
-            dispatch.call("before_pipeline", self, ep, parent=parent)
-        run = _Run(dispatch, Journal(), ep if user is None else user, ep)
         records: list[PassRecord] = []
         modified = False
         try:
@@ -441,7 +374,7 @@ class PassManager:
                                 if isinstance(p, PassManager):
                                     out: Any = p._execute(
                                         prepared.view,
-                                        inherited=dispatch.instruments,
+                                        inherited=run.dispatch.instruments,
                                         parent=info,
                                         user=run.user,
                                     )
@@ -454,11 +387,11 @@ class PassManager:
                             prepared.seconds = time.perf_counter() - start
                             record = self._finish(run, info, out, prepared)
                     except PassError as exc:
-                        self._report_failure(dispatch, info, run.current, exc)
+                        self._report_failure(run.dispatch, info, run.current, exc)
                         raise
                     except Exception as exc:
                         error = PassError(f"{type(exc).__name__}: {exc}", **info.location())
-                        self._report_failure(dispatch, info, run.current, error)
+                        self._report_failure(run.dispatch, info, run.current, error)
                         raise error from exc
                     ran.append(info.name)
                     records.append(record)
@@ -469,10 +402,31 @@ class PassManager:
         except BaseException:
             run.journal.rollback()
             raise
-        result = PipelineResult(run.current, modified, tuple(records))
+        return self._end(run, PipelineResult(run.current, modified, tuple(records)), parent)
+
+    def _start(
+        self,
+        ep: ExportedProgram,
+        inherited: Sequence[Any],
+        parent: PassInfo | None,
+        user: ExportedProgram | None,
+    ) -> _Run:
+        """Check the input and tell the instruments a pipeline starts."""
+        if not isinstance(ep, ExportedProgram):
+            raise ArgumentTypeError(
+                f"{self.name} expects an ExportedProgram, got {type(ep).__name__}; "
+                "call torch.export.export(module, args) first"
+            )
+        dispatch = Dispatch([*inherited, *self.instruments])
         if dispatch:
+            dispatch.call("before_pipeline", self, ep, parent=parent)
+        return _Run(dispatch, Journal(), ep if user is None else user, ep)
+
+    def _end(self, run: _Run, result: PipelineResult, parent: PassInfo | None) -> PipelineResult:
+        """Tell the instruments the pipeline ended, then keep its store writes."""
+        if run.dispatch:
             try:
-                dispatch.call("after_pipeline", self, result, parent=parent)
+                run.dispatch.call("after_pipeline", self, result, parent=parent)
             except BaseException:
                 run.journal.rollback()
                 raise
@@ -487,14 +441,7 @@ class PassManager:
             raise PassError("its precondition (requires) does not hold", **info.location())
         reason = model.skip_reason(current) if model.skip_reason is not None else None
         if reason:
-            record = PassRecord(
-                info.name, info.index, info.step, 0.0, False, nodes_before,
-                nodes_before, skipped=True, skip_reason=str(reason), depth=info.depth,
-            )  # fmt: skip
-            logger.debug("skip %s: %s", info.name, reason)
-            if dispatch:
-                dispatch.call("pass_skipped", info, current, record, info=info)
-            return record
+            return self._skip(info, run, str(reason), nodes_before)
         if dispatch:
             dispatch.call("before_pass", info, current, info=info)
         changes_input = model.changes_input
@@ -516,15 +463,15 @@ class PassManager:
         with STORE_LOCK:  # a consistent copy while other runs write the store
             view = _program.private_view(current, copy_graph=copy_graph, copy_state=copy_state)
             watch = StoreWatch.of([current], fingerprint=self.fingerprint)
-        program: _graph.ProgramSnapshot | None = None
+        program: _snapshot.ProgramSnapshot | None = None
         # Nested pipelines, fx passes and passes annotated to return a PassResult
         # report their own flag; every other pass may return its view edited in
         # place, which only a snapshot tells.
         if not (model.reports_modified or isinstance(p, (PassManager, FxPass))):
             if copy_graph:  # current's own graph and meta are the snapshot
-                program = _graph.ProgramSnapshot(view, copied_from=current)
+                program = _snapshot.ProgramSnapshot(view, copied_from=current)
             else:
-                program = run.held or _graph.ProgramSnapshot(view)
+                program = run.held or _snapshot.ProgramSnapshot(view)
         # A pass handed current's own graph could edit it: count its ops first.
         if not copy_graph and run.targets is None:
             run.targets = op_targets(current)
@@ -540,6 +487,18 @@ class PassManager:
             run.targets = None
         logger.debug("start %s (position %d, step %d)", info.name, info.index, info.step)
         return prepared
+
+    @staticmethod
+    def _skip(info: PassInfo, run: _Run, reason: str, nodes: int) -> PassRecord:
+        """The record of a pass skipped as a no-op, told to the instruments."""
+        record = PassRecord(
+            info.name, info.index, info.step, 0.0, False, nodes, nodes,
+            skipped=True, skip_reason=reason, depth=info.depth,
+        )  # fmt: skip
+        logger.debug("skip %s: %s", info.name, reason)
+        if run.dispatch:
+            run.dispatch.call("pass_skipped", info, run.current, record, info=info)
+        return record
 
     @staticmethod
     def _report_failure(
@@ -585,17 +544,7 @@ class PassManager:
             # earlier result) may be held by someone, so it is never re-pointed.
             program = _program.shallow_clone(program)
         if modified and self.verify:
-            try:
-                verify_program(program)
-                check_state_writes(program, current)
-                check_arguments(program, current)
-            except Exception as exc:
-                detail = (
-                    str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
-                )
-                raise VerificationError(
-                    f"its output does not verify: {detail}", **info.location()
-                ) from exc
+            _verify_output(program, current, info)
         if model.ensures is not None and model.ensures(program) is False:
             raise PassError(
                 "its postcondition (ensures) does not hold on its result", **info.location()
@@ -652,6 +601,17 @@ class PassManager:
         # of its graph.
         run.owned = prepared.private_gm if program.graph_module is prepared.private_gm else None
         run.current = program
+
+
+def _verify_output(program: ExportedProgram, current: ExportedProgram, info: PassInfo) -> None:
+    """Raise VerificationError, naming the pass, when its output does not verify."""
+    try:
+        verify_program(program)
+        check_state_writes(program, current)
+        check_arguments(program, current)
+    except Exception as exc:
+        detail = str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
+        raise VerificationError(f"its output does not verify: {detail}", **info.location()) from exc
 
 
 def _check_store(snapshot: _Snapshot, info: PassInfo) -> None:

@@ -50,22 +50,7 @@ def export(
     """
     if onnx_kwargs.pop("dynamo", True) is not True:
         raise ArgumentValueError("epass.onnx.export needs the dynamo exporter; drop dynamo=False")
-    if isinstance(ep_or_module, ExportedProgram):
-        ep = ep_or_module
-        onnx_kwargs.pop("dynamic_shapes", None)  # already part of the program
-    elif isinstance(ep_or_module, torch.nn.Module):
-        ep = torch.export.export(
-            ep_or_module,
-            tuple(args),
-            kwargs=onnx_kwargs.get("kwargs"),
-            dynamic_shapes=onnx_kwargs.pop("dynamic_shapes", None),
-            strict=onnx_kwargs.pop("strict", False),
-        )
-    else:
-        raise ArgumentTypeError(
-            "epass.onnx.export takes an ExportedProgram or an nn.Module, "
-            f"got {type(ep_or_module).__name__}"
-        )
+    ep = _program_of(ep_or_module, args, onnx_kwargs)
     hand_off = _handoff.start({"forward": ep}, pipeline, "torch.onnx.export")
     onnx_program = hand_off.call(
         torch.onnx.export, hand_off.private["forward"], tuple(args), dynamo=True, **onnx_kwargs
@@ -94,3 +79,25 @@ def relink(
         raise ArgumentValueError("this ONNXProgram carries no exported_program to relink")
     linker = StateLinker()
     return linker.link(program, exported, pass_name="torch.onnx.export", user=user).report
+
+
+def _program_of(
+    ep_or_module: ExportedProgram | torch.nn.Module, args: tuple[Any, ...], onnx_kwargs: Any
+) -> ExportedProgram:
+    """The program to export: ``ep_or_module`` itself, or the module exported with the
+    export arguments among ``onnx_kwargs`` (taken out of them)."""
+    if isinstance(ep_or_module, ExportedProgram):
+        onnx_kwargs.pop("dynamic_shapes", None)  # already part of the program
+        return ep_or_module
+    if isinstance(ep_or_module, torch.nn.Module):
+        return torch.export.export(
+            ep_or_module,
+            tuple(args),
+            kwargs=onnx_kwargs.get("kwargs"),
+            dynamic_shapes=onnx_kwargs.pop("dynamic_shapes", None),
+            strict=onnx_kwargs.pop("strict", False),
+        )
+    raise ArgumentTypeError(
+        "epass.onnx.export takes an ExportedProgram or an nn.Module, "
+        f"got {type(ep_or_module).__name__}"
+    )

@@ -1,4 +1,9 @@
-"""Textual pipelines: a parser (never ``eval``) and a printer for pass lists.
+"""The pipeline grammar: text to a tree of pass specs and back, with the value grammar.
+
+This module is data only: it parses and prints, and never makes a pass. The
+registry turns one :class:`PassSpec` into one pass, and the manager builds nested
+pipelines from a tree (``PassManager.from_text``). torch is imported only to read
+a dtype or operator word, or to print one.
 
 Grammar (whitespace and ``# comments`` are ignored between tokens)::
 
@@ -20,42 +25,45 @@ round in which no pass changed the program.
 
 Example::
 
-    pm = PassManager.from_text("decompose, repeat(3, [fold-constants, dce])")
-    assert pm.to_text() == "decompose, repeat(3, [fold-constants, dce])"
+    tree = parse("decompose, repeat(3, [fold-constants(max_growth=2.0), dce])")
+    assert format_pipeline(tree) == "decompose, repeat(3, [fold-constants(max_growth=2.0), dce])"
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Sequence
-from typing import Any
+import types
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import attrs
-import torch
 
-from epass import registry
-from epass.errors import ArgumentTypeError, ArgumentValueError, OptionError, PipelineError
-from epass.manager import PassManager
-from epass.protocol import PassModel, adapt, label
-from epass.registry import format_value
+from epass.errors import ArgumentTypeError, ArgumentValueError, PipelineError
 
 __all__ = [
     "FIXPOINT_DEFAULT_MAX",
-    "create_pass",
-    "from_text",
-    "manager_text",
     "MAX_NESTING",
+    "NAME_PATTERN",
+    "RESERVED",
     "Group",
+    "Item",
     "PassSpec",
     "PipelineError",
-    "build",
+    "Symbol",
+    "format_item",
     "format_pipeline",
     "format_value",
+    "lookup_operator",
+    "operator_text",
     "parse",
-    "parse_pipeline",
-    "to_text",
+    "walk",
 ]
 
+# A pass name: words of letters, digits and '_' joined by single '-'.
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*")
+# Words the grammar gives a meaning of its own (inf and nan are numbers).
+RESERVED = frozenset({"repeat", "fixpoint", "true", "false", "none", "inf", "nan"})
 FIXPOINT_DEFAULT_MAX = 10
 # Groups and lists may nest this deep (together). The parser, the printer and nested
 # managers recurse once per level, so text must not be able to exhaust the stack.
@@ -74,6 +82,28 @@ class PassSpec:
     pos: int = attrs.field(default=0, eq=False)
     option_pos: tuple[int, ...] = attrs.field(default=(), eq=False)
     value_pos: tuple[int, ...] = attrs.field(default=(), eq=False)
+
+    def option_at(self, option: str | None, *, value: bool = True) -> int:
+        """Where ``option``'s value (or, with ``value=False``, its name) starts in the
+        text this spec was parsed from; the pass name's position when unknown."""
+        keys = [key for key, _ in self.options]
+        positions = self.value_pos if value else self.option_pos
+        if option in keys and keys.index(option) < len(positions):
+            return positions[keys.index(option)]
+        return self.pos
+
+
+@attrs.frozen
+class Symbol:
+    """A bare word that names a dtype, an operator or a string, read without torch
+    (``parse(text, resolve=False)``): which one it is waits until torch is loaded."""
+
+    text: str
+
+    @property
+    def dotted(self) -> bool:
+        """True for ``aten.relu``-like words, which can only be operators."""
+        return "." in self.text
 
 
 @attrs.frozen
@@ -97,13 +127,13 @@ _TOKEN = re.compile(
   | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
   | (?P<word>[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
   | (?P<punct>[(),=\[\]{}:])
+  | (?P<bad>.)
     """,
-    re.X,
+    re.X | re.S,
 )
 
 
-@attrs.frozen
-class _Tok:
+class _Tok(NamedTuple):
     kind: str
     text: str
     pos: int
@@ -111,17 +141,16 @@ class _Tok:
 
 def _tokens(text: str) -> list[_Tok]:
     out: list[_Tok] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
+    for m in _TOKEN.finditer(text):
+        kind = m.lastgroup or ""
+        if kind == "ws":
+            continue
+        pos = m.start()
+        if kind == "bad":
             if text[pos] in "\"'":
                 raise PipelineError("unterminated string", text, pos)
             raise PipelineError(f"unexpected character {text[pos]!r}", text, pos)
-        kind = m.lastgroup or ""
-        if kind != "ws":
-            out.append(_Tok(kind, m.group(), pos))
-        pos = m.end()
+        out.append(_Tok(kind, m.group(), pos))
     out.append(_Tok("end", "", len(text)))
     return out
 
@@ -151,8 +180,9 @@ def _unquote(tok: _Tok, text: str) -> str:
 
 
 class _Parser:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, *, resolve: bool = True) -> None:
         self.text = text
+        self.resolve = resolve
         self.toks = _tokens(text)
         self.i = 0
         self.depth = 0  # open groups and lists
@@ -330,6 +360,8 @@ class _Parser:
             return lowered == "true"
         if lowered == "none":
             return None
+        if not self.resolve:
+            return Symbol(text)
         dtype = _dtype(text)
         if dtype is not None:
             return dtype
@@ -343,10 +375,13 @@ class _Parser:
         return text
 
 
-def _dtype(text: str) -> torch.dtype | None:
+def _dtype(text: str) -> Any:
+    """The torch dtype a word names (``bfloat16``, ``torch.int64``), or None."""
     name = text.removeprefix("torch.")
     if "." in name:
         return None
+    import torch
+
     # vars(), not getattr(): torch imports submodules (_inductor, onnx) on attribute access.
     value = vars(torch).get(name)
     return value if isinstance(value, torch.dtype) else None
@@ -359,77 +394,37 @@ def _operator(text: str) -> Any:
         parts = parts[2:]
     if len(parts) not in (2, 3):
         return None
-    obj = registry.lookup_operator(parts)
-    return obj if obj is not None and registry.operator_text(obj) is not None else None
+    obj = lookup_operator(parts)
+    return obj if obj is not None and operator_text(obj) is not None else None
 
 
-def parse(text: str) -> tuple[Item, ...]:
-    """Parse pipeline text into its syntax tree (names are not resolved)."""
+def parse(text: str, *, resolve: bool = True) -> tuple[Item, ...]:
+    """Parse pipeline text into its syntax tree (pass names are not looked up).
+
+    With ``resolve=False`` torch is not imported: every bare word other than
+    ``true``, ``false`` and ``none`` is kept as a :class:`Symbol`, so that a
+    command can check its pipeline text before it pays for torch.
+    """
     if not isinstance(text, str):
         raise ArgumentTypeError(f"pipeline text must be a str, got {type(text).__name__}")
-    parser = _Parser(text)
+    parser = _Parser(text, resolve=resolve)
     return parser.pipeline(None)
 
 
-# --- building passes ------------------------------------------------------------
-
-
-def build(items: Sequence[Item], text: str) -> list[Any]:
-    """Turn a syntax tree into pass objects through the registry."""
-    return [p for p, _ in _build(items, text)]
-
-
-def _build(items: Sequence[Item], text: str) -> list[tuple[Any, tuple[str, dict[str, Any]] | None]]:
-    """:func:`build`, each pass with the registry name and options it was made from."""
-    out: list[tuple[Any, tuple[str, dict[str, Any]] | None]] = []
+def walk(items: Iterable[Item]) -> Iterator[PassSpec]:
+    """Every pass spec of a tree, groups opened, in order."""
     for item in items:
         if isinstance(item, Group):
-            group = PassManager(build(item.items, text), steps=item.count, name=item.kind)
-            out.append((group, None))
-            continue
-        try:
-            obj, options = registry.instantiate(item.name, dict(item.options), declared_only=True)
-        except registry.UnknownPassError as exc:
-            hint = f"; did you mean {exc.suggestions[0]!r}?" if exc.suggestions else ""
-            raise PipelineError(f"unknown pass {item.name!r}", text, item.pos, hint) from None
-        except registry.RegistryError as exc:
-            raise PipelineError(
-                f"cannot load pass {item.name!r}", text, item.pos, f": {exc}"
-            ) from exc
-        except OptionError as exc:
-            keys = [key for key, _ in item.options]
-            pos = item.value_pos[keys.index(exc.option)] if exc.option in keys else item.pos
-            raise OptionError(
-                exc.message,
-                text,
-                pos,
-                pass_name=exc.pass_name,
-                option=exc.option,
-                expected=exc.expected,
-            ) from None
-        except (TypeError, ValueError) as exc:
-            pos = item.pos
-            message = registry.reason(exc)
-            for (key, _), kpos in zip(item.options, item.option_pos, strict=False):
-                if f"option {key!r}" in message:
-                    pos = kpos
-            raise PipelineError(
-                f"bad options for pass {item.name!r}", text, pos, f": {message}"
-            ) from exc
-        # Outside the try: a pass whose name raises is not a matter of options.
-        out.append((label(obj, item.name, options), (item.name, options)))
-    return out
-
-
-def parse_pipeline(text: str) -> list[Any]:
-    """Parse pipeline text and create its passes (nested groups become PassManagers)."""
-    return build(parse(text), text)
+            yield from walk(item.items)
+        else:
+            yield item
 
 
 # --- printing -----------------------------------------------------------------
 
 
 def format_item(item: Item) -> str:
+    """One item as canonical pipeline text."""
     if isinstance(item, Group):
         inner = format_pipeline(item.items)
         if item.kind == "fixpoint":
@@ -446,114 +441,76 @@ def format_pipeline(items: Iterable[Item]) -> str:
     return ", ".join(format_item(i) for i in items)
 
 
-def pass_spec(p: Any) -> tuple[str, dict[str, Any]] | None:
-    """The registry name and options that recreate a pass (an object or its model):
-    an attrs pass's fields, else the ``origin`` it was made from; None if unknown."""
-    model = p if isinstance(p, PassModel) else adapt(p)
-    spec = registry.spec_of(model.pass_, model.name)
-    if spec is None and model.origin is not None:
-        spec = model.origin[0], dict(model.origin[1])
-    return spec
+_RAW_ESCAPES = (("\n", "\\n"), ("\t", "\\t"), ("\r", "\\r"), ("\0", "\\0"))
 
 
-def spec_tree(passes: Iterable[Any]) -> tuple[Item, ...]:
-    """The syntax tree that recreates these passes (objects or their models);
-    ValueError if one has no name."""
-    out: list[Item] = []
-    for p in passes:
-        model = p if isinstance(p, PassModel) else adapt(p)
-        spec = pass_spec(model)
-        if spec is not None:
-            name, options = spec
-            out.append(PassSpec(name, tuple(options.items())))
-        elif isinstance(model.pass_, PassManager):
-            kind = "fixpoint" if model.pass_.name == "fixpoint" else "repeat"
-            out.append(Group(kind, model.pass_.steps, spec_tree(model.children)))
-        else:
-            raise ArgumentValueError(
-                f"pass {model.name!r} ({type(model.pass_).__name__}) is not registered, so it "
-                "has no textual form; register it with epass.register_pass"
-            )
-    return tuple(out)
-
-
-def to_text(passes: Iterable[Any]) -> str:
-    """Print pass objects as pipeline text that :func:`parse_pipeline` reads back."""
-    from epass import registry
-
-    tree = spec_tree(passes)
-    for item in _walk(tree):
-        declared = {o.name for o in registry.option_infos(registry.get_factory(item.name))}
-        for key, value in item.options:
-            if key not in declared:
-                raise ValueError(
-                    f"option {key!r} of pass {item.name!r} is a keyword argument that "
-                    "pipeline text cannot set"
-                )
-            try:
-                format_value(value)
-            except ValueError as exc:
-                raise ArgumentValueError(f"option {key!r} of pass {item.name!r}: {exc}") from None
-    return format_pipeline(tree)
-
-
-def _walk(items: Iterable[Item]) -> Iterable[PassSpec]:
-    for item in items:
-        if isinstance(item, Group):
-            yield from _walk(item.items)
-        else:
-            yield item
-
-
-def create_pass(spec: str, /, **options: Any) -> Any:
-    """Make a pass from a registered name and options, or from pipeline text.
-
-    ``create_pass("cast-dtype", dtype=torch.bfloat16)`` and
-    ``create_pass("cast-dtype(dtype=bfloat16)")`` give the same pass. Text holding
-    several passes (``"decompose, dce"``) gives a nested :class:`~epass.PassManager`.
-    """
-    return resolve(spec, **options)[0]
-
-
-def resolve(spec: str, /, **options: Any) -> tuple[Any, tuple[str, dict[str, Any]] | None]:
-    """:func:`create_pass`, and the registry name and options the pass was made
-    from (None for text holding several passes): what the engine puts in the pass's
-    :class:`~epass.protocol.PassModel`."""
-    if not isinstance(spec, str):
-        raise ArgumentTypeError(
-            f"create_pass takes a name or pipeline text, got {type(spec).__name__}"
+def format_value(value: Any) -> str:
+    """The pipeline-text form of an option value; raises ValueError if it has none."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        for raw, esc in _RAW_ESCAPES:
+            escaped = escaped.replace(raw, esc)
+        return f'"{escaped}"'
+    if isinstance(value, Symbol):
+        return value.text
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return (
+            "{" + ", ".join(f"{format_value(k)}: {format_value(v)}" for k, v in value.items()) + "}"
         )
-    if not spec.strip():
-        raise ArgumentValueError("create_pass: spec is empty; give a pass name or pipeline text")
-    if registry.NAME_PATTERN.fullmatch(spec.strip()):
-        try:
-            obj, converted = registry.instantiate(spec.strip(), options)
-        except OptionError:
-            raise
-        except (TypeError, ValueError) as exc:
-            error = ArgumentTypeError if isinstance(exc, TypeError) else ArgumentValueError
-            raise error(f"bad options for pass {spec.strip()!r}: {registry.reason(exc)}") from exc
-        return label(obj, spec.strip(), converted), (spec.strip(), converted)
-    if options:
-        raise ArgumentTypeError("pass options either in the text or as keywords, not both")
-    made = _build(parse(spec), spec)
-    if not made:
-        raise ArgumentValueError(f"create_pass: spec {spec!r} holds no pass")
-    if len(made) == 1:
-        return made[0]
-    return PassManager([p for p, _ in made], name=spec.strip()), None
+    text = _dtype_text(value) or operator_text(value)
+    if text is not None:
+        return text
+    raise ArgumentValueError(f"{value!r} ({type(value).__name__}) has no textual form")
 
 
-def from_text(text: str, **kwargs: Any) -> PassManager:
-    """A :class:`~epass.PassManager` for pipeline text; keywords go to its constructor."""
-    return PassManager(parse_pipeline(text), **kwargs)
+def _dtype_text(value: Any) -> str | None:
+    import sys
+
+    torch = sys.modules.get("torch")  # a dtype exists only once torch is loaded
+    if torch is not None and isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return None
 
 
-def manager_text(pm: PassManager) -> str:
-    """The pipeline text that :func:`from_text` reads back into ``pm``'s pipeline.
+def lookup_operator(parts: list[str]) -> Any:
+    """``torch.ops.<parts...>``, or None when any part is missing.
 
-    Raises ValueError when a pass is not registered or has an option with no
-    textual form. ``steps > 1`` prints as ``repeat(steps, [...])``.
+    Only namespaces that already exist are searched: ``getattr(torch.ops, ns)``
+    would create (and keep) a namespace for any word. Operator and overload
+    lookups below a namespace ask torch's C++ registry and import nothing.
     """
-    text = to_text(pm.models)
-    return f"repeat({pm.steps}, [{text}])" if pm.steps > 1 else text
+    import torch
+
+    obj: Any = vars(torch.ops).get(parts[0])
+    if not isinstance(obj, types.ModuleType):
+        return None
+    try:
+        for part in parts[1:]:
+            obj = getattr(obj, part)
+    except (AttributeError, RuntimeError):
+        return None
+    return obj
+
+
+def operator_text(value: Any) -> str | None:
+    """``aten.gelu.default`` for a torch operator (overload or packet), else None."""
+    if isinstance(value, (str, bytes, int, float, type)) or not callable(value):
+        return None
+    text = str(value)
+    if not re.fullmatch(r"[A-Za-z_]\w*\.[A-Za-z_]\w*(\.[A-Za-z_]\w*)?", text):
+        return None
+    return text if lookup_operator(text.split(".")) is value else None

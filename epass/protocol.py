@@ -34,8 +34,10 @@ return PassResult      the ``modified`` flag is trusted; so is that of any
 from __future__ import annotations
 
 import contextlib
+import graphlib
 import inspect
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, get_type_hints, runtime_checkable
 
 import attrs
@@ -44,7 +46,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassBase
 
 from epass import _graph
-from epass.errors import ArgumentTypeError
+from epass.errors import ArgumentTypeError, OrderingError
 
 __all__ = [
     "CONTRACT",
@@ -55,6 +57,7 @@ __all__ = [
     "PassResult",
     "RewriteCounter",
     "adapt",
+    "check_ordering",
     "label",
     "pass_name",
 ]
@@ -272,7 +275,7 @@ def label(obj: Any, name: str, options: Mapping[str, Any]) -> Any:
     ``origin`` records how to make it again, where the object takes attributes."""
     own = _read_name(obj)
     if not (isinstance(own, str) and own):
-        if isinstance(obj, type) or inspect.isroutine(obj):
+        if isinstance(obj, type) or _is_routine(obj):
             obj = NamedPass(name, obj)
         else:
             try:
@@ -336,7 +339,7 @@ def adapt(
     A torch.fx ``PassBase`` is wrapped in :class:`FxPass`. ``origin`` (the registry
     name and options, known to whoever resolved a name) overrides the pass's own.
     A nested pipeline's ``models`` become the model's ``children``. Names and
-    pipeline text are resolved into objects by the manager, through the text layer.
+    pipeline text are made into objects by the manager (the grammar and the registry).
     """
     if isinstance(p, PassBase):
         p = FxPass(p, name=pass_name(p))
@@ -399,14 +402,43 @@ def _declared(p: Any) -> dict[str, Any]:
 
 def _reports_modified(p: Any) -> bool:
     """Whether ``p``'s ``__call__`` (a function's own signature) is annotated to
-    return a :class:`PassResult`. An annotation that does not resolve counts as none."""
+    return a :class:`PassResult`. An annotation that does not resolve counts as none.
+    Read once per class (or function), not per pass."""
     inner = p.inner if isinstance(p, NamedPass) else p
     if isinstance(inner, type):  # calling it constructs: its __init__ says nothing
         return False
+    routine = _is_routine(inner)
+    owner = inner if routine else type(inner)
     try:
-        returned = get_type_hints(inner if inspect.isroutine(inner) else type(inner).__call__).get(
-            "return"
-        )
+        return _RETURNS_RESULT[owner]
+    except (KeyError, TypeError):
+        pass
+    answer = _returns_result(inner if routine else type(inner).__call__)
+    with contextlib.suppress(TypeError):  # not weakly referable: read again next time
+        _RETURNS_RESULT[owner] = answer
+    return answer
+
+
+_RETURNS_RESULT: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _is_routine(obj: Any) -> bool:
+    """``inspect.isroutine(obj)``, which depends on ``type(obj)`` alone, answered once
+    per type."""
+    kind = type(obj)
+    try:
+        return _ROUTINE_TYPES[kind]
+    except KeyError:
+        answer = _ROUTINE_TYPES[kind] = inspect.isroutine(obj)
+        return answer
+
+
+_ROUTINE_TYPES: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _returns_result(fn: Any) -> bool:
+    try:
+        returned = get_type_hints(fn).get("return")
     except Exception:  # names that do not resolve, odd callables
         return False
     return isinstance(returned, type) and issubclass(returned, PassResult)
@@ -453,6 +485,8 @@ def _origin(value: Any) -> Origin | None:
 
 def _names(value: Any, name: str, attr: str, kinds: tuple[type, ...]) -> tuple[Any, ...]:
     """A declared sequence of names, where one string stands for itself (not its letters)."""
+    if value == ():
+        return ()
     if isinstance(value, (str, type)):
         value = (value,)
     try:
@@ -469,6 +503,43 @@ def _names(value: Any, name: str, attr: str, kinds: tuple[type, ...]) -> tuple[A
 def _module(p: Any) -> str | None:
     """The module defining a pass's function or class (a registered function's own)."""
     inner = p.inner if isinstance(p, NamedPass) else p
-    owner = inner if inspect.isroutine(inner) or isinstance(inner, type) else type(inner)
+    owner = inner if isinstance(inner, type) or _is_routine(inner) else type(inner)
     module = getattr(owner, "__module__", None)
     return module if isinstance(module, str) else None
+
+
+# --- ordering constraints ------------------------------------------------------------
+
+
+def _matches(model: PassModel, target: Any) -> bool:
+    if isinstance(target, type):
+        return isinstance(model.pass_, target)
+    return bool(model.name == target)
+
+
+def check_ordering(models: Sequence[PassModel]) -> None:
+    """Raise OrderingError when the pass order breaks a declared constraint."""
+    if not any(m.run_before or m.run_after for m in models):
+        return
+    edges: dict[int, set[int]] = {i: set() for i in range(len(models))}  # node -> predecessors
+    for i, m in enumerate(models):
+        for target in m.run_before:
+            for j, q in enumerate(models):
+                if j != i and _matches(q, target):
+                    edges[j].add(i)
+        for target in m.run_after:
+            for j, q in enumerate(models):
+                if j != i and _matches(q, target):
+                    edges[i].add(j)
+    try:
+        tuple(graphlib.TopologicalSorter(edges).static_order())
+    except graphlib.CycleError as exc:
+        cycle = " -> ".join(f"{models[k].name}@{k}" for k in exc.args[1])
+        raise OrderingError(f"ordering constraints form a cycle: {cycle}") from None
+    for node, preds in edges.items():
+        for pred in sorted(preds):
+            if pred > node:
+                raise OrderingError(
+                    f"pass {models[pred].name!r} at position {pred} must run before "
+                    f"pass {models[node].name!r} at position {node}; reorder the pipeline"
+                )

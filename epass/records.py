@@ -1,12 +1,10 @@
-"""What a pipeline run leaves behind: pass infos and records, results, op counts."""
+"""What a pipeline run leaves behind: pass infos and records, results, op counts.
+Values only: they write no files (reports are :mod:`epass.report`'s)."""
 
 from __future__ import annotations
 
 import collections
-import importlib
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -245,15 +243,6 @@ class PipelineResult(PassResult):
             if record.link is not None:
                 return record.link.owners
         return {"state_dict": "user", "constants": "user"}
-
-    def write_report(self, path: str | os.PathLike[str]) -> Path:
-        """Write this run's report to ``path``: a page for ``.html``, JSON for ``.json``
-        (:mod:`epass.report`; the command line's ``--report``)."""
-        # The report tool sits in a layer above this one: it is loaded by name, as
-        # the registry loads the built-in passes.
-        report = importlib.import_module("epass.report")
-        written: Path = report.write_report(path, report.build_report(self))
-        return written
 
     def summary(self) -> str:
         """A plain-text table of the records, and a total line."""

@@ -9,8 +9,12 @@ Built-ins are registered lazily by ``"module:attribute"``; third-party passes co
 from the entry-point group ``epass.passes``. Nothing is imported until a pass is
 used (or :func:`list_passes` is asked for its options), so a missing or broken
 module only fails the name that needs it. :func:`pass_table` describes the built-ins
-from :data:`BUILTIN_CATALOG` without importing them, or torch: ``epass passes``
-starts at once.
+from ``epass._catalog`` without importing them, or torch: ``epass passes`` starts
+at once, and :func:`check` reads pipeline text against it before torch loads.
+
+The registry turns one :class:`~epass.pipeline.PassSpec` into one pass
+(:func:`create`) and one pass back into a spec (:func:`spec_of`); option types
+and their checks are :mod:`epass.options`.
 
 Example::
 
@@ -23,54 +27,57 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import enum
+import functools
 import importlib
 import importlib.metadata
 import inspect
-import math
 import pkgutil
-import re
 import threading
-import types
-import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeVar, Union, overload
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, overload
 
 import attrs
 
+from epass import options as _options
+from epass._catalog import BUILTIN_CATALOG
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
     OptionError,
+    PipelineError,
     PluginError,
     RegistryError,
     UnknownPassError,
 )
+from epass.options import OptionInfo
+from epass.pipeline import NAME_PATTERN, RESERVED, PassSpec, parse, walk
 
 __all__ = [
+    "BUILTINS",
+    "BUILTIN_CATALOG",
     "ENTRY_POINT_GROUP",
     "OptionInfo",
     "PassEntry",
     "PluginError",
     "RegistryError",
     "UnknownPassError",
+    "check",
+    "check_text",
+    "create",
     "describe_pass",
-    "format_value",
     "get_factory",
     "list_passes",
+    "option_infos",
     "pass_names",
     "pass_table",
     "refresh_plugins",
     "register_pass",
+    "spec_of",
     "unregister_pass",
 ]
 
 ENTRY_POINT_GROUP = "epass.passes"
-NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*")
-# Words the pipeline grammar gives a meaning of its own (inf and nan are numbers).
-RESERVED = frozenset({"repeat", "fixpoint", "true", "false", "none", "inf", "nan"})
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -92,102 +99,6 @@ BUILTIN_DESCRIPTIONS = {
     "lower": "Preset: decompose, remove-asserts, fold-constants, cse, dce",
     "cleanup": "Preset: clean a program up without lowering it",
 }
-# What list_passes() reports for each built-in once loaded, so that `epass passes`
-# imports neither the passes nor torch: (description, options as (name, type,
-# default in pipeline text, required)). The passes stay the source of truth:
-# tests/test_layers.py checks this table against them, and prints the table to
-# paste here when a docstring or an option changes.
-BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], ...]]] = {
-    "cast-dtype": (
-        "Convert floating parameters, buffers and constants to ``dtype`` (bf16 or fp16), "
-        "so that the program computes in that dtype.",
-        (
-            ("dtype", "torch.dtype", "bfloat16", False),
-            ("keep_io", "bool", "true", False),
-        ),
-    ),
-    "cleanup": (
-        "Preset: clean a program up without lowering it",
-        (),
-    ),
-    "cse": (
-        "Merge nodes that compute the same operator on the same inputs.",
-        (("max_rewrites", "int | None", "none", False),),
-    ),
-    "dce": (
-        "Remove nodes whose results are never used, and state inputs nothing reads.",
-        (),
-    ),
-    "decompose": (
-        "Lower the program with a decomposition table: the program "
-        "``ExportedProgram.run_decompositions`` returns, usually much faster.",
-        (
-            ("table", "dict[Any, Callable[..., Any]] | None", "none", False),
-            ("keep", "tuple[Any, ...]", "[]", False),
-            ("coalesce", "bool", "false", False),
-            ("method", "Method", '"auto"', False),
-            ("check", "bool | None", "none", False),
-            ("max_rewrites", "int | None", "none", False),
-        ),
-    ),
-    "fold-constants": (
-        "Evaluate every subgraph whose inputs are only parameters, buffers or constants "
-        "and replace it with a new lifted constant.",
-        (
-            ("max_growth", "float", "1.0", False),
-            ("fold_views", "bool", "false", False),
-            ("max_rewrites", "int | None", "none", False),
-        ),
-    ),
-    "fuse-conv-bn": (
-        "Fold eval-mode BatchNorm into the convolution that feeds it.",
-        (("max_rewrites", "int | None", "none", False),),
-    ),
-    "lift-constants": (
-        "Lift tensor ``get_attr`` nodes to placeholders with ``CONSTANT_TENSOR`` specs.",
-        (("fx", "Callable[[torch.fx.GraphModule], Any] | None", "none", False),),
-    ),
-    "lower": (
-        "Preset: decompose, remove-asserts, fold-constants, cse, dce",
-        (),
-    ),
-    "remove-asserts": (
-        "Remove runtime assertion nodes (``aten._assert_scalar``, "
-        "``aten._assert_tensor_metadata``, ``sym_constrain_range*``, the functional "
-        "``_assert_async`` variants and their kin; see :data:`ASSERTION_OPS`).",
-        (),
-    ),
-    "replace-ops": (
-        "Replace operators by other operators or by traced Python functions, and rewrite "
-        "subgraph patterns.",
-        (
-            ("ops", "dict[Any, Callable[..., Any]]", "{}", False),
-            ("patterns", "tuple[tuple[Callable[..., Any], Callable[..., Any]], ...]", "[]", False),
-            ("max_rewrites", "int | None", "none", False),
-        ),
-    ),
-}
-
-
-@attrs.frozen
-class OptionInfo:
-    """One option a pass takes: its name, type (as text) and default.
-
-    ``as_dict()`` gives the default in pipeline-text form (``"bfloat16"``,
-    ``"none"``, ``"aten.relu.default"``), ready to paste into a pipeline.
-    """
-
-    name: str
-    type: str
-    default: Any
-    required: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        try:
-            default = None if self.required else format_value(self.default)
-        except ValueError:
-            default = repr(self.default)
-        return {"name": self.name, "type": self.type, "default": default, "required": self.required}
 
 
 @attrs.frozen
@@ -457,49 +368,11 @@ def get_factory(name: str) -> Any:
 
 
 def option_infos(factory: Any) -> tuple[OptionInfo, ...]:
-    """The options a factory takes: attrs fields with ``init``, or keyword parameters."""
-    if isinstance(factory, type) and attrs.has(factory):
-        out = []
-        for f in attrs.fields(factory):
-            if not f.init:
-                continue
-            default = f.default
-            if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
-                default = default.factory(None) if default.takes_self else default.factory()
-            required = default is attrs.NOTHING
-            out.append(
-                OptionInfo(
-                    getattr(f, "alias", None) or f.name.lstrip("_"),
-                    _type_text(f.type),
-                    None if required else default,
-                    required,
-                )
-            )
-        return tuple(out)
+    """The options a factory takes (:func:`epass.options.model_of`); none for a
+    function pass."""
     if _takes_ep(factory):
         return ()
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return ()
-    return tuple(
-        OptionInfo(
-            p.name,
-            _type_text(p.annotation) if p.annotation is not p.empty else "",
-            None if p.default is p.empty else p.default,
-            p.default is p.empty,
-        )
-        for p in sig.parameters.values()
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-    )
-
-
-def _type_text(t: Any) -> str:
-    if t is None:
-        return ""
-    if isinstance(t, str):
-        return t
-    return str(getattr(t, "__name__", t)).replace("typing.", "")
+    return tuple(o.info for o in _options.model_of(factory).options)
 
 
 def _description(entry: _Entry) -> str:
@@ -583,308 +456,127 @@ def reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def instantiate(
-    name: str, options: Mapping[str, Any], *, declared_only: bool = False
-) -> tuple[Any, dict[str, Any]]:
-    """Call the factory registered as ``name`` with ``options``; return what it
-    made (the registered function itself for a function pass) and the options as
-    converted (:func:`convert_options`), which recreate it.
+# --- one spec, one pass -------------------------------------------------------------
 
-    With ``declared_only`` (pipeline text), only the options the factory names
-    (:func:`option_infos`) are accepted: a ``**kwargs`` catch-all, such as the
-    manager settings a preset forwards, is out of the text's reach.
+
+def create(spec: PassSpec, *, text: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """The pass ``spec`` names, made by its factory with its options checked and
+    converted (:func:`epass.options.convert`) and labelled with its name and
+    origin; and those options, which make it again.
+
+    With ``text``, the pipeline text ``spec`` was parsed from, only the options the
+    factory names are taken, and every error is a :class:`~epass.PipelineError`
+    (an :class:`~epass.OptionError` for a value of the wrong type) pointing into
+    ``text``. Without it (Python keywords) a factory's ``**kwargs`` takes any
+    keyword, and errors are ``TypeError`` / ``ValueError`` naming the pass.
 
     Raises:
-        UnknownPassError / PluginError: the name does not resolve.
-        TypeError / ValueError: the options do not fit the factory.
+        UnknownPassError / PluginError: the name does not resolve (without ``text``).
     """
+    from epass.protocol import label  # torch: the registry itself starts without it
+
+    try:
+        obj, converted = _make(spec.name, dict(spec.options), text_only=text is not None)
+    except RegistryError as exc:
+        if text is None:
+            raise
+        cause = None if isinstance(exc, UnknownPassError) else exc
+        raise _located(exc, spec, text) from cause
+    except OptionError as exc:
+        if text is None:
+            raise
+        raise _located(exc, spec, text) from None
+    except (TypeError, ValueError) as exc:
+        if text is not None:
+            raise _located(exc, spec, text) from exc
+        error = ArgumentTypeError if isinstance(exc, TypeError) else ArgumentValueError
+        raise error(f"bad options for pass {spec.name!r}: {reason(exc)}") from exc
+    # Outside the try: a pass whose name raises is not a matter of options.
+    return label(obj, spec.name, converted), converted
+
+
+def _make(name: str, given: dict[str, Any], *, text_only: bool) -> tuple[Any, dict[str, Any]]:
     entry = _lookup(name)
-    options = dict(options)
     if entry.is_pass:
-        if options:
-            raise ArgumentTypeError(f"pass {name!r} takes no options, got {sorted(options)}")
-        obj = entry.factory
-    else:
-        known = option_infos(entry.factory)
-        names = [o.name for o in known]
-        takes_any = _takes_var_keywords(entry.factory) and not declared_only
-        for key in options:
-            if not takes_any and key not in names:
-                close = difflib.get_close_matches(key, names, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                valid = f" (options: {', '.join(names)})" if names and not close else ""
-                if not names and declared_only:
-                    valid = f" ({name!r} takes no options in pipeline text)"
-                raise ArgumentTypeError(f"no option {key!r}{hint}{valid}")
-        options = convert_options(name, entry.factory, options)
-        obj = entry.factory(**options)
-    return obj, options
+        if given:
+            raise ArgumentTypeError(f"pass {name!r} takes no options, got {sorted(given)}")
+        return entry.factory, given
+    converted = _options.convert(name, entry.factory, given, text_only=text_only)
+    return entry.factory(**converted), converted
 
 
-# --- option types ------------------------------------------------------------------
-# A factory's annotations say what each option takes. Values are checked and
-# converted before the factory is called, so a wrong type is refused when the
-# pipeline is built, naming the option, and never reaches a program.
+def _located(exc: Exception, spec: PassSpec, text: str) -> PipelineError:
+    """``exc``, raised making ``spec``, as an error pointing into ``text``."""
+    if isinstance(exc, UnknownPassError):
+        hint = f"; did you mean {exc.suggestions[0]!r}?" if exc.suggestions else ""
+        return PipelineError(f"unknown pass {spec.name!r}", text, spec.pos, hint)
+    if isinstance(exc, RegistryError):
+        return PipelineError(f"cannot load pass {spec.name!r}", text, spec.pos, f": {exc}")
+    if isinstance(exc, OptionError):
+        return OptionError(
+            exc.message,
+            text,
+            spec.option_at(exc.option),
+            pass_name=exc.pass_name,
+            option=exc.option,
+            expected=exc.expected,
+        )
+    message = reason(exc)
+    pos = spec.pos
+    for key, _ in spec.options:
+        if f"option {key!r}" in message:
+            pos = spec.option_at(key, value=False)
+    return PipelineError(f"bad options for pass {spec.name!r}", text, pos, f": {message}")
 
 
-class _Mismatch(Exception):
-    """``value`` does not fit the annotation (internal to the option conversion)."""
-
-
-_NONE_TYPE = type(None)
-
-
-def option_types(factory: Any) -> dict[str, Any]:
-    """Each option's declared type, resolved; options without one are left out.
-
-    For an attrs class this is what its ``__init__`` takes: a field's converter's
-    parameter type when it has a converter, else the field's type.
+def check_text(text: str) -> None:
+    """Check pipeline text as far as can be done without importing a pass or torch:
+    its syntax, that every name is registered, and that a built-in's options are
+    ones it takes, of the types :data:`BUILTIN_CATALOG` gives. The errors are the
+    :class:`~epass.PipelineError` s building the pipeline would raise; what needs
+    torch (dtype and operator words) or a plugin's code is checked when it is built.
     """
-    out: dict[str, Any] = {}
-    if isinstance(factory, type) and attrs.has(factory):
-        try:
-            hints = typing.get_type_hints(factory)
-        except Exception:
-            hints = {}
-        for f in attrs.fields(factory):
-            if not f.init:
-                continue
-            name = getattr(f, "alias", None) or f.name.lstrip("_")
-            converter = f.converter
-            if converter is not None:
-                out[name] = _first_parameter_type(converter)
-            elif f.name in hints:
-                out[name] = hints[f.name]
-        return {k: v for k, v in out.items() if v is not None}
+    for spec in walk(parse(text, resolve=False)):
+        check(spec, text)
+
+
+def check(spec: PassSpec, text: str) -> None:
+    """:func:`check_text` for one spec of ``text`` (parsed with ``resolve=False``)."""
+    with _lock:
+        _load_plugins()
+        entry = _entries.get(spec.name)
+    if entry is None:
+        raise _located(_unknown(spec.name), spec, text)
+    known = BUILTIN_CATALOG.get(spec.name)
+    if entry.kind != "builtin" or known is None:
+        return
+    declared = {row[0]: row[1] for row in known[1]}
     try:
-        hints = typing.get_type_hints(factory)
-    except Exception:
-        return {}
-    return {k: v for k, v in hints.items() if k != "return"}
+        _options.check_names(spec.name, list(declared), dict(spec.options), text_only=True)
+        for key, value in spec.options:
+            if declared[key]:
+                _options.convert_value(spec.name, key, value, _catalog_type(declared[key]))
+    except (TypeError, ValueError) as exc:
+        raise _located(exc, spec, text) from None
 
 
-def _first_parameter_type(converter: Any) -> Any:
-    fn = getattr(converter, "converter", converter)  # attrs.Converter wraps the callable
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-        hints = typing.get_type_hints(fn)
-    except Exception:
-        return None
-    return hints.get(params[0].name) if params else None
+@functools.cache
+def _catalog_type(text: str) -> _options.OptionType:
+    return _options.parse_type(text)
 
 
-def convert_options(name: str, factory: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` checked against ``factory``'s annotations and converted.
-
-    Conversions: an int where a float is declared becomes a float; an operator
-    packet becomes its ``default`` overload where an overload is declared; a
-    single value where a list is declared becomes a one-item list; a dtype or
-    enum member may be given by name.
-
-    Raises:
-        OptionError: a value does not fit its option's declared type.
-    """
-    types_ = option_types(factory)
-    out = dict(options)
-    for key, value in options.items():
-        tp = types_.get(key)
-        if tp is None:
-            continue
-        try:
-            out[key] = _convert(value, tp)
-        except _Mismatch:
-            expected = annotation_text(tp)
-            try:
-                shown = format_value(value)
-            except ValueError:
-                shown = repr(value)
-            text = f"{name}({key}={shown})"
-            raise OptionError(
-                f"option {key!r} of pass {name!r} takes {expected}, "
-                f"got {shown} ({type(value).__name__})",
-                text,
-                len(name) + len(key) + 2,
-                pass_name=name,
-                option=key,
-                expected=expected,
-            ) from None
-    return out
-
-
-def _convert(value: Any, tp: Any) -> Any:
-    """``value`` as type ``tp``, or raise :class:`_Mismatch`. Unknown annotations
-    (``Any``, protocols, generics this does not understand) accept anything."""
-    # Imported here: the registry answers ``epass passes`` and --help without torch.
-    import torch
-
-    from epass import _program
-
-    if tp is Any or tp is object:
-        return value
-    if tp is None or tp is _NONE_TYPE:
-        if value is None:
-            return None
-        raise _Mismatch
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin is Union or origin is types.UnionType:
-        if value is None and _NONE_TYPE in args:
-            return None
-        for arm in args:  # an exact fit first: 1 stays an int in ``int | float``
-            if isinstance(arm, type) and type(value) is arm:
-                return value
-        for arm in args:
-            if arm is _NONE_TYPE:
-                continue
-            try:
-                return _convert(value, arm)
-            except _Mismatch:
-                continue
-        raise _Mismatch
-    if origin is Literal:
-        for allowed in args:
-            if type(allowed) is type(value) and allowed == value:
-                return allowed
-        raise _Mismatch
-    if origin in (list, tuple, set, frozenset, Sequence, Iterable, typing.Collection):
-        return _convert_collection(value, origin, args)
-    if origin in (dict, Mapping):
-        if not isinstance(value, Mapping):
-            raise _Mismatch
-        key_tp, value_tp = args if len(args) == 2 else (Any, Any)
-        return {_convert(k, key_tp): _convert(v, value_tp) for k, v in value.items()}
-    if origin is not None:
-        if _is_abc(origin, "Callable") and not callable(value):
-            raise _Mismatch
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Mismatch
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _Mismatch
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _Mismatch
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _Mismatch
-    if tp is torch.dtype:
-        if isinstance(value, torch.dtype):
-            return value
-        if isinstance(value, str):
-            found = vars(torch).get(value.removeprefix("torch."))
-            if isinstance(found, torch.dtype):
-                return found
-        raise _Mismatch
-    if tp is _program.OpOverload:
-        overload = _program.overload_of(value)
-        if overload is None:
-            raise _Mismatch
-        return overload
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        if isinstance(value, tp):
-            return value
-        if isinstance(value, str):
-            for member in tp:
-                if value in (member.name, member.name.lower()) or member.value == value:
-                    return member
-        with contextlib.suppress(ValueError, TypeError):
-            return tp(value)
-        raise _Mismatch
-    if tp is Callable or _is_abc(tp, "Callable"):
-        if callable(value):
-            return value
-        raise _Mismatch
-    if isinstance(tp, type) and not getattr(tp, "_is_protocol", False):
-        if isinstance(value, tp):
-            return value
-        raise _Mismatch
-    return value
-
-
-def annotation_text(tp: Any) -> str:
-    """A declared option type as a reader would write it: ``float``,
-    ``list[operator]``, ``"fast" | "exact"``, ``dtype | none``."""
-    import torch
-
-    from epass import _program
-
-    if tp is None or tp is _NONE_TYPE:
-        return "none"
-    if tp is Any:
-        return "any"
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin is Literal:
-        return " | ".join(format_value(a) for a in args)
-    if origin is Union or origin is types.UnionType:
-        return " | ".join(annotation_text(a) for a in args)
-    if tp is _program.OpOverload:
-        return "operator"
-    if tp is torch.dtype:
-        return "dtype"
-    if _is_abc(origin or tp, "Callable"):
-        return "function"
-    if origin is not None:
-        name = getattr(origin, "__name__", str(origin))
-        inner = ", ".join("..." if a is Ellipsis else annotation_text(a) for a in args)
-        return f"{name}[{inner}]" if args else name
-    return str(getattr(tp, "__name__", tp)).replace("typing.", "")
-
-
-def _is_abc(tp: Any, name: str) -> bool:
-    return getattr(tp, "__module__", None) == "collections.abc" and (
-        getattr(tp, "__name__", None) == name
-    )
-
-
-def _convert_collection(value: Any, origin: Any, args: tuple[Any, ...]) -> Any:
-    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise _Mismatch
-        return tuple(_convert(v, t) for v, t in zip(value, args, strict=True))
-    item_tp = args[0] if args else Any
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_convert(v, item_tp) for v in value]
-    elif isinstance(value, (str, bytes, Mapping)) and item_tp not in (str, Any):
-        raise _Mismatch
-    else:
-        items = [_convert(value, item_tp)]  # one value where a list is declared
-    if origin is tuple:
-        return tuple(items)
-    if origin in (set, frozenset):
-        return origin(items)
-    return items
-
-
-def _takes_var_keywords(factory: Any) -> bool:
-    if isinstance(factory, type) and attrs.has(factory):
-        return False
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return True
-    return any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-
-
-def spec_of(p: Any, name: str | None = None) -> tuple[str, dict[str, Any]] | None:
-    """The registry name and options that recreate the attrs pass ``p`` from its
-    fields (only options that differ from the default are kept), or None when ``p``
-    is not an instance of a registered attrs class. ``name``, the pass's own name,
-    is tried first when its class is registered under several names.
-
-    How other passes were made is their :class:`~epass.protocol.PassModel`'s
-    ``origin``.
-    """
+def spec_of(
+    p: Any, name: str | None = None, origin: tuple[str, Mapping[str, Any]] | None = None
+) -> PassSpec | None:
+    """The :class:`~epass.pipeline.PassSpec` that makes ``p`` again: an instance of a
+    registered attrs class from its fields (options at their defaults left out;
+    ``name``, the pass's own, is tried first when its class is registered under
+    several names), else ``origin``, the name and options it was made from; None
+    when neither is known."""
     cls = type(p)
     if attrs.has(cls) and not isinstance(p, type):
-        name = _registered_name_of_class(cls, name)
-        if name is not None:
+        registered = _registered_name_of_class(cls, name)
+        if registered is not None:
             options: dict[str, Any] = {}
             fields = [f for f in attrs.fields(cls) if f.init]
             for info, field in zip(option_infos(cls), fields, strict=True):
@@ -892,8 +584,15 @@ def spec_of(p: Any, name: str | None = None) -> tuple[str, dict[str, Any]] | Non
                 if not info.required and _same(value, info.default):
                     continue
                 options[info.name] = value
-            return name, options
+            return PassSpec(registered, tuple(options.items()))
+    if origin is not None:
+        return PassSpec(origin[0], tuple(dict(origin[1]).items()))
     return None
+
+
+def declared_options(name: str) -> list[str]:
+    """The options pipeline text can set on the pass registered as ``name``."""
+    return [o.name for o in option_infos(get_factory(name))]
 
 
 def _registered_name_of_class(cls: type, name: str | None) -> str | None:
@@ -919,74 +618,3 @@ def _same(a: Any, b: Any) -> bool:
         )
     except Exception:
         return False
-
-
-# --- option values as pipeline text ----------------------------------------------
-# The printing half of the pipeline grammar's values: option defaults are described
-# in this form, and epass.pipeline prints pipelines with it.
-
-
-def format_value(value: Any) -> str:
-    """The pipeline-text form of an option value; raises ValueError if it has none."""
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-        for raw, esc in (("\n", "\\n"), ("\t", "\\t"), ("\r", "\\r"), ("\0", "\\0")):
-            escaped = escaped.replace(raw, esc)
-        return f'"{escaped}"'
-    # torch is imported where it is needed: `epass passes` reads the registry without it.
-    import torch
-
-    if isinstance(value, torch.dtype):
-        return str(value).removeprefix("torch.")
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(format_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return (
-            "{" + ", ".join(f"{format_value(k)}: {format_value(v)}" for k, v in value.items()) + "}"
-        )
-    op = operator_text(value)
-    if op is not None:
-        return op
-    raise ArgumentValueError(f"{value!r} ({type(value).__name__}) has no textual form")
-
-
-def lookup_operator(parts: list[str]) -> Any:
-    """``torch.ops.<parts...>``, or None when any part is missing.
-
-    Only namespaces that already exist are searched: ``getattr(torch.ops, ns)``
-    would create (and keep) a namespace for any word. Operator and overload
-    lookups below a namespace ask torch's C++ registry and import nothing.
-    """
-    import torch
-
-    obj: Any = vars(torch.ops).get(parts[0])
-    if not isinstance(obj, types.ModuleType):
-        return None
-    try:
-        for part in parts[1:]:
-            obj = getattr(obj, part)
-    except (AttributeError, RuntimeError):
-        return None
-    return obj
-
-
-def operator_text(value: Any) -> str | None:
-    """``aten.gelu.default`` for a torch operator (overload or packet), else None."""
-    if isinstance(value, (str, bytes, int, float, type)) or not callable(value):
-        return None
-    text = str(value)
-    if not re.fullmatch(r"[A-Za-z_]\w*\.[A-Za-z_]\w*(\.[A-Za-z_]\w*)?", text):
-        return None
-    return text if lookup_operator(text.split(".")) is value else None

@@ -26,7 +26,7 @@ passes that finished, and ``verdict`` names the one that did not.
 
 Example::
 
-    report = build_report(result, manager=pm, pipeline="decompose")
+    report = build_report(PipelineRun(result, manager=pm, pipeline="decompose"))
     write_report("report.html", report)
 """
 
@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from torch.export import ExportedProgram
 
@@ -50,11 +51,21 @@ from epass.instruments import MemoryAccounting, MemoryEntry
 from epass.io import atomic_write
 from epass.linker import owners_text
 from epass.manager import PassManager
-from epass.pipeline import PassSpec, format_item, pass_spec
+from epass.pipeline import format_item, format_value
+from epass.protocol import PassModel
 from epass.records import PassInfo, PassRecord, PipelineResult, count_text, op_name, state_text
-from epass.registry import format_value
+from epass.registry import spec_of
 
-__all__ = ["SCHEMA", "VERDICTS", "RunLog", "build_report", "render_html", "verdict", "write_report"]
+__all__ = [
+    "SCHEMA",
+    "VERDICTS",
+    "PipelineRun",
+    "RunLog",
+    "build_report",
+    "render_html",
+    "verdict",
+    "write_report",
+]
 
 SCHEMA = "epass.report/1"
 
@@ -72,16 +83,15 @@ def _json_value(value: Any) -> Any:
         return repr(value)
 
 
-def _pass_spec(p: Any) -> tuple[str | None, dict[str, Any]]:
-    spec = pass_spec(p)
+def _pass_spec(model: PassModel) -> tuple[str | None, dict[str, Any]]:
+    spec = spec_of(model.pass_, model.name, model.origin)
     if spec is None:
         return None, {}
-    name, options = spec
     try:
-        text: str | None = format_item(PassSpec(name, tuple(options.items())))
+        text: str | None = format_item(spec)
     except ValueError:
         text = None
-    return text, {k: _json_value(v) for k, v in options.items()}
+    return text, {k: _json_value(v) for k, v in spec.options}
 
 
 class _Memory:
@@ -105,16 +115,24 @@ class _Memory:
         }
 
 
+def _model_at(models: Sequence[PassModel], index: int) -> PassModel | None:
+    return models[index] if index < len(models) else None
+
+
 def _record_dict(
-    record: PassRecord, p: Any, prefix: str, memory: _Memory, diffs: Mapping[str, Any]
+    record: PassRecord,
+    model: PassModel | None,
+    prefix: str,
+    memory: _Memory,
+    diffs: Mapping[str, Any],
 ) -> dict[str, Any]:
     out: dict[str, Any] = _json_value(record.as_dict())  # tuples become lists, as in JSON
     path = f"{prefix}{record.name}"
-    spec, options = _pass_spec(p) if p is not None else (None, {})
-    inner = p.passes if isinstance(p, PassManager) else []
+    spec, options = _pass_spec(model) if model is not None else (None, {})
+    inner = model.children if model is not None else ()
     # MemoryAccounting records a nested pipeline's passes before the pipeline itself.
     out["children"] = [
-        _record_dict(c, inner[c.index] if c.index < len(inner) else None, f"{path}/", memory, diffs)
+        _record_dict(c, _model_at(inner, c.index), f"{path}/", memory, diffs)
         for c in record.children
     ]
     out["path"] = path
@@ -125,42 +143,64 @@ def _record_dict(
     return out
 
 
-def build_report(
-    result: PipelineResult,
-    *,
-    manager: PassManager | None = None,
-    pipeline: str | None = None,
-    input_path: str | None = None,
-    output_path: str | None = None,
-    numerics: Mapping[str, Any] | None = None,
-    memory: MemoryAccounting | None = None,
-    outcome: Mapping[str, Any] | None = None,
-    diffs: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The JSON-ready report of one pipeline run (see the module docstring for keys).
+def _or_empty(diffs: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return {} if diffs is None else diffs
 
-    Give the run's :class:`~epass.instruments.MemoryAccounting` as ``memory`` to
-    fill each pass's ``memory`` key, and a :func:`verdict` as ``outcome`` for a run
-    that did not succeed (the default verdict is ``"ok"``).
+
+@attrs.frozen
+class PipelineRun:
+    """One pipeline run as a report sees it: what :func:`build_report` is made from.
+
+    Attributes:
+        result: the run's result (:meth:`RunLog.result` for a run that raised).
+        manager: the pipeline that ran: its passes give each record its ``spec``
+            and ``options``, and its text the report's ``pipeline``.
+        pipeline: the pipeline text, when it is not the manager's own.
+        input_path / output_path: the files read and written, if any.
+        numerics: the ``numerics`` entry (see the module docstring), if measured.
+        memory: the run's :class:`~epass.instruments.MemoryAccounting`, to fill each
+            pass's ``memory``.
+        outcome: a :func:`verdict` for a run that did not succeed (default ``"ok"``).
+        diffs: each pass's node diff, keyed ``"path@step"`` (:attr:`RunLog.diffs`).
     """
-    if outcome is None:
-        outcome = verdict("ok", summary=f"{count_text(result.records)} ran")
-    measured = _Memory(memory)
-    passes = manager.passes if manager is not None else []
-    if pipeline is None and manager is not None:
+
+    result: PipelineResult
+    manager: PassManager | None = None
+    pipeline: str | None = None
+    input_path: str | None = None
+    output_path: str | None = None
+    numerics: Mapping[str, Any] | None = None
+    memory: MemoryAccounting | None = None
+    outcome: Mapping[str, Any] | None = None
+    diffs: Mapping[str, Any] = attrs.field(factory=dict, converter=_or_empty)
+
+    def pipeline_text(self) -> str | None:
+        """The pipeline as text: the one given, else the manager's, else None."""
+        if self.pipeline is not None or self.manager is None:
+            return self.pipeline
         try:
-            pipeline = manager.to_text()
+            return self.manager.to_text()
         except ValueError:
-            pipeline = None
-    records = result.records
+            return None
+
+
+def build_report(run: PipelineRun | PipelineResult) -> dict[str, Any]:
+    """The JSON-ready report of one pipeline run (see the module docstring for keys);
+    a bare :class:`~epass.PipelineResult` is reported as ``PipelineRun(result)``."""
+    if isinstance(run, PipelineResult):
+        run = PipelineRun(run)
+    result, records = run.result, run.result.records
+    outcome = run.outcome or verdict("ok", summary=f"{count_text(records)} ran")
+    measured = _Memory(run.memory)
+    models = run.manager.models if run.manager is not None else ()
     return {
         "schema": SCHEMA,
         "epass_version": __version__,
         "torch_version": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "pipeline": pipeline,
-        "input": input_path,
-        "output": output_path,
+        "pipeline": run.pipeline_text(),
+        "input": run.input_path,
+        "output": run.output_path,
         "modified": result.modified,
         "shared": result.shared,
         "owners": result.owners,
@@ -168,13 +208,10 @@ def build_report(
         "count": count_text(records),
         "nodes_before": records[0].nodes_before if records else len(result.program.graph.nodes),
         "nodes_after": len(result.program.graph.nodes),
-        "numerics": dict(numerics) if numerics is not None else None,
+        "numerics": dict(run.numerics) if run.numerics is not None else None,
         "verdict": dict(outcome),
         "passes": [
-            _record_dict(
-                r, passes[r.index] if r.index < len(passes) else None, "", measured, diffs or {}
-            )
-            for r in records
+            _record_dict(r, _model_at(models, r.index), "", measured, run.diffs) for r in records
         ],
     }
 
@@ -497,6 +534,22 @@ def render_html(report: Mapping[str, Any]) -> str:
         "<th>whose dicts</th><th>added</th><th>removed</th><th>changed</th><th>notes</th></tr>"
         "</thead><tbody>",
     ]
+    out += _pass_rows(everything)
+    out.append("</tbody></table>")
+    out += [
+        "<h2>Op delta per pass</h2>",
+        "<table><thead><tr><th>pass</th><th>op</th><th>delta</th></tr></thead><tbody>",
+    ]
+    out += _delta_rows(leaves)
+    out.append("</tbody></table>")
+    out += ["<h2>What each pass changed</h2>", *_pass_sections(everything)]
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def _pass_rows(everything: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One row per pass of the state-sharing table."""
+    out = []
     for i, p in enumerate(everything):
         cls, text = _state_status(p)
         name = (
@@ -517,11 +570,12 @@ def render_html(report: Mapping[str, Any]) -> str:
         said = ", ".join(f"{k}={v}" for k, v in notes.items() if v is not None)
         cells.append(f"<td>{_esc(said)}</td>")
         out.append(f'<tr class="state {cls}">{"".join(cells)}</tr>')
-    out.append("</tbody></table>")
-    out += [
-        "<h2>Op delta per pass</h2>",
-        "<table><thead><tr><th>pass</th><th>op</th><th>delta</th></tr></thead><tbody>",
-    ]
+    return out
+
+
+def _delta_rows(leaves: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The op-delta table's rows: each op a pass changed the count of."""
+    out = []
     any_delta = False
     for p in leaves:
         for op, delta in sorted(p["op_delta"].items(), key=lambda kv: (kv[1], kv[0])):
@@ -533,10 +587,7 @@ def render_html(report: Mapping[str, Any]) -> str:
             )
     if not any_delta:
         out.append('<tr><td colspan="3">no pass changed the op histogram</td></tr>')
-    out.append("</tbody></table>")
-    out += ["<h2>What each pass changed</h2>", *_pass_sections(everything)]
-    out.append("</body></html>")
-    return "\n".join(out)
+    return out
 
 
 def _pass_sections(everything: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -575,8 +626,13 @@ def _pass_sections(everything: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def write_report(path: str | Path, report: Mapping[str, Any]) -> Path:
-    """Write ``report`` as JSON (``.json``) or HTML (``.html`` / ``.htm``)."""
+def write_report(
+    path: str | Path, report: Mapping[str, Any] | PipelineRun | PipelineResult
+) -> Path:
+    """Write ``report`` as JSON (``.json``) or HTML (``.html`` / ``.htm``); a run or a
+    result is reported first (:func:`build_report`)."""
+    if isinstance(report, (PipelineRun, PipelineResult)):
+        report = build_report(report)
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".json":

@@ -819,6 +819,52 @@ def test_help_passes_and_argument_errors_import_no_torch(argv: list[str]) -> Non
         assert "fold-constants" in proc.stdout and "max_growth" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run", "{missing}", "-p", "dce"], "no such file"),
+        (["run", "{folder}", "-p", "dce"], "is a directory"),
+        (["run", "{notes}", "-p", "dce"], "not a .pt2 archive"),
+        (["run", "{zip}", "-p", "decompose, dce2"], "unknown pass 'dce2' at column 12"),
+        (["run", "{zip}", "-p", "decompose("], "bad pipeline"),
+        (["run", "{zip}", "-p", "decompose(kep=1)"], "no option 'kep'; did you mean 'keep'?"),
+        (
+            ["run", "{zip}", "-p", "fold-constants(max_growth=big)"],
+            "option 'max_growth' of pass 'fold-constants' takes float, got big at column 27",
+        ),
+        (
+            ["run", "{zip}", "-p", "repeat(2, [decompose(method=fast)])"],
+            'option \'method\' of pass \'decompose\' takes "auto" | "incremental" | "retrace"',
+        ),
+        (["run", "{zip}", "-p", "decompose(table=5)"], "option 'table' of pass 'decompose'"),
+        (["run", "{zip}", "-p", "lower(verify=false)"], "takes no options in pipeline text"),
+        (["run", "{zip}", "-p", "dce", "-o", "{folder}/x.onnx"], "must end in .pt2"),
+        (["run", "{zip}", "-p", "dce", "--report", "{folder}/no/r.html"], "does not exist"),
+        (["inspect", "{missing}"], "no such file"),
+        (["inspect", "{notes}"], "not a .pt2 archive"),
+        (["demo", "--save", "{folder}/demo.onnx"], "must end in .pt2"),
+        (["demo", "--report", "{folder}/r.txt"], "must end in .json or .html"),
+    ],
+)
+def test_argument_errors_are_found_before_torch_is_imported(
+    tmp_path: Path, argv: list[str], expected: str
+) -> None:
+    names = {
+        "missing": tmp_path / "missing.pt2",
+        "folder": tmp_path,
+        "notes": tmp_path / "notes.pt2",
+        "zip": tmp_path / "a-zip.pt2",  # a zip archive: its members are the loader's to check
+    }
+    names["notes"].write_text("not an archive")
+    with zipfile.ZipFile(names["zip"], "w") as z:
+        z.writestr("hello.txt", "a zip, but not a program")
+    proc, modules = _imported_by(*(a.format(**names) for a in argv))
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("epass: error:")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr
+    assert sorted(m for m in modules if m == "torch" or m.startswith("torch.")) == []
+
+
 # ESC ] 0 ; ... BEL sets the window title, ESC [ 2 J clears the screen, U+009B is the
 # one-byte CSI, NUL and a newline forge output, U+202E reverses text; [bold] is rich markup.
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m\x00\r\nforged\u202e\x85[bold]b[/bold]"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import os
@@ -21,8 +22,8 @@ from epass import FxPass, PassManager, errors, registry
 from epass.instruments import MemoryAccounting, OpCounts
 from epass.passes import ConstantFold, Decompose
 from epass.records import PassInfo, op_histogram
-from epass.report import build_report
-from tests import models
+from epass.report import PipelineRun, build_report
+from tests import import_graph, models
 
 aten = torch.ops.aten
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,10 +153,48 @@ def test_builtin_catalog_matches_the_loaded_passes() -> None:
     assert all(entry["error"] is None for entry in loaded)
     listed = [entry for entry in registry.pass_table() if entry["name"] in registry.BUILTINS]
     assert listed == loaded, (
-        "the built-ins changed; paste this into epass/registry.py (then ruff format):\n"
+        "the built-ins changed; paste this into epass/_catalog.py (then ruff format):\n"
         + _catalog_source(loaded)
     )
     assert set(registry.BUILTIN_CATALOG) == set(registry.BUILTINS)
+
+
+def test_the_catalog_types_are_the_option_models_own_text() -> None:
+    """`epass run` checks built-in options against the table before torch: each
+    type read back from its text is the type the pass declares."""
+    from epass import options
+
+    for name, (_, rows) in registry.BUILTIN_CATALOG.items():
+        model = options.model_of(registry.get_factory(name))
+        for option, text, _, _ in rows:
+            declared = model.by_name[option].type
+            assert declared is not None and declared.text == text
+            assert options.parse_type(text).text == text, (name, option)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "dce, decompse",
+        "fold-constants(max_growth='big')",
+        "fold-constants(max_growth=true)",
+        "repeat(2, [cse, fold-constants(fold_views=1)])",
+        "decompose(kep=[aten.linear])",
+        "decompose(method='fast')",
+        "decompose(table=5)",
+        "decompose(check=2)",
+        "cast-dtype(keep_io=none)",
+        "lower(steps=2)",
+        "dce(x=1)",
+    ],
+)
+def test_text_checked_without_torch_fails_as_building_it_does(text: str) -> None:
+    with pytest.raises(errors.PipelineError) as built:
+        PassManager.from_text(text)
+    with pytest.raises(errors.PipelineError) as checked:
+        registry.check_text(text)
+    assert type(checked.value) is type(built.value)
+    assert (checked.value.reason, checked.value.pos) == (built.value.reason, built.value.pos)
 
 
 # Modules that cost seconds to import (a compiler, an exporter) or that belong to an
@@ -198,16 +237,24 @@ def test_the_public_api_loads_no_compiler_exporter_or_backend() -> None:
     assert _heavy(everything) == []
 
 
-def test_pipeline_text_works_without_importing_the_text_layer_first() -> None:
+def test_the_engine_alone_builds_and_prints_pipeline_text() -> None:
     modules = _modules_after(
-        "from epass import PassManager\n"
-        "import sys\n"
-        "assert 'epass.pipeline' not in sys.modules\n"
+        "from epass.manager import PassManager\n"
         "assert PassManager.from_text('dce, cse').to_text() == 'dce, cse'\n"
         "assert PassManager(['fold-constants(max_growth=2.0)']).to_text() == "
         "'fold-constants(max_growth=2.0)'"
     )
-    assert "epass.pipeline" in modules
+    assert {"epass.pipeline", "epass.registry", "epass.options"} <= modules
+
+
+def test_the_grammar_the_registry_and_the_option_model_load_without_torch() -> None:
+    modules = _modules_after(
+        "from epass import pipeline, registry, options\n"
+        "tree = pipeline.parse('decompose(keep=aten.linear), repeat(2, [dce])', resolve=False)\n"
+        "assert pipeline.format_pipeline(tree) == 'decompose(keep=aten.linear), repeat(2, [dce])'\n"
+        "registry.check_text('fold-constants(max_growth=2), cast-dtype(dtype=float16)')"
+    )
+    assert "torch" not in modules
 
 
 def test_every_public_name_resolves_to_its_module_object() -> None:
@@ -286,11 +333,11 @@ def test_report_fills_memory_from_memory_accounting() -> None:
     memory = MemoryAccounting()
     pm = PassManager([Decompose(), ConstantFold()], instruments=[memory])
     result = pm(ep)
-    report = build_report(result, manager=pm, memory=memory)
+    report = build_report(PipelineRun(result, manager=pm, memory=memory))
     for entry, measured in zip(report["passes"], memory.entries, strict=True):
         assert entry["memory"]["bytes"] == measured.bytes
         assert entry["memory"]["new_bytes"] == measured.new_bytes
-    assert build_report(result, manager=pm)["passes"][0]["memory"] is None
+    assert build_report(PipelineRun(result, manager=pm))["passes"][0]["memory"] is None
 
 
 def test_one_state_text_for_the_summary_the_command_line_and_the_report() -> None:
@@ -321,10 +368,188 @@ def test_one_state_text_for_the_summary_the_command_line_and_the_report() -> Non
     assert "own constants" in texts[1]
     stream = io.StringIO()
     _summary(_Out(plain=True, stream=stream), result)
-    html = render_html(build_report(result, manager=pm))
+    html = render_html(build_report(PipelineRun(result, manager=pm)))
     for text in texts:
         assert text in result.summary()
         assert text in stream.getvalue()
     # The report gives the counts columns of their own; the rest of the text is the same.
     assert escape(texts[0]) in html
     assert escape(texts[1].split(";")[0]) in html
+
+
+# --- the written map matches the code --------------------------------------------------
+
+PACKAGE = ROOT / "epass"
+CONTRACT = "epass layers"
+# By-name loads whose name is data, not a fixed module: (module, function) -> why.
+NAME_IS_DATA = {
+    ("epass", "__getattr__"): "the lazy public API: a name asked for, through _EXPORTS",
+    ("epass.io", "import_modules"): "the user's --import modules",
+    ("epass.registry", "_import"): "built-ins by module path, plugins by entry point",
+}
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 700
+
+
+def by_name_problems(
+    mods: dict[str, Path], package: str, allowed: dict[tuple[str, str], str]
+) -> list[str]:
+    """By-name loads of a fixed module of ``package``, and loads whose name is not in
+    the source at a call site not known to load data."""
+    problems = []
+    for load in import_graph.by_name_loads(mods):
+        where = f"{load.module}:{load.line} ({load.function or 'module level'})"
+        name = (load.name or "").split(":")[0].rstrip("*")
+        if load.name is None and (load.module, load.function) not in allowed:
+            problems.append(f"{where} loads a module by a name that is not data")
+        elif load.name is not None and (name == package or name.startswith(package + ".")):
+            problems.append(f"{where} loads {load.name!r} by name: import it (move the code)")
+    return problems
+
+
+def _lazy_exports(init: Path, package: str) -> list[import_graph.Edge]:
+    """The package's lazy public API as edges: ``_EXPORTS`` names each module it loads."""
+    for node in ast.walk(ast.parse(init.read_text())):
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "_EXPORTS":
+            assert node.value is not None
+            table = ast.literal_eval(node.value)
+            return [import_graph.Edge(package, module, node.lineno, True) for module in table]
+    return []
+
+
+def layer_problems(root: Path, package: str, pyproject: Path) -> list[str]:
+    """Cycles, imports against the layer order, and modules in no layer."""
+    mods = import_graph.modules(root, package)
+    graph = import_graph.edges(mods) + _lazy_exports(root / "__init__.py", package)
+    order = import_graph.layers(pyproject, CONTRACT)
+    problems = [f"cycle: {' <-> '.join(c)}" for c in import_graph.cycles(graph)]
+    problems += [
+        f"{e.source}:{e.line} imports {e.target}{' by name' if e.by_name else ''} "
+        "against the layer order"
+        for e in import_graph.against_layers(graph, order, package)
+    ]
+    problems += [
+        f"{m} is in no layer of the contract"
+        for m in mods
+        if m != package and import_graph.layer_of(m, order) is None
+    ]
+    return problems
+
+
+def length_problems(root: Path, package: str, exempt: tuple[str, ...]) -> list[str]:
+    problems = []
+    for name, path in import_graph.modules(root, package).items():
+        if name.split(".")[1:2] and name.split(".")[1] in exempt:
+            continue
+        source = path.read_text()
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            problems.append(f"{name}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    problems.append(f"{name}.{node.name}: {length} lines")
+    return problems
+
+
+def test_no_module_loads_a_fixed_epass_module_by_name() -> None:
+    mods = import_graph.modules(PACKAGE, "epass")
+    assert by_name_problems(mods, "epass", NAME_IS_DATA) == []
+    # Each allowed call site still exists, and is still the only by-name load there.
+    sites = {(load.module, load.function) for load in import_graph.by_name_loads(mods)}
+    assert sites == set(NAME_IS_DATA)
+
+
+def test_the_import_graph_has_no_cycle_and_runs_down_the_layers() -> None:
+    pytest.importorskip("tomllib")
+    assert layer_problems(PACKAGE, "epass", ROOT / "pyproject.toml") == []
+    # The grammar is data below the contract: the registry and the manager build
+    # on it, it builds on nothing of theirs.
+    order = import_graph.layers(ROOT / "pyproject.toml", CONTRACT)
+
+    def depth(module: str) -> int:
+        found = import_graph.layer_of(module, order)
+        assert found is not None, module
+        return found[0]
+
+    assert depth("epass.manager") < depth("epass.registry") < depth("epass.protocol")
+    assert depth("epass.options") < depth("epass.pipeline") < depth("epass.errors")
+
+
+def test_no_function_over_60_lines_and_no_module_over_700() -> None:
+    assert length_problems(PACKAGE, "epass", ()) == []
+
+
+PLANTED = {
+    "__init__.py": "",
+    "low.py": (
+        "import importlib\n"
+        "from importlib import import_module as load\n"
+        "import pkgutil\n\n"
+        "def up():\n"
+        "    return importlib.import_module('pkg.high')\n\n"
+        "def hidden(x):\n"
+        "    return load(f'pkg.{x}')\n\n"
+        "def resolved():\n"
+        "    return pkgutil.resolve_name('pkg.mid:Thing')\n\n"
+        "def dunder():\n"
+        "    return __import__('pkg.mid')\n\n"
+        "def data(name):\n"
+        "    return importlib.import_module(name)\n"
+    ),
+    "mid.py": "def later():\n    from pkg.high import x\n    return x\n",
+    "high.py": "from pkg import low\nx = low\n",
+    "stray.py": "import pkg.low\n",
+}
+PLANTED_CONTRACT = """
+[tool.importlinter]
+root_package = "pkg"
+
+[[tool.importlinter.contracts]]
+name = "epass layers"
+type = "layers"
+layers = ["pkg.high", "pkg.mid", "pkg.low"]
+"""
+
+
+def _plant(tmp_path: Path) -> Path:
+    root = tmp_path / "pkg"
+    root.mkdir()
+    for name, source in PLANTED.items():
+        (root / name).write_text(source)
+    (tmp_path / "pyproject.toml").write_text(PLANTED_CONTRACT)
+    return root
+
+
+def test_the_checks_catch_planted_loads_cycles_and_upward_imports(tmp_path: Path) -> None:
+    pytest.importorskip("tomllib")
+    root = _plant(tmp_path)
+    mods = import_graph.modules(root, "pkg")
+    problems = by_name_problems(mods, "pkg", {})
+    assert [p.split(" ", 1)[0] for p in problems] == [
+        "pkg.low:6",  # import_module("pkg.high")
+        "pkg.low:9",  # an f-string naming a pkg module
+        "pkg.low:12",  # pkgutil.resolve_name
+        "pkg.low:15",  # __import__
+        "pkg.low:18",  # a name that is not in the source, at a site not known to load data
+    ]
+    assert by_name_problems(mods, "pkg", {("pkg.low", "data"): "planted"})[4:] == []
+    found = layer_problems(root, "pkg", tmp_path / "pyproject.toml")
+    assert "cycle: pkg.high <-> pkg.low <-> pkg.mid" in found
+    assert "pkg.low:6 imports pkg.high by name against the layer order" in found
+    assert "pkg.mid:2 imports pkg.high against the layer order" in found  # inside a function
+    assert "pkg.stray is in no layer of the contract" in found
+
+
+def test_the_length_check_catches_a_long_function_and_a_long_module(tmp_path: Path) -> None:
+    root = tmp_path / "pkg"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (root / "long.py").write_text(f"def long():\n{body}")
+    (root / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (root / "_skip.py").write_text(f"def long():\n{body}")
+    assert length_problems(root, "pkg", ("_skip",)) == [
+        f"pkg.big: {MAX_MODULE_LINES + 1} lines",
+        f"pkg.long.long: {MAX_FUNCTION_LINES + 1} lines",
+    ]

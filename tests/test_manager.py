@@ -749,11 +749,20 @@ def test_duck_typed_instruments_are_accepted():
         ({"aten.relu.default": abs}, r"keys must be operators .* got 'aten.relu.default' \(str\)"),
         ({5: abs}, r"keys must be operators .* got 5 \(int\)"),
         ({aten.relu.default: abs, None: abs}, r"got None \(NoneType\)"),
-        ("aten.relu.default", r"takes a mapping of operators, got str"),
-        ("", r"takes a mapping of operators, got str"),
-        (5, r"takes a mapping of operators, got int"),
+        ("aten.relu.default", r"'table' of pass 'decompose' takes dict.* got .* \(str\)"),
+        ("", r"'table' of pass 'decompose' takes dict.* got \"\" \(str\)"),
+        (5, r"'table' of pass 'decompose' takes dict.* got 5 \(int\)"),
+        ({aten.relu.default: 5}, r"'table' of pass 'decompose' takes dict\[any, function\]"),
     ],
-    ids=["str-key", "int-key", "none-key", "str-table", "empty-str-table", "int-table"],
+    ids=[
+        "str-key",
+        "int-key",
+        "none-key",
+        "str-table",
+        "empty-str-table",
+        "int-table",
+        "int-entry",
+    ],
 )
 def test_decompose_table_keys_must_be_operators(table, message):
     with pytest.raises(ArgumentTypeError, match=message):

@@ -319,16 +319,16 @@ def test_a_built_program_edited_harmlessly_is_validated_again(monkeypatch):
 
 
 def _count_snapshots(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    import epass._graph
+    import epass._snapshot
 
     calls: list[Any] = []
-    real = epass._graph.ProgramSnapshot.__init__
+    real = epass._snapshot.ProgramSnapshot.__init__
 
     def counting(self: Any, *args: Any, **kwargs: Any) -> None:
         calls.append(self)
         real(self, *args, **kwargs)
 
-    monkeypatch.setattr(epass._graph.ProgramSnapshot, "__init__", counting)
+    monkeypatch.setattr(epass._snapshot.ProgramSnapshot, "__init__", counting)
     return calls
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import attrs
@@ -13,7 +14,15 @@ import torch
 from torch.export import ExportedProgram
 
 import epass
-from epass import OptionError, PassManager, PassResult, PipelineError, VerificationError, registry
+from epass import (
+    OptionError,
+    PassManager,
+    PassResult,
+    PipelineError,
+    VerificationError,
+    options,
+    registry,
+)
 from epass.passes import Decompose, ReplaceOps, presets
 from epass.verify import argument_problems
 from tests import models
@@ -195,7 +204,7 @@ def test_options_of_unknown_or_any_type_pass_unchanged() -> None:
     def loose(*, anything: Any = None, untyped=None):  # type: ignore[no-untyped-def]
         return lambda ep: ep
 
-    converted = registry.convert_options("loose", loose, {"anything": "x", "untyped": [1]})
+    converted = options.convert("loose", loose, {"anything": "x", "untyped": [1]})
     assert converted == {"anything": "x", "untyped": [1]}
 
 
@@ -301,3 +310,144 @@ def test_each_kind_of_argument_problem_names_the_node_and_operator(edit: Any, li
     (problem,) = argument_problems(lowered)
     node = next(n for n in lowered.graph.nodes if n.name == problem.split("'")[1])
     assert problem == f"node {node.name!r} ({node.target}) {line}"
+
+
+# --- one option model for every entry point --------------------------------------------
+
+
+class Floor:
+    """A plain class (no attrs): its ``__init__`` parameters are its options."""
+
+    name = "floor"
+
+    def __init__(self, floor: float = 0.0, *, mode: Literal["fast", "exact"] = "fast") -> None:
+        self.floor = floor
+        self.mode = mode
+
+    def __call__(self, ep: ExportedProgram) -> PassResult:
+        return PassResult(ep, False)
+
+
+@pytest.fixture
+def floor_pass() -> Iterator[None]:
+    registry.register_pass("floor", Floor)
+    yield
+    registry.unregister_pass("floor")
+
+
+@pytest.mark.parametrize(
+    ("text", "option", "expected"),
+    [
+        ("floor(floor='x')", "floor", "float"),
+        ("floor(floor=true)", "floor", "float"),
+        ("floor(mode=slow)", "mode", '"fast" | "exact"'),
+    ],
+)
+def test_a_plain_class_is_checked_by_its_init_parameters(
+    floor_pass: None, text: str, option: str, expected: str
+) -> None:
+    with pytest.raises(OptionError) as info:
+        PassManager.from_text(text)
+    assert (info.value.pass_name, info.value.option, info.value.expected) == (
+        "floor",
+        option,
+        expected,
+    )
+    assert info.value.pos == text.index("=") + 1  # the caret is under the value
+    with pytest.raises(OptionError):
+        epass.create_pass("floor", **{option: text[text.index("=") + 1 : -1].strip("'")})
+
+
+def test_a_plain_class_gets_its_options_converted(floor_pass: None) -> None:
+    (p,) = PassManager.from_text("floor(floor=2, mode=exact)").passes
+    assert isinstance(p, Floor) and (p.floor, p.mode) == (2.0, "exact")
+    assert type(p.floor) is float
+    (info,) = [o for o in registry.describe_pass("floor").options if o.name == "floor"]
+    assert (info.type, info.default) == ("float", 0.0)
+
+
+def test_a_plain_class_is_checked_on_the_command_line(
+    floor_pass: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from epass.cli import main
+
+    program = tmp_path / "m.pt2"
+    _, ep, _ = models.export("mlp")
+    torch.export.save(ep, program)
+    assert main(["--plain", "run", str(program), "-p", "floor(floor='x')"]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "option 'floor' of pass 'floor' takes float, got \"x\" (str)" in first
+
+
+def _message(call: Any) -> str:
+    with pytest.raises(OptionError) as info:
+        call()
+    return str(info.value.message)
+
+
+def test_a_wrong_type_from_python_is_the_same_option_error_as_from_text() -> None:
+    from epass.passes import CastDtype, ConstantFold
+
+    from_python = _message(lambda: ConstantFold(max_growth="big"))
+    assert from_python == _message(
+        lambda: PassManager.from_text('fold-constants(max_growth="big")')
+    )
+    assert from_python == _message(lambda: epass.create_pass("fold-constants", max_growth="big"))
+    assert (
+        from_python == "option 'max_growth' of pass 'fold-constants' takes float, got \"big\" (str)"
+    )
+    with pytest.raises(OptionError) as info:
+        ConstantFold("big")  # positional, too
+    assert (info.value.pass_name, info.value.option) == ("fold-constants", "max_growth")
+    assert ConstantFold(2).max_growth == 2.0 and type(ConstantFold(2).max_growth) is float
+    assert CastDtype(dtype="float16").dtype is torch.float16
+    with pytest.raises(OptionError, match="option 'fold_views' of pass 'fold-constants'"):
+        ConstantFold(fold_views="yes")
+
+
+@pytest.mark.parametrize(
+    "table",
+    ['"os.system"', "5", "{aten.relu.default: 5}", "{aten.relu.default: none}",
+     '{aten.relu.default: "os.system"}', "[aten.relu.default]"],
+)  # fmt: skip
+def test_a_decompose_table_that_cannot_be_a_table_is_refused_when_the_pipeline_is_built(
+    table: str,
+) -> None:
+    text = f"dce, decompose(table={table})"
+    with pytest.raises(OptionError) as info:
+        PassManager.from_text(text)
+    err = info.value
+    assert (err.pass_name, err.option) == ("decompose", "table")
+    assert err.expected == "dict[any, function] | none"
+    assert err.pos == text.index("table=") + len("table=")
+    assert err.context.splitlines()[1].index("^") == err.pos + 2
+
+
+def test_a_decompose_table_of_functions_and_the_default_table_build() -> None:
+    (default,) = PassManager.from_text("decompose(table=none)").passes
+    assert default.table is None  # none: torch's default table
+    (own,) = PassManager.from_text("decompose(table={aten.relu.default: aten.gelu.default})").passes
+    assert own.table == {aten.relu.default: aten.gelu.default}
+
+
+def test_option_types_are_read_once_per_factory(monkeypatch: pytest.MonkeyPatch) -> None:
+    import typing
+
+    import epass.protocol
+
+    calls: list[Any] = []
+    real = typing.get_type_hints
+
+    def counting(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(obj)
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(typing, "get_type_hints", counting)
+    if hasattr(epass.protocol, "get_type_hints"):
+        monkeypatch.setattr(epass.protocol, "get_type_hints", counting)
+    text = ", ".join(["fold-constants(max_growth=2.0)", "cast-dtype(dtype=float16)", "dce"] * 200)
+    PassManager.from_text(text)
+    first = len(calls)
+    PassManager.from_text(text)
+    assert first <= 20  # a few per factory, not per pass (it was 4 per pass)
+    assert len(calls) == first  # and none the second time

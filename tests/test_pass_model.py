@@ -197,8 +197,7 @@ def test_string_passes_resolve_with_only_the_engine_imported():
     code = (
         "import sys\n"
         "import epass.manager as m\n"
-        "assert 'epass.pipeline' not in sys.modules\n"
-        "assert not hasattr(m, 'install_text_layer')\n"
+        "assert not hasattr(m, 'install_text_layer') and not hasattr(m, 'TextLayer')\n"
         "pm = m.PassManager(['dce'])\n"
         "assert pm.models[0].name == 'dce', pm.models\n"
         "assert m.PassManager.from_text('cse, dce').to_text() == 'cse, dce'\n"

@@ -26,7 +26,6 @@ from epass.pipeline import (
     format_pipeline,
     format_value,
     parse,
-    parse_pipeline,
 )
 
 OPS = [torch.ops.aten.gelu.default, torch.ops.aten.relu.default, torch.ops.aten.add.Tensor]
@@ -324,7 +323,6 @@ def test_manager_round_trip(tree: tuple[Any, ...]) -> None:
     again = PassManager.from_text(text)
     assert again.to_text() == text
     assert _structure(again.passes) == _structure(pm.passes)
-    assert _structure(parse_pipeline(text)) == _structure(pm.passes)
 
 
 # --- text cannot reach manager settings -----------------------------------------

@@ -113,7 +113,7 @@ def test_list_passes_reports_description_source_and_options(fresh: None) -> None
     assert scale.kind == "user"
     assert [(o.name, o.type, o.default) for o in scale.options] == [
         ("factor", "float", 1.0),
-        ("dtype", "torch.dtype", torch.float32),
+        ("dtype", "dtype", torch.float32),
     ]
     assert scale.as_dict()["options"][1]["default"] == "float32"
     decompose = entries["decompose"]
@@ -297,7 +297,7 @@ def test_installed_plugin_is_listed_by_the_cli(example_plugin: None) -> None:
     assert entries["swap-activation"]["source"] == PLUGIN_DIST
     assert entries["swap-activation"]["options"][0] == {
         "name": "source",
-        "type": "Any",
+        "type": "any",
         "default": "aten.relu.default",
         "required": False,
     }

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from epass import Decompose, FxPass, PassManager, PassResult, registry
-from epass.report import SCHEMA, build_report, render_html, write_report
+from epass.report import SCHEMA, PipelineRun, build_report, render_html, write_report
 
 RECORD_KEYS = {
     "name", "index", "step", "seconds", "modified", "nodes_before", "nodes_after", "op_delta",
@@ -87,7 +87,7 @@ def run() -> tuple[PassManager, Any, Any]:
 
 def test_json_keys_are_stable(run: tuple[PassManager, Any, Any]) -> None:
     pm, result, _ = run
-    report = build_report(result, manager=pm, input_path="in.pt2")
+    report = build_report(PipelineRun(result, manager=pm, input_path="in.pt2"))
     assert set(report) == TOP_KEYS
     assert report["schema"] == SCHEMA == "epass.report/1"
     assert report["pipeline"] == TEXT
@@ -121,7 +121,7 @@ def test_json_options_render_dtypes_and_ops_as_text() -> None:
     # A bfloat16 state entry under a float32 placeholder does not verify; only the
     # rendering of the options matters here.
     pm = PassManager([p], verify=False)
-    report = build_report(pm(ep), manager=pm)
+    report = build_report(PipelineRun(pm(ep), manager=pm))
     assert report["passes"][0]["options"] == {"dtype": "bfloat16"}
     assert report["pipeline"] == "rescale-test(dtype=bfloat16)"
 
@@ -130,7 +130,7 @@ def test_write_report_picks_the_format_by_suffix(
     run: tuple[PassManager, Any, Any], tmp_path: Path
 ) -> None:
     pm, result, _ = run
-    report = build_report(result, manager=pm)
+    report = build_report(PipelineRun(result, manager=pm))
     assert json.loads(write_report(tmp_path / "r.json", report).read_text())["schema"] == SCHEMA
     assert write_report(tmp_path / "r.html", report).read_text().startswith("<!DOCTYPE html>")
     with pytest.raises(ValueError, match=r"\.json or \.html"):
@@ -153,7 +153,7 @@ def _leaf_paths(report: dict[str, Any]) -> list[str]:
 
 def test_html_is_self_contained_and_shows_every_part(run: tuple[PassManager, Any, Any]) -> None:
     pm, result, _ = run
-    report = build_report(result, manager=pm)
+    report = build_report(PipelineRun(result, manager=pm))
     page = render_html(report)
     for forbidden in ("http://", "https://", "<script", "<link", " src=", "@import", "url("):
         assert forbidden not in page
@@ -192,7 +192,7 @@ def test_html_renders_in_headless_chromium(
             "and that failed or was not possible on this machine"
         )
     pm, result, _ = run
-    report = build_report(result, manager=pm)
+    report = build_report(PipelineRun(result, manager=pm))
     page = write_report(tmp_path / "report.html", report)
     flags = [
         "--headless",
@@ -228,7 +228,7 @@ def test_html_renders_in_headless_chromium(
 def test_reports_say_which_decompose_path_ran() -> None:
     ep = torch.export.export(torch.nn.Sequential(torch.nn.Linear(4, 4)), (torch.randn(2, 4),))
     pm = PassManager([Decompose(method="retrace")])
-    report = build_report(pm(ep), manager=pm)
+    report = build_report(PipelineRun(pm(ep), manager=pm))
     assert report["passes"][0]["notes"]["method"] == "retrace"
     assert "method=retrace" in render_html(report)
 
@@ -246,7 +246,7 @@ def test_report_says_which_dicts_are_the_users_and_which_the_outputs_own() -> No
 
     ep = torch.export.export(Folds(), (torch.randn(2, 4),))
     pm = PassManager([Decompose(), ConstantFold()])
-    report = build_report(pm(ep), manager=pm)
+    report = build_report(PipelineRun(pm(ep), manager=pm))
     owners = [p["link"]["owners"] for p in report["passes"]]
     assert owners == [
         {"state_dict": "user", "constants": "user"},
@@ -267,7 +267,7 @@ def test_every_view_counts_a_run_the_same_way(tmp_path: Path) -> None:
     result = PassManager([presets.lower()])(ep)  # as "-p lower" builds it
     want = "6 passes (1 pipeline)"  # lower and the five passes inside it
     assert re.search(rf"^{re.escape(want)} in \d+\.\d\d s$", result.summary(), re.M)
-    report = build_report(result, pipeline="lower")
+    report = build_report(PipelineRun(result, pipeline="lower"))
     assert report["count"] == want
     assert f"<p>{want} in " in render_html(report)
     torch.export.save(ep, tmp_path / "in.pt2")
@@ -397,13 +397,18 @@ def test_a_numerics_drift_report_names_the_drifting_pass_with_its_errors(tmp_pat
     assert per_pass["decompose"]["ok"] is True
 
 
-def test_pipeline_result_writes_its_own_report(tmp_path: Path) -> None:
+def test_a_result_or_a_run_is_written_by_the_report_module(tmp_path: Path) -> None:
     ep = torch.export.export(torch.nn.Linear(3, 2), (torch.randn(1, 3),))
-    result = PassManager([Decompose()])(ep)
-    path = result.write_report(tmp_path / "r.json")
-    report = json.loads(path.read_text())
+    pm = PassManager([Decompose()])
+    result = pm(ep)
+    assert not hasattr(result, "write_report")  # values only: records write no files
+    report = json.loads(write_report(tmp_path / "r.json", result).read_text())
     assert report["verdict"]["status"] == "ok"
     assert [p["name"] for p in report["passes"]] == ["decompose"]
+    assert report["pipeline"] is None and report["passes"][0]["spec"] is None
+    run = PipelineRun(result, manager=pm)
+    report = json.loads(write_report(tmp_path / "run.json", run).read_text())
+    assert report["pipeline"] == "decompose" and report["passes"][0]["spec"] == "decompose"
 
 
 CHECK_SCRIPT = """<script>
@@ -444,7 +449,9 @@ def test_html_report_fits_1280_pixels_in_chromium_with_verdict_axis_and_every_co
         "pass failed", summary="pass 'lower/dce' failed", pass_path="lower/dce",
         error="ValueError: " + "a long error message " * 12, next_step="python repros/repro.py",
     )  # fmt: skip
-    report = build_report(result, manager=pm, pipeline="lower", outcome=outcome, diffs=log.diffs)
+    report = build_report(
+        PipelineRun(result, manager=pm, pipeline="lower", outcome=outcome, diffs=log.diffs)
+    )
     assert any(p["diff"] for p in report["passes"][0]["children"])
     page = write_report(tmp_path / "report.html", report)
     checked = tmp_path / "checked.html"

@@ -9,6 +9,7 @@ declared ``cache_key`` (Inductor's rule for custom passes, ``uuid()``).
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import inspect
@@ -18,11 +19,18 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import attrs
 import torch
+
+from epass._decomp import state, store
+from epass._decomp.table import DefaultSide, Tables, cia_binding_code, preserve_marker
 
 __all__ = [
     "CACHE_KEY",
+    "CacheName",
+    "NAMED",
     "Unnamed",
+    "cache_name",
     "declared_key",
     "library_kernels",
     "name_of",
@@ -174,29 +182,15 @@ def _registry_name(fn: Any, op: Any) -> str | None:
     return hit[1] if hit is not None and hit[0] is fn else None
 
 
-@functools.cache
-def _cia_code() -> types.CodeType | None:
-    """The code of the function torch's ``_get_decomp_for_cia`` binds to an operator
-    (a new ``functools.partial`` at every call, so known by its code object)."""
-    from torch._export.utils import _get_decomp_for_cia
-
-    for const in _get_decomp_for_cia.__code__.co_consts:
-        if isinstance(const, types.CodeType) and const.co_name == "_special_op_to_decompose_cia":
-            return const
-    return None
-
-
 def torch_name(fn: Any, op: Any) -> str | None:
     """The name of ``fn`` if it is torch's own: the very object torch registers for an
     operator (its decomposition registry, the preserve marker, an operator's Python
     CompositeImplicitAutograd kernel, or its ``_get_decomp_for_cia`` binding)."""
-    from torch.export.exported_program import _special_op_to_preserve_cia
-
-    if fn is _special_op_to_preserve_cia:
+    if fn is preserve_marker():
         return "torch:preserve"
     if (
         isinstance(fn, functools.partial)
-        and getattr(fn.func, "__code__", None) is _cia_code()
+        and getattr(fn.func, "__code__", None) is cia_binding_code()
         and not fn.args
         and set(fn.keywords) == {"kernel"}
         and isinstance(fn.keywords["kernel"], torch._ops.OpOverload)
@@ -326,3 +320,107 @@ def settings() -> tuple[tuple[str, Any], ...]:
     device = getattr(torch, "get_default_device", None)
     found.append(("default_device", str(device()) if callable(device) else None))
     return tuple(found)
+
+
+@attrs.frozen
+class CacheName:
+    """What names one decomposition's templates in the caches.
+
+    Attributes:
+        table: a name of the table that is the same in every process running the same
+            code and declarations (None: the table cannot be named, and its templates
+            are traced afresh for this decomposition alone, never kept in memory or
+            on disk for another).
+        why_not: why the table has no name (None when it has one).
+        settings: the process-wide settings torch's decompositions read.
+    """
+
+    table: str | None
+    why_not: str | None
+    settings: tuple[tuple[str, Any], ...]
+
+
+# Per table: the names of torch's own entries (fixed for the process), and the other
+# entries, named again at every decomposition (a declaration may come, go or change).
+NAMED: collections.OrderedDict[Any, tuple[str, list[Any]]] = collections.OrderedDict()
+
+
+def cache_name(tables: Tables) -> CacheName:
+    """The name of ``tables`` for this decomposition's template keys (see
+    :class:`CacheName`). torch's own decompositions are named by identity; a user's
+    only through the ``cache_key`` it declares (:func:`name_of`)."""
+    read = settings()
+    library = library_kernels()
+    if library:
+        more = f" and {len(library) - 2} more" if len(library) > 2 else ""
+        why = (
+            f"Python kernels registered through torch.library for {', '.join(library[:2])}"
+            f"{more} cannot be named"
+        )
+        return CacheName(None, why, read)
+    with state.LOCK:
+        known = NAMED.get(tables.token)
+    if known is None:
+        known = _name_entries(tables)
+        with state.LOCK:
+            NAMED[tables.token] = known
+            while len(NAMED) > 64:
+                NAMED.popitem(last=False)
+    fixed, others = known
+    if not others:
+        return CacheName(fixed, None, read)
+    try:
+        names = name_table(others)
+    except Unnamed as exc:
+        return CacheName(None, exc.reason, read)
+    return CacheName(store.digest([fixed, names])[1], None, read)
+
+
+def _name_entries(tables: Tables) -> tuple[str, list[Any]]:
+    """torch's own part of the table's name (a digest), and its other entries."""
+    if isinstance(tables.cia, DefaultSide):
+        split = tables.cia.split
+        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+
+        fixed: list[Any] = [
+            "default",
+            sorted(str(op) for op in split.keep),
+            sorted(str(op) for op in PRESERVED_ATEN_CIA_OPS),
+            sorted(tables.token[1]),
+        ]
+        entries = [("python", op, fn) for op, fn in split.core.items()]
+        entries += _python_cia_kernels()
+    else:
+        fixed = ["explicit", sorted(tables.token[1])]
+        entries = [
+            (side, op, fn)
+            for side, part in (("cia", tables.cia), ("python", tables.python))
+            for op, fn in part.items()
+        ]
+    names, others = [], []
+    for side, op, fn in entries:
+        own = f"dispatch:{fn}" if isinstance(fn, torch._C.DispatchKey) else torch_name(fn, op)
+        if own is not None:
+            names.append((side, str(op), own))
+        else:
+            others.append((side, op, fn))
+    return store.digest([*fixed, sorted(names)])[1], others
+
+
+def _python_cia_kernels() -> list[tuple[str, Any, Any]]:
+    """Every loaded operator's Python CompositeImplicitAutograd kernel: what its own
+    decomposition runs, in torch's default table."""
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    found = []
+    for space_name in list(torch.ops):
+        space = getattr(torch.ops, space_name)
+        if not isinstance(space, torch._ops._OpNamespace):
+            continue
+        for packet_name in list(space):
+            packet = getattr(space, packet_name)
+            for overload_name in list(packet):
+                op = getattr(packet, overload_name)
+                kernel = op.py_kernels.get(key)
+                if kernel is not None:
+                    found.append(("kernel", op, kernel))
+    return found

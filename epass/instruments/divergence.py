@@ -10,14 +10,14 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import attrs
 import torch
 from torch.export import ExportedProgram
 
 from epass import _program
-from epass.instruments.numerics import (
-    _clone,
+from epass.instruments.values import (
+    NodeDrift,
     check_untouched,
+    clone,
     compare_outputs,
     state_versions,
     state_view,
@@ -41,43 +41,6 @@ __all__ = [
 HANDLE = "epass_node"
 # At most this many of the nodes a node became are listed.
 BECAME_CAP = 8
-
-
-@attrs.frozen
-class NodeDrift:
-    """The first node of a pass's input whose value differs in the pass's output.
-
-    Attributes:
-        node: its name in the program before the pass (for an item of a multi-output
-            op, the op's node: ``item`` says which).
-        op: its operator (``aten.add.Tensor``).
-        source: the line of the model it was traced from (``file:line in fn: code``),
-            or "" when the node carries no stack trace.
-        max_abs / max_rel: how far the value of ``compared`` is from its value.
-        compared: the node of the pass's output whose value was compared with it.
-        became: the nodes of the pass's output that came from it, as ``name (op)``.
-        item: which output of a multi-output op (``native_layer_norm[0]``), or None.
-    """
-
-    node: str
-    op: str
-    source: str
-    max_abs: float
-    max_rel: float
-    compared: str
-    became: tuple[str, ...]
-    item: int | None = None
-
-    def __str__(self) -> str:
-        where = self.node if self.item is None else f"{self.node}[{self.item}]"
-        text = f"{where} ({self.op}) max_abs={self.max_abs:.3g} max_rel={self.max_rel:.3g}"
-        if self.source:
-            text += f" at {self.source}"
-        return f"{text}; became {', '.join(self.became) or 'nothing'}"
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return {**attrs.asdict(self), "became": list(self.became)}
 
 
 def _op_text(node: torch.fx.Node) -> str:
@@ -148,7 +111,7 @@ class _Recorder(torch.fx.Interpreter):  # type: ignore[misc]
     def run_node(self, n: torch.fx.Node) -> Any:
         out = super().run_node(n)
         if n.op != "output":
-            self.values[n.name] = _clone(out)
+            self.values[n.name] = clone(out)
         return out
 
 
@@ -161,10 +124,10 @@ def node_values(
 ) -> dict[str, Any]:
     """The value of every top-level node of ``program`` run on the inputs, by node
     name (tensors copied as they were made). The program's state is not written
-    (see :func:`~epass.instruments.numerics.run_program`)."""
+    (see :func:`~epass.instruments.values.run_program`)."""
     view = state_view(program, clone_state)
     before = state_versions(program)
-    flat = _program.flat_inputs(view, _clone(tuple(args)), _clone(dict(kwargs or {})))
+    flat = _program.flat_inputs(view, clone(tuple(args)), clone(dict(kwargs or {})))
     recorder = _Recorder(view.graph_module)
     with torch.no_grad():
         recorder.run(*flat)

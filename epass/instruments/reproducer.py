@@ -21,7 +21,7 @@ from epass import registry
 from epass.errors import InstrumentError
 from epass.instrumentation import Instrument
 from epass.io import module_origin
-from epass.pipeline import to_text
+from epass.manager import to_text
 from epass.protocol import adapt
 from epass.records import PassInfo
 

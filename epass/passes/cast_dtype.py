@@ -11,6 +11,7 @@ from torch.export.graph_signature import OutputKind
 
 from epass import _graph
 from epass.errors import ArgumentValueError
+from epass.options import checked
 from epass.protocol import PassResult
 
 __all__ = ["CastDtype"]
@@ -28,6 +29,7 @@ def _castable(value: Any, dtype: torch.dtype) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype
 
 
+@checked
 @attrs.define(eq=False)
 class CastDtype:
     """Convert floating parameters, buffers and constants to ``dtype`` (bf16 or

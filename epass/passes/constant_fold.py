@@ -12,6 +12,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputSpec
 
 from epass import _graph, _program
+from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
 __all__ = ["ConstantFold", "ConstantFoldResult"]
@@ -118,6 +119,21 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
+@attrs.define
+class _Evaluated:
+    """What :meth:`ConstantFold._evaluate` found: each node's value, the nodes in
+    evaluation order, those that only relabel a state input, each node's first
+    identical computation, and the bytes of state each value is computed from
+    (shared inputs counted per path)."""
+
+    values: dict[torch.fx.Node, Any] = attrs.field(factory=dict)
+    order: list[torch.fx.Node] = attrs.field(factory=list)
+    trivial: set[torch.fx.Node] = attrs.field(factory=set)
+    canon: dict[torch.fx.Node, torch.fx.Node] = attrs.field(factory=dict)
+    source: dict[torch.fx.Node, int] = attrs.field(factory=dict)
+
+
+@checked
 @attrs.define(eq=False)
 class ConstantFold:
     """Evaluate every subgraph whose inputs are only parameters, buffers or constants
@@ -204,67 +220,66 @@ class ConstantFold:
     def _plan(self, ep: ExportedProgram) -> tuple[dict[str, tuple[str, torch.Tensor]], set[str]]:
         """Boundary node name -> (name of the node whose value it shares, the value),
         and the names of all the nodes evaluated."""
-        graph = ep.graph_module.graph
         state = _graph.state_values(ep)
-        mutated = _graph.mutated_nodes(ep.graph_module, ep.graph_signature)
-        values: dict[torch.fx.Node, Any] = {}
-        trivial: set[torch.fx.Node] = set()
-        order: list[torch.fx.Node] = []
-        canon: dict[torch.fx.Node, torch.fx.Node] = {}
-        seen: dict[Any, torch.fx.Node] = {}
-        # Bytes of the state a value is computed from (shared inputs counted per path).
-        source: dict[torch.fx.Node, int] = {}
-        with torch.no_grad():
-            for node in graph.nodes:
-                if node in mutated:
-                    continue
-                if node.op == "placeholder":
-                    value = state.get(node.name)
-                    if isinstance(value, torch.Tensor):
-                        values[node] = value
-                        source[node] = value.nbytes
-                        trivial.add(node)
-                    continue
-                inputs = node.all_input_nodes
-                if not _foldable_op(node) or not all(i in values for i in inputs):
-                    continue
-                # Identical computations (tied weights) share one evaluation and
-                # one constant.
-                key = _structure(node, canon)
-                first = seen.setdefault(key, node)
-                canon[node] = canon.get(first, first)
-                if first is node:
-                    args = torch.fx.node.map_arg(node.args, values.__getitem__)
-                    kwargs = torch.fx.node.map_arg(node.kwargs, values.__getitem__)
-                    values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
-                else:
-                    values[node] = values[first]
-                order.append(node)
-                source[node] = sum(source[i] for i in inputs)
-                if len(inputs) == 1 and inputs[0] in trivial and self._relabels(node):
-                    trivial.add(node)
+        ev = self._evaluate(ep, state)
         # Walk backwards so each node knows whether its users were folded.
         rejected: set[torch.fx.Node] = set()
         boundary: dict[str, tuple[str, torch.Tensor]] = {}
         owned: dict[torch.fx.Node, torch.Tensor] = {}
         state_ptrs = {_storage_key(v) for v in state.values() if isinstance(v, torch.Tensor)}
-        for node in reversed(order):
-            needed = any(u not in values or u in rejected for u in node.users)
+        for node in reversed(ev.order):
+            needed = any(u not in ev.values or u in rejected for u in node.users)
             if not needed:
                 continue
-            value = values[node]
-            if not isinstance(value, torch.Tensor) or node in trivial:
+            value = ev.values[node]
+            if not isinstance(value, torch.Tensor) or node in ev.trivial:
                 rejected.add(node)
                 continue
-            if value.nbytes > self.max_growth * source[node]:
+            if value.nbytes > self.max_growth * ev.source[node]:
                 rejected.add(node)
                 continue
-            first = canon[node]
+            first = ev.canon[node]
             if first not in owned:
                 with torch.no_grad():
                     owned[first] = _owned(value.detach(), state_ptrs)
             boundary[node.name] = (first.name, owned[first])
-        return boundary, {n.name for n in order}
+        return boundary, {n.name for n in ev.order}
+
+    def _evaluate(self, ep: ExportedProgram, state: dict[str, Any]) -> _Evaluated:
+        """Evaluate every node computed from state alone, in graph order."""
+        mutated = _graph.mutated_nodes(ep.graph_module, ep.graph_signature)
+        ev = _Evaluated()
+        seen: dict[Any, torch.fx.Node] = {}
+        with torch.no_grad():
+            for node in ep.graph_module.graph.nodes:
+                if node in mutated:
+                    continue
+                if node.op == "placeholder":
+                    value = state.get(node.name)
+                    if isinstance(value, torch.Tensor):
+                        ev.values[node] = value
+                        ev.source[node] = value.nbytes
+                        ev.trivial.add(node)
+                    continue
+                inputs = node.all_input_nodes
+                if not _foldable_op(node) or not all(i in ev.values for i in inputs):
+                    continue
+                # Identical computations (tied weights) share one evaluation and
+                # one constant.
+                key = _structure(node, ev.canon)
+                first = seen.setdefault(key, node)
+                ev.canon[node] = ev.canon.get(first, first)
+                if first is node:
+                    args = torch.fx.node.map_arg(node.args, ev.values.__getitem__)
+                    kwargs = torch.fx.node.map_arg(node.kwargs, ev.values.__getitem__)
+                    ev.values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+                else:
+                    ev.values[node] = ev.values[first]
+                ev.order.append(node)
+                ev.source[node] = sum(ev.source[i] for i in inputs)
+                if len(inputs) == 1 and inputs[0] in ev.trivial and self._relabels(node):
+                    ev.trivial.add(node)
+        return ev
 
     def _relabels(self, node: torch.fx.Node) -> bool:
         """Whether ``node`` only copies, relabels or (unless ``fold_views``) re-views

@@ -11,6 +11,7 @@ from torch.fx.passes.dialect.common.cse_pass import get_CSE_banned_ops
 
 from epass import _graph
 from epass._program import pytree
+from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
 __all__ = ["CSE", "CSEResult"]
@@ -81,6 +82,7 @@ class CSEResult(PassResult):
     notes: dict[str, Any] = attrs.field(factory=dict)
 
 
+@checked
 @attrs.define(eq=False)
 class CSE:
     """Merge nodes that compute the same operator on the same inputs.

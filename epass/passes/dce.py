@@ -8,6 +8,7 @@ import attrs
 from torch.export import ExportedProgram
 
 from epass import _graph
+from epass.options import checked
 from epass.protocol import PassResult
 
 __all__ = ["DeadCodeElimination"]
@@ -25,6 +26,7 @@ def _has_dead_code(ep: ExportedProgram, state_names: set[str]) -> bool:
     return False
 
 
+@checked
 @attrs.define(eq=False)
 class DeadCodeElimination:
     """Remove nodes whose results are never used, and state inputs nothing reads.

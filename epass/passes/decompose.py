@@ -12,7 +12,10 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _decomp, _graph, _program
+from epass import _graph, _program
+from epass._decomp import identity, safety, splice, state, templates
+from epass._decomp.check import first_difference
+from epass._decomp.table import Tables, rewrites, splices, split_table
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -20,6 +23,7 @@ from epass.errors import (
     DecompositionMismatchError,
     IncrementalDecompositionError,
 )
+from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
 __all__ = ["Decompose", "DecomposeResult", "DecompositionError"]
@@ -48,7 +52,7 @@ _RETRACE_SECONDS = 0.9
 _RETRACE_NODE_SECONDS = 0.0065
 
 
-def _table(value: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
+def _table(value: Mapping[Any, Callable[..., Any]] | None) -> dict[Any, Any] | None:
     if value is None:
         return None
     not_a_table = ArgumentTypeError(
@@ -137,7 +141,7 @@ class DecomposeResult(PassResult):
         return notes
 
 
-def _method(value: str) -> str:
+def _method(value: Method) -> str:
     if value not in METHODS:
         raise ArgumentValueError(f"Decompose(method=...) takes one of {METHODS}, got {value!r}")
     return value
@@ -163,6 +167,7 @@ def _check_enabled(check: bool | None) -> bool:
     return os.environ.get(CHECK_ENV, "") not in ("", "0")
 
 
+@checked
 @attrs.define(eq=False)
 class Decompose:
     """Lower the program with a decomposition table: the program
@@ -260,7 +265,7 @@ class Decompose:
         ref = self._retrace(ep)
         if fast is None:
             return self._result(ep, ref, "retrace", fallback, None, False, decision)
-        difference = _decomp.first_difference(fast, ref) or _numerics(fast, ref)
+        difference = first_difference(fast, ref) or _numerics(fast, ref)
         if difference is not None:
             raise DecompositionMismatchError(difference)
         return self._result(ep, fast, "incremental", None, rewritten, True)
@@ -271,7 +276,7 @@ class Decompose:
         estimate, the incremental path decides and explains). Returns that, the
         retrace's estimate and how many templates one batched trace would take."""
         try:
-            batched, alone, nodes = _decomp.template_work(ep, self._tables())
+            batched, alone, nodes = templates.template_work(ep, self._tables())
         except Exception:  # a program the incremental path cannot take: it explains
             return None, 0.0, 0
         trace = _trace_estimate(batched) + alone * _TRACE_SECONDS
@@ -307,7 +312,7 @@ class Decompose:
                 f"{max(budget, 0.0):.2f} s the retrace left of its estimate"
             )
         try:
-            filled = _decomp.fill(ep, self._tables(), limit=limit)
+            filled = templates.fill(ep, self._tables(), limit=limit)
         except Exception:
             filled = 0
         return (
@@ -320,7 +325,7 @@ class Decompose:
         tables = self._tables()
         counter = RewriteCounter(limit)
         for node in ep.graph.nodes:  # the order in which the engine splices them
-            if _decomp.splices(node, tables):
+            if splices(node, tables):
                 counter.allow(node.target, node.name)
         fast, rewritten, fallback = self._incremental(ep, limit)
         if fast is None:
@@ -337,27 +342,27 @@ class Decompose:
         """The incremental path's program, or None and the reason it was not taken."""
         try:
             if limit is None:
-                out, rewritten = _decomp.decompose(ep, self._tables())
+                out, rewritten = splice.decompose(ep, self._tables())
             else:
-                out, rewritten = _decomp.decompose(ep, self._tables(), limit=limit)
-        except _decomp.Fallback as exc:
+                out, rewritten = splice.decompose(ep, self._tables(), limit=limit)
+        except safety.Fallback as exc:
             return None, None, exc.reason
         except Exception as exc:  # torch's retrace decides, and explains its failure
             text = str(exc).strip().splitlines()
             return None, None, f"{type(exc).__name__}: {text[0] if text else ''}".strip()
         return out, rewritten, None
 
-    def _tables(self) -> _decomp.Tables:
+    def _tables(self) -> Tables:
         """This pass's table, split as ``run_decompositions`` splits it (cached)."""
         if self.table is None:
-            return _decomp.split_table(None, keep=self.keep)
-        return _decomp.split_table(self.decomp_table())
+            return split_table(None, keep=self.keep)
+        return split_table(self.decomp_table())
 
     def _retrace(self, ep: ExportedProgram) -> ExportedProgram:
         # The default table is built by run_decompositions itself, exactly as a bare call.
         table = None if self.table is None and not self.keep else self.decomp_table()
         try:
-            return _decomp.run_decompositions(ep, table)
+            return state.run_decompositions(ep, table)
         except Exception as exc:
             raise self._explain(ep, exc) from exc
 
@@ -374,7 +379,7 @@ class Decompose:
         modified = not (out.graph_module.code == ep.graph_module.code and out.dialect == ep.dialect)
         cache = None
         if method == "incremental":
-            why_not = _decomp.cache_name(self._tables()).why_not
+            why_not = identity.cache_name(self._tables()).why_not
             if why_not is not None:
                 cache = f"templates traced for this run only, kept nowhere: {why_not}"
         return DecomposeResult(
@@ -410,9 +415,9 @@ class Decompose:
                 target = node.target
                 seen.add(target)
                 if _program.is_op_overload(target):
-                    if _decomp.rewrites(target, tables):  # the engine's own answer
+                    if rewrites(target, tables):  # the engine's own answer
                         return None
-                elif target not in hops and not _decomp.is_plain_call(target):
+                elif target not in hops and not safety.is_plain_call(target):
                     return None  # an unknown callable: let the retrace decide
         table = "the default table" if self.table is None else "its table"
         return f"already ATen and no op in {table} or to decompose ({len(seen)} distinct targets)"

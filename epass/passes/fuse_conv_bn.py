@@ -11,6 +11,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
 from epass import _graph, _program
+from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
 __all__ = ["FuseConvBN", "FuseConvBNResult"]
@@ -68,6 +69,7 @@ class FuseConvBNResult(PassResult):
     notes: dict[str, Any] = attrs.field(factory=dict)
 
 
+@checked
 @attrs.define(eq=False)
 class FuseConvBN:
     """Fold eval-mode BatchNorm into the convolution that feeds it.

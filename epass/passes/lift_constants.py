@@ -10,6 +10,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _graph
+from epass.options import checked
 from epass.protocol import PassResult
 
 __all__ = ["LiftConstants", "lift_constants"]
@@ -21,6 +22,7 @@ def lift_constants(ep: ExportedProgram, gm: torch.fx.GraphModule) -> ExportedPro
     return _graph.lift_tensor_attributes(ep, gm)
 
 
+@checked
 @attrs.define(eq=False)
 class LiftConstants:
     """Lift tensor ``get_attr`` nodes to placeholders with ``CONSTANT_TENSOR`` specs.

@@ -10,6 +10,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _graph, _program
+from epass.options import checked
 from epass.protocol import PassResult
 
 __all__ = ["ASSERTION_OPS", "RemoveAssertions", "RemoveAssertionsResult"]
@@ -46,6 +47,7 @@ def _is_assertion(node: torch.fx.Node) -> bool:
     return schema is not None and schema.name in ASSERTION_OPS
 
 
+@checked
 @attrs.define(eq=False)
 class RemoveAssertions:
     """Remove runtime assertion nodes (``aten._assert_scalar``,

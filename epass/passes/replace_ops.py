@@ -12,8 +12,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import subgraph_rewriter
 
-from epass import _decomp, _graph, _program
+from epass import _graph, _program
+from epass._decomp import state
 from epass.errors import ArgumentTypeError
+from epass.options import checked
 from epass.passes.lift_constants import lift_constants
 from epass.protocol import PassResult, RewriteCounter
 
@@ -110,6 +112,7 @@ def _traced(
     return traced
 
 
+@checked
 @attrs.define(eq=False)
 class ReplaceOps:
     """Replace operators by other operators or by traced Python functions, and
@@ -196,7 +199,7 @@ class ReplaceOps:
         }
         if not traced:
             return ep, False
-        return _decomp.run_decompositions(ep, traced), True
+        return state.run_decompositions(ep, traced), True
 
 
 def _ask(counter: RewriteCounter) -> Callable[..., bool]:

@@ -1,9 +1,8 @@
 """The on-disk decomposition-template cache: JSON entries in a private directory.
 
 Stdlib only at import (``epass cache info`` starts without torch). An entry is data:
-it is read with :func:`json.loads` and checked field by field; operators are looked up
-by name among ``torch.ops.aten`` / ``torch.ops.prims`` only, and plain functions among
-a fixed list. Nothing in an entry is ever imported, unpickled or evaluated.
+it is read with :func:`json.loads` and checked (format, key, checksum) before its
+template is handed on, which :mod:`epass._decomp.encoding` reads field by field.
 """
 
 from __future__ import annotations
@@ -26,17 +25,26 @@ from typing import Any, TypeVar
 from epass._version import __version__
 
 __all__ = [
+    "BAD_SIZES",
     "DIR_ENV",
     "FORMAT",
-    "cache_info",
-    "clear_cache",
+    "KNOWN",
     "SIZE_ENV",
+    "WARNED",
     "clear",
+    "count",
+    "digest",
     "directory",
+    "discard",
+    "entry_files",
+    "environment",
+    "exists",
     "info",
     "limit",
     "load",
     "prune",
+    "prune_soon",
+    "reject",
     "store",
 ]
 
@@ -54,7 +62,7 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 _LOCK = threading.Lock()
 _STATS = {"hits": 0, "misses": 0, "writes": 0, "rejected": 0, "bypassed": 0}
-_WARNED = False
+WARNED = False
 
 
 def directory() -> Path | None:
@@ -69,7 +77,7 @@ def directory() -> Path | None:
 # Bytes, or a number with a binary unit: 500000, 64M, 64MiB, 1.5G (K, M, G, T; 1024-based).
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:I?B)?|B)?", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_BAD_SIZES: set[str] = set()
+BAD_SIZES: set[str] = set()
 
 
 def limit() -> int:
@@ -83,8 +91,8 @@ def limit() -> int:
     match = _SIZE.fullmatch(text)
     if match is None:
         with _LOCK:
-            first = text not in _BAD_SIZES
-            _BAD_SIZES.add(text)
+            first = text not in BAD_SIZES
+            BAD_SIZES.add(text)
         if first:
             warnings.warn(
                 f"{SIZE_ENV}={text!r:.60} is not a size (bytes, or a number with K, M, G "
@@ -106,12 +114,12 @@ def limit() -> int:
 
 
 def _warn(message: str) -> None:
-    global _WARNED
+    global WARNED
     with _LOCK:
         _STATS["rejected"] += 1
-        if _WARNED:
+        if WARNED:
             return
-        _WARNED = True
+        WARNED = True
     warnings.warn(
         f"epass template cache: {message}; ignored (it is rebuilt)", RuntimeWarning, stacklevel=3
     )
@@ -298,7 +306,7 @@ def store(key: Any, template: Any) -> bool:
     return True
 
 
-def _files(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
+def entry_files(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
     try:
         names = os.listdir(folder)
     except OSError:
@@ -327,7 +335,7 @@ def _prune(folder: Path, bound: int, target: int) -> tuple[int, int]:
     """When the entries take more than ``bound`` bytes, remove the least recently used
     until they take at most ``target``. Returns how many were removed and the bytes
     left. One scan of the directory."""
-    files = sorted(_files(folder), key=lambda f: f[1].st_mtime)
+    files = sorted(entry_files(folder), key=lambda f: f[1].st_mtime)
     total = sum(st.st_size for _, st in files)
     if total <= bound:
         return 0, total
@@ -345,7 +353,7 @@ def _prune(folder: Path, bound: int, target: int) -> tuple[int, int]:
 # The directory's size at this process's last scan of it plus what it wrote there
 # since: when that passes the bound, the next scan is due. Other processes' writes
 # show at the next scan; each process keeps its own writes within the bound.
-_KNOWN: dict[Path, int] = {}
+KNOWN: dict[Path, int] = {}
 # A prune goes this far below the bound, so that a full cache is scanned once per
 # fifth of the bound written rather than at every write.
 _LOW_WATER = 0.8
@@ -353,16 +361,16 @@ _LOW_WATER = 0.8
 
 def _keep_bound(folder: Path, written: int, bound: int) -> None:
     with _LOCK:
-        known = _KNOWN.pop(folder, None)
+        known = KNOWN.pop(folder, None)
         if known is None and not written:
             return  # nothing written there by this process: nothing of its own to bound
         if known is not None and known + written <= bound:
-            _KNOWN[folder] = known + written
+            KNOWN[folder] = known + written
             return
     left = _prune(folder, bound, int(bound * _LOW_WATER))[1]
     with _LOCK:
-        _KNOWN.clear()  # one directory at a time is all a process uses
-        _KNOWN[folder] = left
+        KNOWN.clear()  # one directory at a time is all a process uses
+        KNOWN[folder] = left
 
 
 def _is_dir(path: Path) -> bool:
@@ -380,7 +388,7 @@ def info() -> dict[str, Any]:
     folder = None if root is None else root / _SUBDIR
     entries = size = 0
     if folder is not None and _is_dir(folder):
-        for _, st in _files(folder):
+        for _, st in entry_files(folder):
             entries += 1
             size += st.st_size
     with _LOCK:
@@ -469,317 +477,6 @@ def _not_ours(fd: int, name: str) -> str:
     return ""
 
 
-# --- templates as data -----------------------------------------------------------------
-
-# Plain functions a template may call, by name. Each is pure arithmetic on sizes or
-# indexing; anything else (builtins.getattr, operator.call, ...) is refused.
-_OPERATOR_NAMES = frozenset(
-    [
-        "abs",
-        "add",
-        "and_",
-        "eq",
-        "floordiv",
-        "ge",
-        "getitem",
-        "gt",
-        "invert",
-        "le",
-        "lshift",
-        "lt",
-        "mod",
-        "mul",
-        "ne",
-        "neg",
-        "not_",
-        "or_",
-        "pos",
-        "pow",
-        "rshift",
-        "sub",
-        "truediv",
-        "truth",
-        "xor",
-    ]
-)
-_MATH_NAMES = frozenset(
-    [
-        "ceil",
-        "floor",
-        "trunc",
-        "sqrt",
-        "exp",
-        "log",
-        "log2",
-        "log10",
-        "sin",
-        "cos",
-        "tan",
-        "asin",
-        "acos",
-        "atan",
-        "tanh",
-        "sinh",
-        "cosh",
-        "fabs",
-        "isnan",
-        "isinf",
-        "isfinite",
-    ]
-)
-_TORCH_SYM_NAMES = frozenset(
-    ("sym_int", "sym_float", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum")
-)
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_OP_NAMESPACES = ("aten", "prims")
-
-
-class Unrepresentable(Exception):
-    """A template (or a table) that cannot be written as data; it stays in memory."""
-
-
-def _function_name(target: Any) -> str:
-    import math
-    import operator
-
-    import torch
-
-    for module, names, label in (
-        (operator, _OPERATOR_NAMES, "operator"),
-        (math, _MATH_NAMES, "math"),
-        (torch, _TORCH_SYM_NAMES, "torch"),
-    ):
-        name = getattr(target, "__name__", None)
-        if name in names and getattr(module, name, None) is target:
-            return f"{label}.{name}"
-    raise Unrepresentable(f"call target {target!r}")
-
-
-def _op_name(op: Any) -> str:
-    import torch
-
-    if not isinstance(op, torch._ops.OpOverload) or op.namespace not in _OP_NAMESPACES:
-        raise Unrepresentable(f"operator {op!r}")
-    name = str(op)  # "aten.add.Tensor"; resolve_op reads it back
-    if name.count(".") != 2:
-        raise Unrepresentable(f"operator {op!r}")
-    return name
-
-
-def resolve_op(name: Any) -> Any:
-    """The ATen or prims operator ``ns.op.overload``, found by attribute lookup only."""
-    import torch
-
-    parts = name.split(".") if isinstance(name, str) else []
-    if len(parts) != 3 or parts[0] not in _OP_NAMESPACES or not all(map(_NAME.match, parts)):
-        raise ValueError(f"names no ATen operator ({name!r:.80})")
-    packet = getattr(getattr(torch.ops, parts[0]), parts[1], None)
-    op = getattr(packet, parts[2], None) if packet is not None else None
-    if not isinstance(op, torch._ops.OpOverload):
-        raise ValueError(f"names an unknown operator {name!r:.80}")
-    if op._schema.is_mutable:
-        raise ValueError(f"names a mutating operator {name!r:.80}")
-    if not op._schema.returns:
-        # aten.save, aten._print, the assertions: called for their effect, never in a
-        # template (a trace records no node for them)
-        raise ValueError(f"names an operator without results {name!r:.80}")
-    return op
-
-
-def _resolve_target(name: Any) -> Any:
-    import math
-    import operator
-
-    import torch
-
-    if not isinstance(name, str):
-        raise ValueError("has a call target that is not a name")
-    label, _, attr = name.partition(".")
-    allowed = {"operator": (operator, _OPERATOR_NAMES), "math": (math, _MATH_NAMES)}
-    allowed["torch"] = (torch, _TORCH_SYM_NAMES)
-    if label in allowed and attr in allowed[label][1] and hasattr(allowed[label][0], attr):
-        return getattr(allowed[label][0], attr)
-    return resolve_op(name)
-
-
-_SCALARS = (bool, int, str, type(None))
-
-
-def _encode_value(value: Any, index: dict[Any, int]) -> Any:
-    import torch
-
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    if kind is float:
-        return {"float": value.hex()}
-    if kind is list:
-        return {"list": [_encode_value(v, index) for v in value]}
-    if kind is tuple:
-        return {"tuple": [_encode_value(v, index) for v in value]}
-    if isinstance(value, torch.fx.Node):
-        return {"ref": index[value]}
-    if kind is torch.fx.immutable_collections.immutable_list:
-        return {"list": [_encode_value(v, index) for v in value]}
-    if kind is torch.dtype:
-        return {"dtype": str(value).removeprefix("torch.")}
-    if kind is torch.layout:
-        return {"layout": str(value).removeprefix("torch.")}
-    if kind is torch.memory_format:
-        return {"memory_format": str(value).removeprefix("torch.")}
-    if kind is torch.device:
-        return {"device": str(value)}
-    if kind is torch._ops.OpOverload:
-        return {"op": _op_name(value)}
-    raise Unrepresentable(f"a value of type {kind.__name__}")
-
-
-def _decode_value(data: Any, nodes: list[Any], depth: int = 0) -> Any:
-    import torch
-
-    if depth > 32:
-        raise ValueError("nests too deep")
-    if data is None or type(data) in (bool, int, str):
-        return data
-    if not isinstance(data, dict) or len(data) != 1:
-        raise ValueError("has a malformed value")
-    ((tag, inner),) = data.items()
-    if tag in ("list", "tuple") and isinstance(inner, list):
-        items = [_decode_value(v, nodes, depth + 1) for v in inner]
-        return items if tag == "list" else tuple(items)
-    if tag == "ref" and type(inner) is int and 0 <= inner < len(nodes):
-        return nodes[inner]
-    if tag == "float" and isinstance(inner, str):
-        return float.fromhex(inner)
-    if tag in ("dtype", "layout", "memory_format") and isinstance(inner, str):
-        value = getattr(torch, inner, None) if _NAME.match(inner) else None
-        wanted = {"dtype": torch.dtype, "layout": torch.layout}
-        wanted["memory_format"] = torch.memory_format
-        if type(value) is not wanted[tag]:
-            raise ValueError(f"names no {tag} {inner!r:.40}")
-        return value
-    if tag == "device" and isinstance(inner, str) and re.match(r"^[a-z]+(:\d+)?$", inner):
-        return torch.device(inner)
-    if tag == "op":
-        return resolve_op(inner)
-    raise ValueError(f"has a value tagged {tag!r:.40}")
-
-
-def encode(graph: Any, inherited: Any, own: Any) -> dict[str, Any]:
-    """A template graph as JSON data.
-
-    Raises:
-        Unrepresentable: for a target or value that data cannot name exactly.
-    """
-    import torch
-
-    index: dict[Any, int] = {}
-    inputs: list[str] = []
-    nodes: list[dict[str, Any]] = []
-    output: Any = None
-    for node in graph.nodes:
-        if node.op == "placeholder":
-            index[node] = len(index)
-            inputs.append(node.name)
-        elif node.op == "output":
-            output = _encode_value(node.args[0], index)
-        elif node.op == "call_function":
-            target = node.target
-            name = (
-                _op_name(target)
-                if isinstance(target, torch._ops.OpOverload)
-                else _function_name(target)
-            )
-            custom = node.meta.get("custom")
-            nodes.append(
-                {
-                    "name": node.name,
-                    "target": name,
-                    "args": _encode_value(tuple(node.args), index),
-                    # pairs: JSON objects are written with sorted keys, and the
-                    # order of keyword arguments shows in the graph
-                    "kwargs": [[k, _encode_value(v, index)] for k, v in node.kwargs.items()],
-                    "inherited": list(inherited[node]),
-                    "own": {k: _encode_value(v, index) for k, v in own[node].items()},
-                    "custom": (
-                        {k: _encode_value(v, index) for k, v in custom.items()} if custom else None
-                    ),
-                }
-            )
-            index[node] = len(index)
-        else:
-            raise Unrepresentable(f"a {node.op} node")
-    return {"inputs": inputs, "nodes": nodes, "output": output}
-
-
-def decode(
-    body: Any, input_values: list[Any], fake_mode: Any, inherited_fields: tuple[str, ...]
-) -> tuple[Any, dict[Any, tuple[str, ...]], dict[Any, dict[str, Any]]]:
-    """The template graph ``body`` describes, its values recomputed from fresh fake
-    inputs under ``fake_mode`` (the values of the program being rewritten).
-
-    Raises:
-        ValueError: for anything that is not a template this module wrote.
-    """
-    import torch
-
-    if not isinstance(body, dict) or set(body) != {"inputs", "nodes", "output"}:
-        raise ValueError("is not a template")
-    names, entries = body["inputs"], body["nodes"]
-    if not (isinstance(names, list) and isinstance(entries, list)):
-        raise ValueError("is not a template")
-    if len(names) != len(input_values):
-        raise ValueError("has another number of inputs")
-    graph = torch.fx.Graph()
-    nodes: list[Any] = []
-    for name, value in zip(names, input_values, strict=True):
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError("has a malformed input name")
-        ph = graph.placeholder(name)
-        ph.meta["val"] = value
-        nodes.append(ph)
-    inherited: dict[Any, tuple[str, ...]] = {}
-    own: dict[Any, dict[str, Any]] = {}
-    fields = {"name", "target", "args", "kwargs", "inherited", "own", "custom"}
-    for entry in entries:
-        if not isinstance(entry, dict) or set(entry) != fields:
-            raise ValueError("has a malformed node")
-        name = entry["name"]
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError("has a malformed node name")
-        target = _resolve_target(entry["target"])
-        args = _decode_value(entry["args"], nodes)
-        pairs = entry["kwargs"]
-        if not isinstance(args, tuple) or not isinstance(pairs, list):
-            raise ValueError("has malformed arguments")
-        if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
-            raise ValueError("has malformed keyword arguments")
-        kwargs = {k: _decode_value(v, nodes) for k, v in pairs}
-        taken = entry["inherited"]
-        if not isinstance(taken, list) or not set(taken) <= set(inherited_fields):
-            raise ValueError("has unknown inherited meta")
-        own_data, custom = entry["own"], entry["custom"]
-        if not isinstance(own_data, dict) or not set(own_data) <= set(inherited_fields):
-            raise ValueError("has unknown meta")
-        if custom is not None and not isinstance(custom, dict):
-            raise ValueError("has malformed custom meta")
-        node = graph.create_node("call_function", target, args, kwargs, name=name)
-        if node.name != name:
-            raise ValueError("has a repeated node name")
-        # The values are recomputed here, from operators looked up above, on fake
-        # tensors: the entry holds no values of its own.
-        vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-        with fake_mode:
-            node.meta["val"] = target(*vals[0], **vals[1])
-        inherited[node] = tuple(taken)
-        own[node] = {k: _decode_value(v, nodes) for k, v in own_data.items()}
-        if custom:
-            node.meta["custom"] = {str(k): _decode_value(v, nodes) for k, v in custom.items()}
-        nodes.append(node)
-    graph.output(_decode_value(body["output"], nodes))
-    return graph, inherited, own
-
-
 def count(stat: str) -> None:
     """Count one event of this process's use of the cache (``bypassed``: a template
     traced for a table that cannot be named, kept for its decomposition alone)."""
@@ -799,30 +496,6 @@ def prune_soon() -> None:
     (read again: it may have been lowered since). :func:`store` checks at every
     write; neither scans the directory unless a prune may be due."""
     with _LOCK:
-        folders = list(_KNOWN)
+        folders = list(KNOWN)
     for folder in folders:
         _keep_bound(folder, 0, limit())
-
-
-def cache_info() -> dict[str, Any]:
-    """Both template caches: ``memory`` (this process) and ``disk`` (shared by processes).
-
-    Example::
-
-        info = epass.cache_info()
-        print(info["disk"]["directory"], info["disk"]["entries"])
-    """
-    decomp = sys.modules.get("epass._decomp")
-    memory = decomp.cache_info() if decomp is not None else {"hits": 0, "misses": 0, "size": 0}
-    return {"memory": memory, "disk": info()}
-
-
-def clear_cache() -> dict[str, Any]:
-    """Empty both template caches; returns how many disk entries were removed
-    (``disk_entries``) and the files of the entries folder that were left, each with
-    why (``left``: a file this cache did not write is never removed)."""
-    decomp = sys.modules.get("epass._decomp")
-    if decomp is not None:
-        decomp.clear_cache()
-    removed, left = clear()
-    return {"disk_entries": removed, "left": left}

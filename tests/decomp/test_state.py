@@ -1,5 +1,6 @@
-"""Decompose from several threads at once: every output is the single-thread output,
-no input changes, and torch's global state is as before once the threads end."""
+"""``epass._decomp.state``: Decompose from several threads at once: every output is the
+single-thread output, no input changes, and torch's global state is as before once the
+threads end."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from fingerprint import fingerprint, node_meta_fingerprint
 from torch import nn
 from torch.export import Dim
 
-from epass import Decompose, _decomp
+from epass import Decompose
+from epass._decomp import templates
+from epass._decomp.check import first_difference
+from epass._decomp.state import LOCK
+from epass._decomp.table import split_table
 
 aten = torch.ops.aten
 ROUNDS = 20
@@ -46,7 +51,7 @@ def _jobs():
 
 
 def _touched_ops():
-    tables = _decomp.split_table(None)
+    tables = split_table(None)
     return sorted({*tables.cia, *tables.python}, key=str)
 
 
@@ -108,13 +113,13 @@ def test_threads_decomposing_different_programs_match_one_thread():
             start.wait()
             for round in range(ROUNDS):
                 if round == 4 * index + 1 and index % 2 == 0:
-                    _decomp.clear_cache()  # trace again while the others splice
+                    templates.clear_memory()  # trace again while the others splice
                 # Once per thread in check mode: both paths, and torch's retrace.
                 check = round == 2 * index
                 out = Decompose(check=check, **options)(ep).program
                 # (Node names are not compared: a template's names depend on what
                 # was traced before it in the process.)
-                difference = _decomp.first_difference(out, expected[name])
+                difference = first_difference(out, expected[name])
                 if difference is not None:
                     failures.append(f"{name} round {round}: {difference}")
                 if (fingerprint(ep), node_meta_fingerprint(ep)) != prints[name]:
@@ -155,7 +160,7 @@ def _waits_for_the_lock(fn):
             errors.append(exc)
         done.set()
 
-    with _decomp.LOCK:
+    with LOCK:
         thread = threading.Thread(target=run)
         thread.start()
         waited = not done.wait(1.0)

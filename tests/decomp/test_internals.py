@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from epass import _decomp
-from epass._decomp import identity
+from epass._decomp import identity, splice, state, templates, tracing
+from epass._decomp.check import first_difference
+from epass._decomp.table import DefaultSplit, split_table
 
 aten = torch.ops.aten
 
@@ -54,7 +56,7 @@ def test_every_listed_internal_exists(path):
 def test_internals_are_listed_in_compat_docs():
     from pathlib import Path
 
-    text = (Path(__file__).parent.parent / "docs" / "compat.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "compat.md").read_text()
     missing = [p for p in _decomp.INTERNALS if p not in text]
     assert not missing, f"docs/compat.md does not list {missing}"
 
@@ -146,8 +148,8 @@ def test_run_decompositions_functionalizes_without_export_flag():
 
     ep = torch.export.export(OneHot(), (torch.tensor([0, 1, 3]),))
     out = ep.run_decompositions()
-    fast, _ = _decomp.decompose(ep, _decomp.split_table(None))
-    assert _decomp.first_difference(fast, out) is None
+    fast, _ = splice.decompose(ep, split_table(None))
+    assert first_difference(fast, out) is None
 
 
 def test_make_fx_binds_placeholders_by_identity():
@@ -174,8 +176,8 @@ def test_placeholder_named_like_a_builtin_keeps_its_name():
             return nn.functional.gelu(input)
 
     ep = torch.export.export(Input(), (torch.randn(2),))
-    fast, _ = _decomp.decompose(ep, _decomp.split_table(None))
-    assert _decomp.first_difference(fast, ep.run_decompositions()) is None
+    fast, _ = splice.decompose(ep, split_table(None))
+    assert first_difference(fast, ep.run_decompositions()) is None
 
 
 def test_export_flags_are_set_while_templates_trace():
@@ -188,8 +190,8 @@ def test_export_flags_are_set_while_templates_trace():
     assert not torch.compiler.is_exporting()
     ep = torch.export.export(nn.GELU(), (torch.randn(3),))
     table = torch._decomp.get_decompositions([aten.gelu.default])
-    fast, _ = _decomp.decompose(ep, _decomp.split_table(table))
-    assert _decomp.first_difference(fast, ep.run_decompositions(table)) is None
+    fast, _ = splice.decompose(ep, split_table(table))
+    assert first_difference(fast, ep.run_decompositions(table)) is None
     assert any(n.meta.get("custom") for n in fast.graph.nodes if n.op == "call_function")
 
 
@@ -205,7 +207,7 @@ def test_template_traces_turn_off_the_backend_switches_the_retrace_turns_off():
     with _ignore_backend_decomps():
         theirs = _backend_switches()
     assert _backend_switches() == before
-    with _decomp._backend_decomps_off():
+    with state.backend_decomps_off():
         ours = _backend_switches()
     assert _backend_switches() == before
     assert ours == theirs and ours != before
@@ -223,7 +225,7 @@ def test_run_decompositions_rebinds_sizes_with_the_runtime_assert_pass():
 
     source = inspect.getsource(exported_program)
     assert "insert_deferred_runtime_asserts(" in source
-    assert _decomp._RUNTIME_ASSERT_TRACE.split(", in ")[0] in source
+    assert splice.RUNTIME_ASSERT_TRACE.split(", in ")[0] in source
     assert "in insert_deferred_runtime_asserts" in source
     assert list(inspect.signature(insert_deferred_runtime_asserts).parameters)[:4] == [
         "gm",
@@ -245,9 +247,9 @@ def test_runtime_assert_pass_binds_a_new_size_after_the_placeholders():
     ep = torch.export.export(Flat(), (torch.randn(3, 4, 5, 5),), dynamic_shapes=({0: batch},))
     # export binds no size of x: nothing used it before the decomposition.
     assert not any(n.target is aten.sym_size.int for n in ep.graph.nodes)
-    fast, _ = _decomp.decompose(ep, _decomp.split_table(None))
+    fast, _ = splice.decompose(ep, split_table(None))
     ref = ep.run_decompositions()
-    assert _decomp.first_difference(fast, ref) is None
+    assert first_difference(fast, ref) is None
     nodes = [n for n in fast.graph.nodes if n.op != "placeholder"]
     assert nodes[0].target is aten.sym_size.int
     assert nodes[0].args[0].op == "placeholder"
@@ -261,7 +263,7 @@ def test_tracer_copies_meta_fields_from_the_node_being_run():
 
     fields = torch.fx.proxy._COPY_META_FIELDS
     assert {"original_aten", "custom", "nn_module_stack", "from_node"} <= set(fields)
-    assert set(_decomp._INHERITED_META) <= set(fields)
+    assert set(tracing.INHERITED_META) <= set(fields)
     carrier = torch.fx.Graph().placeholder("carrier")
     carrier.meta["original_aten"] = "the node's own"
 
@@ -290,7 +292,7 @@ def test_cia_override_patches_kernels_and_drops_fake_rules_that_torch_state_rest
 
     item = aten.item.default
     rules = fake_impls.op_implementations_dict
-    tables = _decomp.split_table(None)
+    tables = split_table(None)
     assert item in tables.cia
     # (a bare run_decompositions earlier in the process may have dropped torch's rule)
     saved = rules.get(item)
@@ -301,7 +303,7 @@ def test_cia_override_patches_kernels_and_drops_fake_rules_that_torch_state_rest
     rules[item] = rule
     try:
         kernels = dict(item.py_kernels)
-        with _decomp.torch_state(tables.cia):
+        with state.torch_state(tables.cia):
             with _override_composite_implicit_decomp(tables.cia):
                 assert item.py_kernels != kernels
             assert item not in rules  # torch's own restore drops it
@@ -330,7 +332,7 @@ def test_torch_state_restores_kernels_when_the_override_fails_half_way():
 
     with (
         pytest.raises(RuntimeError, match="boom"),
-        _decomp.torch_state(ops),
+        state.torch_state(ops),
         _override_composite_implicit_decomp(Boom()),
     ):
         pass
@@ -379,7 +381,7 @@ def test_the_default_table_answers_every_operator_as_torchs_split(keep, cia_op):
     # walk never meets (some libraries make them: ExecuTorch's dim-order ops had one).
     twin = getattr(cia_op._overloadpacket, "")
     assert twin is not cia_op and twin._overloadname == "default"
-    lazy = _decomp._DefaultSplit(frozenset(keep))
+    lazy = DefaultSplit(frozenset(keep))
     cia, python = _torch_split(keep)
     ops = {*cia, *python, *keep, cia_op, *_loaded_overloads()}
     assert len(ops) > len(cia) + len(python)  # operators outside the table are asked too
@@ -410,8 +412,8 @@ def test_the_default_table_answers_every_operator_as_torchs_split(keep, cia_op):
 def test_the_default_tables_sides_build_torchs_split_when_iterated(keep, cia_op):
 
     keep = tuple(cia_op if op == "custom" else op for op in keep)
-    tables = _decomp.split_table(None, keep=keep)
-    split = tables.cia._split
+    tables = split_table(None, keep=keep)
+    split = tables.cia.split
     cia, python = _torch_split(keep)
     assert set(tables.cia) == set(cia) and len(tables.python) == len(python)
     assert split.built is not None
@@ -428,10 +430,10 @@ def test_a_core_entry_the_walk_does_not_find_builds_torchs_own_split(monkeypatch
     # one-walk build then hands over to torch's own split.
     from torch._export.utils import _is_preservable_cia_op
 
-    split = _decomp._DefaultSplit(frozenset())
-    walked = _decomp._patchable_ops()
+    split = DefaultSplit(frozenset())
+    walked = state.patchable_ops()
     op = next(op for op in split.core if op in walked and _is_preservable_cia_op(op))
-    monkeypatch.setattr(_decomp, "_patchable_ops", lambda: walked - {op})
+    monkeypatch.setattr(state, "patchable_ops", lambda: walked - {op})
     cia, python = split.materialize()
     theirs = _torch_split(())
     assert (cia.keys(), python.keys()) == (theirs[0].keys(), theirs[1].keys())
@@ -439,8 +441,8 @@ def test_a_core_entry_the_walk_does_not_find_builds_torchs_own_split(monkeypatch
 
 
 def _default_name(keep=()):
-    _decomp.clear_cache()  # a table is named once per process; name it afresh
-    return _decomp.cache_name(_decomp.split_table(None, keep=keep))
+    templates.clear_memory()  # a table is named once per process; name it afresh
+    return identity.cache_name(split_table(None, keep=keep))
 
 
 def test_the_default_tables_name_follows_what_decides_its_contents(cia_op):
@@ -474,8 +476,8 @@ def test_the_ops_saved_around_a_retrace_cover_every_op_its_override_patches(keep
     from torch._export.utils import _collect_all_valid_cia_ops
 
     cia, _ = _torch_split((*keep, cia_op))
-    assert set(cia) <= _decomp._patchable_ops()
-    assert _decomp._patchable_ops() == _collect_all_valid_cia_ops()  # walked as torch walks
+    assert set(cia) <= state.patchable_ops()
+    assert state.patchable_ops() == _collect_all_valid_cia_ops()  # walked as torch walks
     assert cia_op in cia and aten.linear.default in cia
 
 

@@ -1,4 +1,5 @@
-"""Decompose without needless retraces: the no-op skip, coalescing, explained failures."""
+"""The Decompose pass: its methods and notes, the no-op skip, coalescing, explained
+failures (the engine it drives is tested in tests/decomp/)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fingerprint import fingerprint
 from torch import nn
 
 from epass import Decompose, PassError, PassManager
+from epass.errors import EpassError, IncrementalDecompositionError
 from epass.passes.decompose import DecompositionError
 
 aten = torch.ops.aten
@@ -145,3 +147,57 @@ def test_decompose_failure_names_node_and_op():
     assert cause.suggestion is None
     assert "at node 'relu' (aten.relu.default)" in str(info.value)
     assert fingerprint(ep) == before
+
+
+def test_incremental_is_the_default_and_is_recorded():
+    _, ep, _ = models.export("mlp")
+    result = PassManager([Decompose()])(ep)
+    (record,) = result.records
+    assert record.notes["method"] == "incremental"
+    assert record.notes["fallback"] is None
+    assert record.notes["rewritten"] == 3
+    assert record.as_dict()["notes"]["method"] == "incremental"
+
+
+def test_retrace_method_forces_torch_path(monkeypatch):
+    _, ep, _ = models.export("mlp")
+    calls = []
+    original = torch.export.ExportedProgram.run_decompositions
+
+    def spy(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", spy)
+    result = Decompose(method="retrace")(ep)
+    assert calls == [1]
+    assert result.notes == {
+        "method": "retrace",
+        "fallback": None,
+        "rewritten": None,
+        "checked": False,
+    }
+    calls.clear()
+    assert Decompose()(ep).notes["method"] == "incremental"
+    assert calls == []
+
+
+def test_incremental_method_raises_naming_the_reason():
+    _, ep, _ = models.export("seed")
+    with pytest.raises(IncrementalDecompositionError, match="add_"):
+        Decompose(method="incremental")(ep)
+    assert issubclass(IncrementalDecompositionError, EpassError)
+
+
+def test_unknown_method_is_rejected():
+    with pytest.raises(ValueError, match="method"):
+        Decompose(method="fast")  # type: ignore[arg-type]
+
+
+def test_merge_carries_method_and_check():
+    assert Decompose(method="retrace").merge(Decompose()).method == "retrace"
+    assert Decompose().merge(Decompose(method="incremental")).method == "incremental"
+    assert Decompose(method="retrace").merge(Decompose(method="incremental")) is None
+    assert Decompose(check=True).merge(Decompose()).check is True
+    plain = Decompose()
+    assert plain.merge(Decompose()) is plain

@@ -1,0 +1,158 @@
+"""What the incremental path can take: the walk that says why not, and what the
+retrace sees of the program's state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
+from epass import _program
+from epass._decomp import table
+
+__all__ = ["Fallback", "is_plain_call", "retrace_grads", "unsafe_reason"]
+
+
+class Fallback(Exception):
+    """The incremental path cannot promise torch's result; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_SYM_FUNCTIONS = frozenset(
+    getattr(torch, name)
+    for name in ("sym_int", "sym_float", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum")
+    if hasattr(torch, name)
+)
+
+
+def _returns_nothing(target: Any) -> bool:
+    """An operator that returns nothing (``_assert_tensor_metadata``, say): a loaded
+    program's node for it carries no ``val``, and needs none."""
+    schema = _program.op_schema(target)
+    return schema is not None and not schema.returns
+
+
+def is_plain_call(target: Any) -> bool:
+    """Whether a call target is Python arithmetic on sizes or tuple indexing, which
+    a retrace reproduces unchanged."""
+    module = getattr(target, "__module__", None)
+    return module in ("_operator", "operator", "math", "builtins") or target in _SYM_FUNCTIONS
+
+
+def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
+    """Why the incremental path cannot promise torch's result for ``ep`` (or None).
+
+    One walk over the nodes, no tracing.
+    """
+    if ep.dialect not in ("ATEN", "TRAINING"):
+        return f"dialect {ep.dialect!r}"
+    sig = ep.graph_signature
+    if sig.backward_signature is not None:
+        return "a joint (forward and backward) graph"
+    for spec in sig.input_specs:
+        if spec.kind in (InputKind.TOKEN, InputKind.CUSTOM_OBJ):
+            return f"a {spec.kind.name.lower()} input ({spec.arg.name})"
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            # The retrace registers constants as buffers and lifts them again, in
+            # an order of its own (by module, then by use).
+            return f"a lifted constant input ({spec.arg.name}); the retrace re-orders them"
+    problem = _state_problem(ep)
+    if problem is not None:
+        return problem
+    for out in sig.output_specs:
+        if out.kind == OutputKind.TOKEN:
+            return "effect tokens"
+        if out.kind != OutputKind.USER_OUTPUT:
+            return f"a mutation output ({out.kind.name.lower()} {out.target})"
+    if table.has_packet_keys(tables):
+        return "the table has an operator packet key"
+    for node in ep.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            return f"a {node.op} node ({node.name})"
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and (val.is_conj() or val.is_neg()):
+            # The retrace resolves such a view (a clone) before any op that cannot
+            # read the bit, a list kept in torch's C++ fallback.
+            return f"a conjugate or negative view ({node.name})"
+        if node.op == "placeholder" and not isinstance(
+            node.meta.get("val"), (torch.Tensor, torch.SymInt, int, float, bool, type(None))
+        ):
+            return f"input {node.name} carries no value"
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if _program.is_op_overload(target):
+            if _program.is_mutable_op(target):
+                return f"a mutating op ({target} at {node.name})"
+            if target.namespace != "aten":
+                return f"a non-ATen op ({target} at {node.name})"
+        elif _program.is_higher_order(target):
+            return f"a higher-order op ({target.name()} at {node.name})"
+        elif not is_plain_call(target):
+            return f"an unknown call target ({target!r} at {node.name})"
+        if "val" not in node.meta and not _returns_nothing(target):
+            return f"node {node.name} carries no value"
+    return None
+
+
+def _state_problem(ep: ExportedProgram) -> str | None:
+    """Why the retrace would see other state tensors than the program recorded (None:
+    it sees the same). The retrace fakes the state tensors themselves, and a
+    decomposition may branch on any of their properties."""
+    vals = {}
+    for node in ep.graph.nodes:
+        if node.op != "placeholder":
+            break
+        vals[node.name] = node.meta.get("val")
+    for name, tensor in _state_tensors(ep).items():
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            return f"a state tensor of type {type(tensor).__name__} ({name})"
+        val = vals.get(name)
+        if not isinstance(val, torch.Tensor) or (
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.storage_offset(),
+            tensor.dtype,
+            tensor.device,
+            tensor.layout,
+        ) != (
+            tuple(val.shape),
+            tuple(val.stride()),
+            val.storage_offset(),
+            val.dtype,
+            val.device,
+            val.layout,
+        ):
+            return f"state tensor {name} is not the tensor the program recorded"
+    return None
+
+
+def retrace_grads(ep: ExportedProgram) -> frozenset[str]:
+    """The placeholders whose value requires grad in the retrace: it traces the user's
+    inputs as the program recorded them and fakes of the state tensors themselves,
+    under ``no_grad`` (so no value computed in the graph requires grad)."""
+    state = _state_tensors(ep)
+    grads = set()
+    for node in ep.graph.nodes:
+        if node.op != "placeholder":
+            break
+        value = state.get(node.name, node.meta.get("val"))
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            grads.add(node.name)
+    return frozenset(grads)
+
+
+def _state_tensors(ep: ExportedProgram) -> dict[str, Any]:
+    """The tensors the retrace fakes for the parameter and buffer placeholders."""
+    found = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target is not None:
+            store = ep.state_dict if spec.target in ep.state_dict else ep.constants
+            if spec.target in store:
+                found[spec.arg.name] = store[spec.target]
+    return found

@@ -1,0 +1,348 @@
+"""The splice engine: the program ``run_decompositions`` would give, by rewriting only
+the nodes the table decomposes."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import operator
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ConstantArgument,
+    CustomObjArgument,
+    ExportGraphSignature,
+    OutputSpec,
+    SymIntArgument,
+    TensorArgument,
+)
+
+from epass import _program
+from epass._decomp import keys, safety, state, store, table, templates
+from epass._decomp.safety import Fallback
+
+__all__ = ["RUNTIME_ASSERT_TRACE", "decompose"]
+
+
+# The stack trace the retrace gives the nodes its runtime-assertion pass adds
+# (``torch/export/exported_program.py``, ``_decompose_and_get_gm_with_new_signature_constants``).
+RUNTIME_ASSERT_TRACE = (
+    'File "torch/fx/passes/runtime_assert.py", line 24, in insert_deferred_runtime_asserts'
+)
+
+
+# Node meta the retrace carries from an original node onto the nodes it becomes.
+_CARRIED_META = ("stack_trace", "nn_module_stack", "custom")
+
+
+def _same_meta(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        # Symbolic sizes compare by expression: ``==`` would ask the shape
+        # environment (Min(64, 64*s0) == 64 holds there), and the retrace keeps
+        # the expression its propagation computes.
+        return bool(
+            tuple(map(keys.sym_key, a.shape)) == tuple(map(keys.sym_key, b.shape))
+            and tuple(map(keys.sym_key, a.stride())) == tuple(map(keys.sym_key, b.stride()))
+            and a.dtype == b.dtype
+            and keys.sym_key(a.storage_offset()) == keys.sym_key(b.storage_offset())
+            and a.device == b.device
+        )
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_meta(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        return (
+            isinstance(a, torch.SymInt)
+            and isinstance(b, torch.SymInt)
+            and (a.node.expr == b.node.expr)
+        )
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(keys.const_key(a) == keys.const_key(b))  # -0.0 is not 0.0; a NaN is itself
+    except Fallback:
+        return bool(a == b)
+
+
+def _symbolic(v: Any) -> bool:
+    """Whether a tensor value has a symbolic size or stride. Its stored expressions
+    are export's, simplified with what export knew then; the retrace propagates
+    them again with what the shape environment knows now (Min(64, 64*s0) becomes 64)."""
+    if not isinstance(v, torch.Tensor):
+        return False
+    return any(isinstance(x, torch.SymInt) for x in (*v.shape, *v.stride()))
+
+
+class _Builder:
+    """Copies the graph node by node, splicing templates in and re-propagating values."""
+
+    def __init__(self, tables: table.Tables, fake_mode: Any, session: templates.Session) -> None:
+        self.tables = tables
+        self.fake_mode = fake_mode
+        self.session = session
+        self.graph = torch.fx.Graph()
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.changed: set[torch.fx.Node] = set()
+        self.sizes: dict[Any, torch.fx.Node] = {}
+        self.decomposed = 0
+        self.new_sizes = False
+
+    def _emit(
+        self, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]
+    ) -> torch.fx.Node:
+        node = self.graph.create_node("call_function", target, args, kwargs, name=name)
+        node.meta.update(meta)
+        return node
+
+    def _propagate(self, node: torch.fx.Node, old: Any) -> bool:
+        """Recompute ``node``'s value from its inputs; True when its metadata changed."""
+        with self.fake_mode:
+            new = node.target(*keys.values_of(node.args), **keys.values_of(node.kwargs))  # type: ignore[operator]
+        if old is not None and _same_meta(new, old):
+            node.meta["val"] = old
+            return False
+        node.meta["val"] = new
+        return True
+
+    def copy(self, node: torch.fx.Node) -> None:
+        target = node.target
+        if _program.is_op_overload(target) and target not in table.SIZE_OPS:
+            # The retrace names each node after its operator, as make_fx does.
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.env.__getitem__)
+            new = self.graph.create_node(
+                node.op, target, args, kwargs, target.overloadpacket.__name__, node.type
+            )
+            new.meta = copy.copy(node.meta)
+        else:
+            new = self.graph.node_copy(node, lambda n: self.env[n])
+            if node.target is operator.getitem and isinstance(new.args[0], torch.fx.Node):
+                # The tracer unpacks a multi-output op's result inside that op's call:
+                # each getitem records the producer's original_aten.
+                producer = new.args[0].meta
+                if "original_aten" in producer:
+                    new.meta["original_aten"] = producer["original_aten"]
+                else:
+                    new.meta.pop("original_aten", None)
+        if node.op == "call_function":
+            if _program.is_op_overload(node.target):
+                new.args, new.kwargs = keys.normalize(node.target, new.args, dict(new.kwargs))
+                if node.target in table.SIZE_OPS:
+                    new.meta.pop("original_aten", None)  # the retrace records none
+                else:
+                    new.meta["original_aten"] = node.target
+            inputs = node.all_input_nodes
+            if (
+                any(i in self.changed for i in inputs) or _symbolic(node.meta.get("val"))
+            ) and self._propagate(new, node.meta.get("val")):
+                self.changed.add(node)
+            if node.target in table.SIZE_OPS or isinstance(new.meta.get("val"), torch.SymInt):
+                expr = self._expr(new.meta.get("val"))
+                if expr is not None:
+                    self.sizes.setdefault(expr, new)
+        elif node.op == "placeholder":
+            if new.name != node.name:
+                # fx renames names that shadow builtins (``input``); the signature
+                # names the placeholders as export made them.
+                _program.keep_node_name(self.graph, new, node.name)
+            v = node.meta.get("val")
+            if isinstance(v, torch.SymInt):
+                expr = self._expr(v)
+                if expr is not None:
+                    self.sizes.setdefault(expr, new)
+        if node.op == "call_function" and "nn_module_stack" not in new.meta:
+            # The retrace records the (empty) module stack of its tracer.
+            new.meta["nn_module_stack"] = collections.OrderedDict()
+        self.env[node] = new
+
+    @staticmethod
+    def _expr(v: Any) -> Any:
+        if isinstance(v, torch.SymInt):
+            return v.node.expr
+        return None
+
+    def splice(self, node: torch.fx.Node) -> None:
+        op = node.target
+        # Decompositions see the values as they are now, after upstream rewrites (a
+        # decomposition may return other strides than the fused kernel did).
+        mapped = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
+        args, kwargs = keys.normalize(op, mapped[0], dict(mapped[1]))
+        template, inputs = templates.find(
+            op, args, kwargs, self.tables, self.fake_mode, self.session
+        )
+        meta = {k: node.meta[k] for k in _CARRIED_META if k in node.meta}
+        meta.setdefault("nn_module_stack", collections.OrderedDict())
+        local: dict[torch.fx.Node, Any] = {}
+        phs = iter(inputs)
+        result: Any = None
+        for t in template.graph.nodes:
+            if t.op == "placeholder":
+                local[t] = next(phs)
+            elif t.op == "output":
+                result = torch.fx.node.map_arg(t.args[0], lambda n: local[n])
+            else:
+                args_t = torch.fx.node.map_arg(t.args, lambda n: local[n])
+                kwargs_t = torch.fx.node.map_arg(t.kwargs, lambda n: local[n])
+                val = t.meta.get("val")
+                # make_fx binds each symbolic value to the first node computing it;
+                # the retrace reuses the graph's node for an expression it already has.
+                if isinstance(val, torch.SymInt):
+                    existing = self.sizes.get(val.node.expr)
+                    if existing is None and t.target in table.SIZE_OPS:
+                        # A size query the graph has no node for: the retrace's
+                        # runtime-assertion pass re-binds it (after the placeholders,
+                        # or as arithmetic on sizes it has); decompose() runs that pass.
+                        self.new_sizes = True
+                    elif existing is not None:
+                        local[t] = existing
+                        continue
+                new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
+                for field in template.inherited[t]:
+                    if field in node.meta:
+                        new.meta[field] = node.meta[field]
+                for field, value in template.own[t].items():
+                    new.meta[field] = value if field == "original_aten" else copy.copy(value)
+                if t.meta.get("custom"):
+                    # Annotations made while the decomposition ran (torch's dynamo
+                    # guard on a decomposition records itself here).
+                    new.meta["custom"] = {**meta.get("custom", {}), **t.meta["custom"]}
+                new.meta["val"] = val
+                if isinstance(new.meta.get("val"), torch.SymInt):
+                    self.sizes.setdefault(new.meta["val"].node.expr, new)
+                local[t] = new
+        self.decomposed += 1
+        self.env[node] = result
+        old = node.meta.get("val")
+        new_val = keys.values_of(result) if result is not None else None
+        if not _same_meta(new_val, old):
+            self.changed.add(node)
+
+
+def decompose(
+    ep: ExportedProgram,
+    tables: table.Tables,
+    deadline: float | None = None,
+    limit: int | None = None,
+) -> tuple[ExportedProgram, int]:
+    """The program ``ep.run_decompositions`` would produce, by rewriting only the nodes
+    the table decomposes. Returns it and the number of nodes rewritten.
+
+    ``deadline`` (a :func:`time.perf_counter` value): trace no template after it and
+    raise :class:`templates.OutOfTime` instead; for filling the cache within a time budget.
+    ``limit``: splice only the first ``limit`` nodes that would be spliced (in graph
+    order) and copy the others as they are (``Decompose(max_rewrites=...)``).
+
+    Raises:
+        Fallback: when the result could differ from torch's; ``reason`` says why.
+
+    Holds :data:`state.LOCK` throughout.
+    """
+    with state.LOCK:
+        session = templates.Session(tables, deadline)
+        try:
+            return _decompose(ep, tables, session, limit)
+        finally:
+            session.close()
+            store.prune_soon()
+
+
+def _decompose(
+    ep: ExportedProgram, tables: table.Tables, session: templates.Session, limit: int | None
+) -> tuple[ExportedProgram, int]:
+    from torch.export.exported_program import _get_updated_module_call_graph
+
+    reason = safety.unsafe_reason(ep, tables)
+    if reason is not None:
+        raise Fallback(reason)
+    fake_mode = keys.fake_mode_of(ep)
+    session.program = ep
+    session.grads = safety.retrace_grads(ep)
+    builder = _Builder(tables, fake_mode, session)
+    old_graph = ep.graph
+    for node in old_graph.nodes:
+        if node.op == "output":
+            out = torch.fx.node.map_arg(node.args, lambda n: builder.env[n])
+            builder.graph.output(out[0])
+            continue
+        if node.op == "call_function" and node.target is operator.getitem:
+            src = node.args[0]
+            if (
+                isinstance(src, torch.fx.Node)
+                and src.op == "call_function"
+                and not isinstance(builder.env[src], torch.fx.Node)
+            ):
+                # The decomposed producer returned a tuple: index it directly.
+                builder.env[node] = builder.env[src][node.args[1]]
+                continue
+        if table.splices(node, tables) and (limit is None or builder.decomposed < limit):
+            builder.splice(node)
+            continue
+        builder.copy(node)
+    graph = builder.graph
+    out_node = graph.output_node()
+    for leaf in _program.tree_leaves(out_node.args[0]):
+        if not isinstance(leaf, torch.fx.Node):
+            raise Fallback("an output became a constant")
+    graph.eliminate_dead_code()
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm.meta.update(ep.graph_module.meta)
+    if builder.new_sizes:
+        _rebind_sizes(gm, fake_mode)
+    signature = _signature(ep.graph_signature, gm)
+    module_call_graph = _get_updated_module_call_graph(
+        ep.graph_module, ep.graph_signature, gm, signature, ep.module_call_graph
+    )
+    # A retrace's program: a new state_dict over the same tensors, the constants
+    # dict itself, and the ATEN dialect's verifier.
+    out = _program.new_program(
+        ep,
+        gm,
+        signature,
+        dict(ep.state_dict),
+        ep.constants,
+        module_call_graph=module_call_graph,
+        keep_dialect=False,
+    )
+    return out, builder.decomposed
+
+
+def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
+    """Run the retrace's runtime-assertion pass, which binds every size query to a
+    node of its own: after the placeholders, or as arithmetic on sizes it has."""
+    import functools
+
+    import torch._dynamo.config
+    from torch._export.passes._node_metadata_hook import (
+        _node_metadata_hook,
+        _set_node_metadata_hook,
+    )
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    shape_env = fake_mode.shape_env
+    if shape_env is None or torch._dynamo.config.do_not_emit_runtime_asserts:
+        raise Fallback("a new size query without a shape environment to bind it")
+    # The pass only adds asserts the graph lacks; those export added are there already.
+    with _set_node_metadata_hook(
+        gm,
+        functools.partial(_node_metadata_hook, metadata={"stack_trace": RUNTIME_ASSERT_TRACE}),
+    ):
+        insert_deferred_runtime_asserts(gm, shape_env, "decomposed program", export=True)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+
+
+def _signature(old: ExportGraphSignature, gm: torch.fx.GraphModule) -> ExportGraphSignature:
+    outputs = _program.tree_leaves(gm.graph.output_node().args[0])
+    new_outputs = []
+    for spec, node in zip(old.output_specs, outputs, strict=True):
+        arg = spec.arg
+        if isinstance(arg, TensorArgument):
+            arg = TensorArgument(name=node.name)
+        elif isinstance(arg, SymIntArgument):
+            arg = SymIntArgument(name=node.name)
+        elif not isinstance(arg, (ConstantArgument, CustomObjArgument)):
+            raise Fallback(f"an output of kind {type(arg).__name__}")
+        new_outputs.append(OutputSpec(spec.kind, arg, spec.target))
+    return ExportGraphSignature(
+        input_specs=copy.deepcopy(old.input_specs), output_specs=new_outputs
+    )

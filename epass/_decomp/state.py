@@ -1,0 +1,125 @@
+"""torch's process-global state: the lock around it, the operators whose kernels a
+retrace may patch, and ``run_decompositions`` as epass calls it."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from epass import _program
+
+__all__ = [
+    "LOCK",
+    "backend_decomps_off",
+    "is_preservable",
+    "patchable_ops",
+    "run_decompositions",
+    "torch_state",
+]
+
+
+LOCK = threading.RLock()
+"""The process-wide lock around torch's global state. Tracing a decomposition (which
+overrides the CompositeImplicitAutograd kernels of every such operator and registers
+fake tensor rules, for the whole process) and every ``run_decompositions`` epass calls
+hold it, as does a whole incremental decomposition (templates are traced and values
+propagated in the program's fake mode and shape environment, shared by every thread
+working on that program). It also guards the engine's caches (table splits, table
+names, templates). Reentrant."""
+
+
+@contextlib.contextmanager
+def torch_state(ops: Iterable[Any]) -> Iterator[None]:
+    """Hold :data:`LOCK`, and on the way out, whatever happened, put back the Python
+    kernels of ``ops`` and torch's fake tensor rules as they were.
+
+    torch's own CompositeImplicitAutograd override restores the kernels it patched
+    only once it is fully set up, and drops the fake tensor rule of every op it
+    patched, including rules that were there before (``aten.item``, for one).
+    """
+    from torch._subclasses import fake_impls
+
+    with LOCK:
+        kernels = [(op, op.py_kernels.copy()) for op in ops]
+        rules = fake_impls.op_implementations_dict.copy()
+        checks = list(fake_impls.op_implementations_checks)
+        try:
+            yield
+        finally:
+            for op, saved in kernels:
+                if op.py_kernels != saved:
+                    op.py_kernels.clear()
+                    op.py_kernels.update(saved)
+                    op._dispatch_cache.clear()
+            if fake_impls.op_implementations_dict != rules:
+                fake_impls.op_implementations_dict.clear()
+                fake_impls.op_implementations_dict.update(rules)
+            if fake_impls.op_implementations_checks != checks:
+                fake_impls.op_implementations_checks[:] = checks
+
+
+def patchable_ops() -> frozenset[Any]:
+    """The operators torch's CompositeImplicitAutograd override patches for any table
+    (the CIA side of a split holds these and the table's own keys): the set of
+    ``_collect_all_valid_cia_ops``, walked the way it walks, with the C++ registrations
+    loaded once rather than once per namespace (a test pins the two sets equal). Not
+    cached, as torch does not cache it: a library can go and come back with new
+    operator objects under the same names."""
+    from torch._export.utils import (
+        _collect_all_valid_cia_ops_for_aten_namespace,
+        _is_preservable_cia_op,
+        _materialize_cpp_cia_ops,
+    )
+
+    _materialize_cpp_cia_ops()
+    ops = set(_collect_all_valid_cia_ops_for_aten_namespace())  # torch caches this one
+    for space_name in list(torch.ops):
+        space = getattr(torch.ops, space_name)
+        if space_name == "aten" or not isinstance(space, torch._ops._OpNamespace):
+            continue
+        for packet_name in list(space):
+            for op in getattr(space, packet_name).op_overloads():
+                if _is_preservable_cia_op(op):
+                    ops.add(op)
+    return frozenset(ops)
+
+
+def is_preservable(op: Any) -> bool:
+    """Whether torch may preserve the CompositeImplicitAutograd operator ``op``
+    (functional, not aliasing, with a kernel: ``_is_preservable_cia_op``)."""
+    from torch._export.utils import _is_preservable_cia_op
+
+    return bool(_is_preservable_cia_op(op))
+
+
+def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgram:
+    """``ep.run_decompositions(table)``, under :func:`torch_state` for every operator its
+    CompositeImplicitAutograd override can patch. The only way epass calls it."""
+    ops = set(patchable_ops())
+    if table is not None:
+        # keys(): a CustomDecompTable is a dict whose entries live elsewhere
+        keys = table.keys()
+        ops.update(op for op in keys if _program.is_op_overload(op))
+    with torch_state(ops):
+        return ep.run_decompositions(table)
+
+
+@contextlib.contextmanager
+def backend_decomps_off() -> Iterator[None]:
+    """The backend switches export's retrace turns off around its trace
+    (``torch.export._trace._ignore_backend_decomps``: mkldnn, nnpack, cudnn), set
+    here without importing that module, which brings AOTAutograd and networkx with it
+    (about 0.25 s in a fresh process a warm template cache never needs). A test
+    checks that both leave every switch the same."""
+    backends = (torch.backends.mkldnn, torch.backends.nnpack, torch.backends.cudnn)
+    saved = [backend.set_flags(False) for backend in backends]
+    try:
+        yield
+    finally:
+        for backend, flags in zip(backends, saved, strict=True):
+            backend.set_flags(*flags)

@@ -1,0 +1,333 @@
+"""A decomposition table split the way ``run_decompositions`` splits it, and the one
+answer to "does this table rewrite op X"."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import types
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from epass import _program
+from epass._decomp import state
+
+__all__ = [
+    "DefaultSide",
+    "DefaultSplit",
+    "SIZE_OPS",
+    "SPLITS",
+    "Tables",
+    "cia_binding_code",
+    "has_packet_keys",
+    "is_cia",
+    "preserve_marker",
+    "rewrites",
+    "splices",
+    "split_table",
+]
+
+
+# Size queries: the retrace re-emits them as they are.
+SIZE_OPS = frozenset(
+    (
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_stride.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_storage_offset.default,
+    )
+)
+
+
+@attrs.frozen(eq=False)
+class Tables:
+    """A decomposition table split into CompositeImplicitAutograd overrides and
+    Python decompositions, exactly as ``run_decompositions`` splits it.
+
+    Attributes:
+        cia: CIA op -> callable (torch's preserve marker keeps the op).
+        python: post-autograd op -> decomposition.
+        token: hashable identity of the table's state, part of every template key.
+    """
+
+    cia: Mapping[Any, Callable[..., Any]]
+    python: Mapping[Any, Callable[..., Any]]
+    token: Any
+
+
+SPLITS: collections.OrderedDict[Any, Tables] = collections.OrderedDict()
+
+
+class _Same:
+    """A key part standing for one object: equal only to a part holding that same
+    object, which it keeps alive for as long as the key lives."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __repr__(self) -> str:
+        return f"_Same({self.obj!r})"
+
+
+def _cia_registrations() -> frozenset[str]:
+    return frozenset(
+        torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+    )
+
+
+class DefaultSide(Mapping[Any, Callable[..., Any]]):
+    """One side (``"cia"`` or ``"python"``) of torch's default table less ``keep``,
+    split as ``run_decompositions`` splits it.
+
+    Building that split walks every operator torch knows (about 0.3 s, once per
+    process), while a program asks about a few dozen: a lookup answers for one
+    operator from the same rules torch's table and split follow (pinned operator by
+    operator against torch's own split by a test), and iterating builds torch's split
+    itself, which lookups use from then on.
+    """
+
+    def __init__(self, split: DefaultSplit, side: str) -> None:
+        self.split = split
+        self._index = ("cia", "python").index(side)
+
+    def _whole(self) -> Mapping[Any, Callable[..., Any]]:
+        return self.split.materialize()[self._index]
+
+    def __getitem__(self, op: Any) -> Callable[..., Any]:
+        built = self.split.built
+        side = built[self._index] if built is not None else None
+        value: Callable[..., Any] | None = (
+            side[op] if side is not None else self.split.lookup(op)[self._index]
+        )
+        if value is None:
+            raise KeyError(op)
+        return value
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._whole())
+
+    def __len__(self) -> int:
+        return len(self._whole())
+
+
+def _walk_meets(op: Any) -> bool:
+    """Whether torch's walk of the loaded operators (``_collect_all_valid_cia_ops``, what
+    its table and split take as preservable) meets this very object: its namespace's
+    packet, and the overload that packet lists under its name. An object made by
+    ``getattr(packet, "")`` is another object for the default overload, and the walk
+    never meets it."""
+    if op.namespace not in torch.ops:  # iterates what is loaded, creating nothing
+        return False
+    space = getattr(torch.ops, op.namespace)
+    packet = op._overloadpacket
+    return (
+        isinstance(space, torch._ops._OpNamespace)
+        and packet.__name__ in space
+        and getattr(space, packet.__name__) is packet
+        and op._overloadname in packet.overloads()
+        and getattr(packet, op._overloadname) is op
+    )
+
+
+class DefaultSplit:
+    """torch's default table less ``keep``: answered operator by operator, built whole
+    on demand (see :class:`DefaultSide`)."""
+
+    def __init__(self, keep: frozenset[Any]) -> None:
+        from torch._decomp import _core_aten_decompositions_post_autograd
+
+        self.keep = keep
+        self.core = _core_aten_decompositions_post_autograd()
+        self.built: tuple[dict[Any, Any], dict[Any, Any]] | None = None
+        self._answers: dict[Any, tuple[Any, Any]] = {}
+
+    def lookup(self, op: Any) -> tuple[Any, Any]:
+        """``op``'s entry on the CIA side and on the Python side (None: no entry).
+
+        torch's default table holds the core ATen decompositions and, for every
+        CompositeImplicitAutograd op it may preserve (functional, not aliasing, with
+        a kernel) outside a short ATen list it keeps, the op's own decomposition;
+        ``keep`` comes off. The split moves every such preservable op to the CIA side,
+        with the preserve marker where the table has no entry for it.
+        """
+        answer = self._answers.get(op)
+        if answer is not None:
+            return answer
+        from torch.export.exported_program import _special_op_to_preserve_cia
+
+        if _program.is_op_overload(op):
+            if state.is_preservable(op) and _walk_meets(op):
+                answer = (self._entry(op) or _special_op_to_preserve_cia, None)
+            else:
+                answer = (None, None if op in self.keep else self.core.get(op))
+        else:
+            answer = (None, None)  # the table's keys are operator overloads
+        self._answers[op] = answer
+        return answer
+
+    def materialize(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
+        """torch's split of the table (built once), from the same rules: every
+        operator torch's walk finds preservable goes to the CIA side, every other
+        entry of the core decompositions to the Python side. That is one walk where
+        torch's table and split make two, each loading every C++ registration once per
+        namespace (about 0.4 s in a fresh process). A core entry for a preservable
+        operator the walk does not find is a case torch's split treats apart: the split
+        is then torch's own. A test compares both sides with torch's, key by key."""
+        from torch.export.exported_program import _special_op_to_preserve_cia
+
+        with state.LOCK:
+            if self.built is None:
+                walked = state.patchable_ops()
+                cia = {op: self._entry(op) or _special_op_to_preserve_cia for op in walked}
+                python = {}
+                for op, fn in self.core.items():
+                    if op in self.keep or op in walked:
+                        continue
+                    if state.is_preservable(op):
+                        return self._torch_split()
+                    python[op] = fn
+                self.built = (cia, python)
+            return self.built
+
+    def _entry(self, op: Any) -> Any:
+        """The table's entry for ``op``, a preservable operator (None: none)."""
+        from torch._export.utils import _get_decomp_for_cia
+        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+
+        if op in self.keep:
+            return None
+        if op in self.core:
+            return self.core[op]
+        if op.namespace == "aten" and op in PRESERVED_ATEN_CIA_OPS:
+            return None
+        return _get_decomp_for_cia(op)
+
+    def _torch_split(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
+        from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+        full = torch.export.default_decompositions()
+        for op in self.keep:
+            full.pop(op, None)
+        self.built = _split_decomp_table_to_cia_and_python_decomp(dict(full.materialize()))
+        return self.built
+
+
+def split_table(
+    table: Mapping[Any, Callable[..., Any]] | None, keep: tuple[Any, ...] = ()
+) -> Tables:
+    """Split ``table`` (``None``: torch's default table less ``keep``) like
+    ``run_decompositions``.
+
+    Splits are cached for the process (the last 32), keyed by the set of
+    CompositeImplicitAutograd registrations (a newly registered op invalidates them)
+    and by ``keep`` for the default table, or by the table's operators and callables
+    for an explicit one. The key holds the callables themselves, never their ``id()``:
+    a freed table's address can go to another function, which must not be served this
+    table's templates. The key is the split's ``token``. The default table's sides
+    answer lookups without building torch's split (see :class:`DefaultSide`).
+    """
+    from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+    regs = _cia_registrations()
+    key: tuple[Any, ...]
+    if table is None:
+        key = ("default", regs, frozenset(keep))
+    else:
+        key = ("explicit", regs, frozenset((op, _Same(fn)) for op, fn in table.items()))
+    with state.LOCK:
+        cached = SPLITS.get(key)
+        if cached is not None:
+            SPLITS.move_to_end(key)
+            return cached
+    if table is None:
+        split = DefaultSplit(frozenset(keep))
+        tables = Tables(DefaultSide(split, "cia"), DefaultSide(split, "python"), key)
+    else:
+        cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+        tables = Tables(cia, python, key)
+    with state.LOCK:
+        if any(k[1] != regs for k in SPLITS):
+            SPLITS.clear()
+        SPLITS[key] = tables
+        while len(SPLITS) > 32:
+            SPLITS.popitem(last=False)
+    return tables
+
+
+def has_packet_keys(tables: Tables) -> bool:
+    """Whether the table's Python side has an operator packet key (which stands for
+    every overload of the op)."""
+    python = tables.python
+    if isinstance(python, DefaultSide):
+        return False  # torch's default table is keyed by overloads (a test pins it)
+    return any(_program.is_op_packet(k) for k in python)
+
+
+def rewrites(op: Any, tables: Tables) -> bool:
+    """Whether a retrace with ``tables`` replaces the operator overload ``op``.
+
+    The one answer: ``Decompose.skip_reason`` skips a program only when this is
+    False for every op in it, and the engine splices exactly the nodes it is True
+    for. Functionalization replaces a mutating op; the Python table rewrites its
+    ops (a packet key stands for every overload); a CompositeImplicitAutograd op is
+    decomposed unless the table preserves it (torch's split marks the preserved).
+    """
+    from torch.export.exported_program import _special_op_to_preserve_cia
+
+    if op in SIZE_OPS:
+        return False
+    if _program.is_mutable_op(op):
+        return True
+    if op in tables.python or op.overloadpacket in tables.python:
+        return True
+    if is_cia(op):
+        return tables.cia.get(op) is not _special_op_to_preserve_cia
+    return False
+
+
+def is_cia(op: Any) -> bool:
+    """Whether ``op`` has a CompositeImplicitAutograd kernel (``_is_cia_op``)."""
+    from torch._export.utils import _is_cia_op
+
+    return bool(_is_cia_op(op))
+
+
+def preserve_marker() -> Any:
+    """The entry a split gives an operator the table keeps (torch's
+    ``_special_op_to_preserve_cia``)."""
+    from torch.export.exported_program import _special_op_to_preserve_cia
+
+    return _special_op_to_preserve_cia
+
+
+@functools.cache
+def cia_binding_code() -> types.CodeType | None:
+    """The code of the function torch's ``_get_decomp_for_cia`` binds to an operator
+    (a new ``functools.partial`` at every call, so known by its code object)."""
+    from torch._export.utils import _get_decomp_for_cia
+
+    for const in _get_decomp_for_cia.__code__.co_consts:
+        if isinstance(const, types.CodeType) and const.co_name == "_special_op_to_decompose_cia":
+            return const
+    return None
+
+
+def splices(node: torch.fx.Node, tables: Tables) -> bool:
+    """Whether the engine replaces ``node`` with its operator's decomposition: a
+    call of an operator overload that :func:`rewrites` says the table rewrites."""
+    return (
+        node.op == "call_function"
+        and _program.is_op_overload(node.target)
+        and rewrites(node.target, tables)
+    )

@@ -1,0 +1,416 @@
+"""Templates as a decomposition finds them: in memory, on disk, from the program's
+batched trace or traced alone; and what a program still needs traced."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from epass import _program
+from epass._decomp import batch, encoding, identity, keys, safety, state, store, table, tracing
+from epass._decomp.safety import Fallback
+from epass._program import pytree
+
+__all__ = [
+    "OutOfTime",
+    "Session",
+    "cache_info",
+    "clear_cache",
+    "clear_memory",
+    "fill",
+    "find",
+    "memory_info",
+    "missing_templates",
+    "pending_calls",
+    "template_work",
+]
+
+
+_CACHE: collections.OrderedDict[Any, tracing.Template] = collections.OrderedDict()
+_CACHE_SIZE = 4096
+_STATS = {"hits": 0, "misses": 0}
+
+
+def memory_info() -> dict[str, int]:
+    """The memory cache's statistics: hits, misses, current size and bound."""
+    with state.LOCK:
+        return {**_STATS, "size": len(_CACHE), "maxsize": _CACHE_SIZE}
+
+
+def clear_memory() -> None:
+    """Forget every template, table split and table name this process keeps (the
+    disk cache stays: a new process would find it)."""
+    with state.LOCK:
+        _CACHE.clear()
+        table.SPLITS.clear()
+        identity.NAMED.clear()
+        _STATS.update(hits=0, misses=0)
+
+
+def cache_info() -> dict[str, Any]:
+    """Both template caches: ``memory`` (this process) and ``disk`` (shared by processes).
+
+    Example::
+
+        info = epass.cache_info()
+        print(info["disk"]["directory"], info["disk"]["entries"])
+    """
+    return {"memory": memory_info(), "disk": store.info()}
+
+
+def clear_cache() -> dict[str, Any]:
+    """Empty both template caches; returns how many disk entries were removed
+    (``disk_entries``) and the files of the entries folder that were left, each with
+    why (``left``: a file this cache did not write is never removed)."""
+    clear_memory()
+    removed, left = store.clear()
+    return {"disk_entries": removed, "left": left}
+
+
+class Session:
+    """The traces of one decomposition: the CompositeImplicitAutograd override of the
+    table, entered at the first trace and left (with torch's state put back) at the
+    end of the decomposition, and the templates one batched trace made for it."""
+
+    def __init__(self, tables: table.Tables, deadline: float | None = None) -> None:
+        self.tables = tables
+        self.deadline = deadline
+        self.name = identity.cache_name(tables)
+        # The templates of a table without a name: this decomposition's alone.
+        self.local: dict[Any, tracing.Template] = {}
+        self.grads: frozenset[str] = frozenset()
+        # The program being decomposed, whose missing templates one batch traces.
+        self.program: ExportedProgram | None = None
+        self.traced = 0
+        self.batched: dict[Any, tracing.Template] = {}
+        self._stack = contextlib.ExitStack()
+        self._entered = False
+        self._batch_done = False
+
+    def take(self, key: Any, fake_mode: Any) -> tracing.Template | None:
+        """The template of ``key`` from the program's batched trace, which runs at the
+        first template that is neither in memory nor on disk (a warm run never pays
+        for the walk that collects them)."""
+        if self.program is not None and not self._batch_done:
+            self._batch_done = True
+            _prefill(self.program, fake_mode, self)
+        return self.batched.pop(key, None)
+
+    def cache(
+        self,
+    ) -> collections.OrderedDict[Any, tracing.Template] | dict[Any, tracing.Template]:
+        """Where this decomposition keeps its templates: the process's cache when the
+        table has a name, else its own."""
+        return _CACHE if self.name.table is not None else self.local
+
+    @contextlib.contextmanager
+    def overrides(self) -> Iterator[None]:
+        from torch.export.exported_program import _override_composite_implicit_decomp
+
+        if not self._entered:
+            self._stack.enter_context(state.torch_state(self.tables.cia))
+            self._stack.enter_context(_override_composite_implicit_decomp(self.tables.cia))
+            self._entered = True
+        yield
+
+    def close(self) -> None:
+        self._stack.close()
+        self._entered = False
+        self.batched.clear()
+        self.local.clear()
+
+
+class OutOfTime(Exception):
+    """A cache-filling decomposition reached its deadline."""
+
+
+def pending_calls(
+    ep: ExportedProgram, tables: table.Tables, session: Session, checked: bool = False
+) -> tuple[list[batch.Pending], int, int]:
+    """The distinct templates decomposing ``ep`` needs that are neither in memory nor
+    on disk, keyed from the nodes' values before any rewrite, in program order; how
+    many calls could not be keyed; how many nodes the program has. One walk
+    (``checked``: :func:`safety.unsafe_reason` found nothing already).
+
+    Raises:
+        Fallback: when the incremental path cannot be taken at all.
+    """
+    reason = None if checked else safety.unsafe_reason(ep, tables)
+    if reason is not None:
+        raise Fallback(reason)  # the incremental path says so, and no estimate is due
+    fake_mode = keys.detected_fake_mode(ep)
+    grads = safety.retrace_grads(ep)
+    cache = session.cache()
+    seen: set[Any] = set()
+    pending: list[batch.Pending] = []
+    unkeyed = 0
+    nodes = 0
+    for node in ep.graph.nodes:
+        nodes += 1
+        if not (
+            node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload)
+            and table.rewrites(node.target, tables)
+        ):
+            continue
+        try:
+            args, kwargs = keys.normalize(node.target, node.args, dict(node.kwargs))
+            spec, parts, inputs, flags = keys.template_key(node.target, args, kwargs, grads)
+        except Exception:
+            unkeyed += 1  # counted as a trace; the walk itself decides
+            continue
+        key = keys.memory_key(node.target, spec, parts, session.name, fake_mode)
+        if key in seen:
+            continue
+        seen.add(key)
+        with state.LOCK:
+            if key in cache:
+                continue
+        disk_key = _disk_key(node.target, spec, parts, session.name)
+        if disk_key is None or not store.exists(disk_key):
+            values = [a.meta["val"] for a in inputs]
+            pending.append(batch.Pending(key, disk_key, node.target, args, kwargs, values, flags))
+    return pending, unkeyed, nodes
+
+
+def _prefill(ep: ExportedProgram, fake_mode: Any, session: Session) -> None:
+    """Trace the templates ``ep`` needs at once, for the walk to take."""
+    try:
+        pending, _, _ = pending_calls(ep, session.tables, session, checked=True)
+    except Exception:
+        return  # the walk decides, and explains
+    calls = [c for c in pending if batch.batchable(c) and c.key[-1] is fake_mode]
+    if len(calls) > 1:
+        session.batched.update(
+            batch.trace_batch(calls, session.tables, fake_mode, session.overrides)
+        )
+
+
+def fill(ep: ExportedProgram, tables: table.Tables, limit: int | None = None) -> int:
+    """Trace, in one batch, up to ``limit`` (None: all) of the templates decomposing
+    ``ep`` needs that are neither in memory nor on disk, in program order, and keep
+    them for later decompositions (on disk where their key allows). Returns how many
+    were kept: none for a table without a name (see :class:`identity.CacheName`), whose
+    templates no later decomposition may reuse. Holds :data:`state.LOCK`.
+
+    Raises:
+        Fallback: when the incremental path cannot be taken at all.
+    """
+    with state.LOCK:
+        session = Session(tables)
+        if session.name.table is None:
+            return 0
+        pending, _, _ = pending_calls(ep, tables, session)
+        fake_mode = keys.fake_mode_of(ep)
+        calls = [c for c in pending if batch.batchable(c)][:limit]
+        if not calls:
+            return 0
+        try:
+            templates = batch.trace_batch(calls, tables, fake_mode, session.overrides)
+        finally:
+            session.close()
+            store.prune_soon()
+        for call in calls:
+            template = templates.get(call.key)
+            if template is None:
+                continue
+            if call.disk_key is not None:
+                _store(call.disk_key, template, tables)
+            _keep(_CACHE, call.key, template)
+        return len(templates)
+
+
+def _keep(cache: dict[Any, tracing.Template], key: Any, template: tracing.Template) -> None:
+    _STATS["misses"] += 1
+    cache[key] = template
+    if cache is _CACHE:
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+
+
+def find(
+    op: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    tables: table.Tables,
+    fake_mode: Any,
+    session: Session,
+) -> tuple[tracing.Template, list[torch.fx.Node]]:
+    spec, parts, inputs, flags = keys.template_key(op, args, kwargs, session.grads)
+    values = [a.meta["val"] for a in inputs]
+    key = keys.memory_key(op, spec, parts, session.name, fake_mode)
+    cache = session.cache()
+    with state.LOCK:
+        hit = cache.get(key)
+        if hit is not None:
+            if cache is _CACHE:
+                _CACHE.move_to_end(key)
+            _STATS["hits"] += 1
+            return hit, inputs
+    disk_key = _disk_key(op, spec, parts, session.name)
+    template = (
+        None if disk_key is None else _load(disk_key, (op, args, kwargs), flags, tables, fake_mode)
+    )
+    if template is None:
+        if session.deadline is not None and time.perf_counter() > session.deadline:
+            raise OutOfTime
+        template = session.take(key, fake_mode)
+        if template is None:
+            template = tracing.trace(
+                op, args, kwargs, values, flags, tables, fake_mode, session.overrides
+            )
+        session.traced += 1
+        if disk_key is not None:
+            _store(disk_key, template, tables)
+        elif session.name.table is None:
+            store.count("bypassed")
+    with state.LOCK:
+        _keep(cache, key, template)
+    return template, inputs
+
+
+def missing_templates(ep: ExportedProgram, tables: table.Tables) -> tuple[int, int]:
+    """How many distinct templates decomposing ``ep`` would trace (neither in memory nor
+    on disk), estimated from the nodes' values before any rewrite, and how many nodes
+    the program has. One walk, no tracing.
+
+    Raises:
+        Fallback: when the incremental path cannot be taken at all.
+    """
+    pending, unkeyed, nodes = pending_calls(ep, tables, Session(tables))
+    return len(pending) + unkeyed, nodes
+
+
+def template_work(ep: ExportedProgram, tables: table.Tables) -> tuple[int, int, int]:
+    """What decomposing ``ep`` would trace: how many missing templates one batched
+    trace takes, how many are traced one at a time (symbolic ones, and calls that
+    cannot be keyed before the walk), and how many nodes the program has. One walk.
+
+    Raises:
+        Fallback: when the incremental path cannot be taken at all.
+    """
+    pending, unkeyed, nodes = pending_calls(ep, tables, Session(tables))
+    batched = sum(batch.batchable(c) for c in pending)
+    if batched < 2:
+        batched = 0  # a batch of one is a trace of its own
+    return batched, len(pending) + unkeyed - batched, nodes
+
+
+def _disk_key(
+    op: Any, spec: str, parts: tuple[Any, ...], name: identity.CacheName
+) -> dict[str, Any] | None:
+    if name.table is None or not isinstance(op, torch._ops.OpOverload):
+        return None
+    if store.directory() is None:
+        return None
+    text = repr(parts)
+    if "'sym'" in text:
+        # Symbolic templates stay in memory. A decomposition can branch on what the
+        # program's shape environment knows of a size (its range, earlier guards),
+        # which a symbol's name does not carry to another program; and recomputing
+        # the values outside the trace evaluates meta functions the trace found in
+        # fake tensor's cache, adding guards (fake convolution guards its batch
+        # size) to the program's shape environment.
+        return None
+    return {
+        **store.environment(),
+        "op": str(op),
+        "spec": spec,
+        "parts": text,
+        "table": name.table,
+        "settings": [list(item) for item in name.settings],
+    }
+
+
+def _storable(template: tracing.Template, tables: table.Tables) -> bool:
+    for node in template.graph.nodes:
+        target = node.target
+        # A kept CompositeImplicitAutograd op's value depends on the override that
+        # was active when it was computed: traced ones only.
+        if (
+            node.op == "call_function"
+            and isinstance(target, torch._ops.OpOverload)
+            and (table.is_cia(target) or table.rewrites(target, tables))
+        ):
+            return False
+    return True
+
+
+def _store(key: dict[str, Any], template: tracing.Template, tables: table.Tables) -> None:
+    if not _storable(template, tables):
+        return
+    try:
+        body = encoding.encode(template.graph, template.inherited, template.own)
+    except encoding.Unrepresentable:
+        return
+    store.store(key, body)
+
+
+def _load(
+    key: dict[str, Any],
+    call: tuple[Any, tuple[Any, ...], dict[str, Any]],
+    grads: list[bool],
+    tables: table.Tables,
+    fake_mode: Any,
+) -> tracing.Template | None:
+    body = store.load(key)
+    if body is None:
+        return None
+    op, args, kwargs = call
+    values = [
+        a.meta["val"] for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.fx.Node)
+    ]
+    try:
+        fakes = keys.fresh_fakes(fake_mode, values, grads)
+        with torch.no_grad():  # values as a trace computes them (under no_grad)
+            graph, inherited, own = encoding.decode(body, fakes, fake_mode, tracing.INHERITED_META)
+        for node in graph.nodes:
+            if node.op == "call_function" and not (
+                _program.is_op_overload(node.target) or safety.is_plain_call(node.target)
+            ):
+                raise ValueError(f"calls {node.target!r}")
+        template = tracing.Template(graph, len(values), inherited, own)
+        if not _storable(template, tables):
+            raise ValueError("holds an operator the table rewrites")
+        # An entry the checks above accept can still describe another computation;
+        # one that does not even return what the operator returns is caught here.
+        with fake_mode:
+            expected = op(*keys.values_of(args), **keys.values_of(kwargs))
+        problem = _result_mismatch(graph, expected)
+        if problem:
+            raise ValueError(problem)
+    except Exception as exc:
+        store.reject(key, f"{type(exc).__name__}: {exc}")
+        return None
+    return template
+
+
+def _result_mismatch(graph: torch.fx.Graph, expected: Any) -> str:
+    """What differs between a template's result and the operator's own (shape, dtype,
+    device and structure; strides may differ, as the retrace's do); empty: nothing."""
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    got = pytree.tree_leaves(keys.values_of(out.args[0]))
+    want = pytree.tree_leaves(expected)
+    if len(got) != len(want):
+        return f"returns {len(got)} values where the operator returns {len(want)}"
+    for a, b in zip(got, want, strict=True):
+        if isinstance(b, torch.Tensor):
+            if not (
+                isinstance(a, torch.Tensor)
+                and a.shape == b.shape
+                and a.dtype == b.dtype
+                and a.device == b.device
+            ):
+                return (
+                    f"returns {keys.describe_val(a)} "
+                    f"where the operator returns {keys.describe_val(b)}"
+                )
+        elif type(a) is not type(b):
+            return f"returns a {type(a).__name__} where the operator returns a {type(b).__name__}"
+    return ""

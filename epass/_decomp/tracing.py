@@ -1,0 +1,211 @@
+"""Tracing one decomposition into a template: the graph, and which node meta it takes
+from the node it replaces."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from epass import _program
+from epass._decomp import keys, safety, state, table
+from epass._decomp.safety import Fallback
+from epass._program import pytree
+
+__all__ = [
+    "INHERITED_META",
+    "Overrides",
+    "Template",
+    "blank_node",
+    "call",
+    "capture",
+    "check_template",
+    "split_meta",
+    "symbol_count",
+    "trace",
+]
+
+# The CompositeImplicitAutograd override of the table a trace runs under: a session
+# (see ``templates``) enters it at its first trace and leaves it at its end.
+Overrides = Callable[[], contextlib.AbstractContextManager[None]]
+
+
+# The retrace runs each node under a copy of that node's meta, and the tracer copies
+# these fields from it onto every node it creates; the tracer itself may overwrite
+# them meanwhile (``original_aten`` is set around each ATen call and reset to None
+# after it). ``custom`` is merged and ``nn_module_stack`` follows its own rule.
+INHERITED_META = tuple(
+    f
+    for f in torch.fx.proxy._COPY_META_FIELDS
+    if f not in ("from_node", "custom", "nn_module_stack")
+)
+
+
+class _Inherited:
+    """Template meta value standing for "the rewritten node's own value, if any"."""
+
+    __slots__ = ("field",)
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __copy__(self) -> _Inherited:
+        return self  # the tracer copies meta values; the marker must stay itself
+
+    def __deepcopy__(self, memo: Any) -> _Inherited:
+        return self
+
+    def __repr__(self) -> str:
+        return f"<the rewritten node's {self.field}>"
+
+
+_MARKERS = {f: _Inherited(f) for f in INHERITED_META}
+
+
+@attrs.frozen(eq=False)
+class Template:
+    """A traced decomposition. ``inherited`` maps each node to the meta fields it takes
+    from the node being rewritten; ``own`` to the fields the tracer set itself."""
+
+    graph: torch.fx.Graph
+    n_inputs: int
+    inherited: Mapping[torch.fx.Node, tuple[str, ...]]
+    own: Mapping[torch.fx.Node, Mapping[str, Any]]
+
+
+def split_meta(
+    graph: torch.fx.Graph,
+) -> tuple[dict[torch.fx.Node, tuple[str, ...]], dict[torch.fx.Node, dict[str, Any]]]:
+    inherited: dict[torch.fx.Node, tuple[str, ...]] = {}
+    own: dict[torch.fx.Node, dict[str, Any]] = {}
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        inherited[node] = tuple(
+            f for f in INHERITED_META if isinstance(node.meta.get(f), _Inherited)
+        )
+        own[node] = {
+            f: node.meta[f]
+            for f in INHERITED_META
+            if f in node.meta and not isinstance(node.meta[f], _Inherited)
+        }
+    return inherited, own
+
+
+def symbol_count(shape_env: Any) -> Any:
+    if shape_env is None:
+        return None
+    return (len(shape_env.var_to_range), shape_env.unbacked_symint_counter)
+
+
+def blank_node() -> torch.fx.Node:
+    """The node meta each decomposition runs under: no annotations, and a marker for
+    every field the rewritten node's own value will fill in."""
+    blank = torch.fx.Graph().placeholder("blank")
+    blank.meta["custom"] = {}
+    blank.meta.update(_MARKERS)
+    return blank
+
+
+def call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.fx.Node) -> Any:
+    """Run ``op`` on the traced inputs ``xs`` (the tensor leaves of ``flat``),
+    functionalized as export does; raise :class:`safety.Fallback` when it mutates one."""
+    from torch._functorch._aot_autograd.functional_utils import (
+        from_fun,
+        has_data_mutation,
+        has_metadata_mutation,
+        to_fun,
+    )
+
+    xs = list(xs)
+    funs = [to_fun(x) for x in xs]
+    it = iter(funs)
+    filled = [next(it) if isinstance(a, torch.fx.Node) else a for a in flat]
+    a, k = pytree.tree_unflatten(filled, spec)
+    # The retrace runs each node under that node's meta (the interpreter's
+    # set_current_meta), which drops annotations of the tracer's own frames.
+    with torch.fx.traceback.set_current_meta(blank):
+        out = op(*a, **k)
+    for f, x in zip(funs, xs, strict=True):
+        if isinstance(f, torch.Tensor) and (
+            has_data_mutation(f) or has_metadata_mutation(f, x, check_only_storage_mutation=False)
+        ):
+            raise Fallback(f"the decomposition of {op} mutates an input")
+    return pytree.tree_map(from_fun, out)
+
+
+def capture(
+    fn: Callable[..., Any],
+    fakes: list[Any],
+    tables: table.Tables,
+    fake_mode: Any,
+    overrides: Overrides,
+) -> torch.fx.GraphModule:
+    """``make_fx(fn)(*fakes)`` under the stack a template trace runs in."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._export.utils import _compiling_state_context
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    # The same stack as AOTAutograd's graph capture inside export's retrace, less the
+    # CompositeImplicitAutograd override: patching every such operator costs more
+    # than most traces, so a session enters it once for all of a program's traces.
+    with (
+        overrides(),
+        fake_mode,
+        state.backend_decomps_off(),
+        _compiling_state_context(),
+        torch.no_grad(),
+        torch.fx.traceback.preserve_node_meta(),
+        enable_python_dispatcher(),
+        FunctionalTensorMode(pre_dispatch=False, export=False, _allow_token_discovery=True),
+    ):
+        return make_fx(
+            fn,
+            decomposition_table=dict(tables.python),
+            record_module_stack=True,
+            pre_dispatch=False,
+        )(*fakes)
+
+
+def check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> None:
+    """Raise :class:`safety.Fallback` when a traced decomposition of ``op`` cannot be spliced."""
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            raise Fallback(f"the decomposition of {op} creates constants")
+        if node.op == "call_function" and _program.is_op_overload(node.target):
+            if _program.is_mutable_op(node.target):
+                raise Fallback(f"the decomposition of {op} leaves a mutating op")
+            if table.rewrites(node.target, tables):
+                raise Fallback(f"the decomposition of {op} leaves {node.target} behind")
+        elif node.op == "call_function" and not safety.is_plain_call(node.target):
+            raise Fallback(f"the decomposition of {op} calls {node.target!r}")
+
+
+def trace(
+    op: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    inputs: list[Any],
+    grads: list[bool],
+    tables: table.Tables,
+    fake_mode: Any,
+    overrides: Overrides,
+) -> Template:
+    """Trace ``op`` on fresh fake inputs with the table, functionalized as export does."""
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    blank = blank_node()
+
+    def fn(*xs: Any) -> Any:
+        return call(op, flat, spec, xs, blank)
+
+    shape_env = fake_mode.shape_env
+    before = symbol_count(shape_env)
+    gm = capture(fn, keys.fresh_fakes(fake_mode, inputs, grads), tables, fake_mode, overrides)
+    if shape_env is not None and symbol_count(shape_env) != before:
+        raise Fallback(f"the decomposition of {op} creates new symbols")
+    check_template(gm.graph, op, tables)
+    return Template(gm.graph, len(inputs), *split_meta(gm.graph))

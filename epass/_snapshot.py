@@ -1,0 +1,107 @@
+"""ProgramSnapshot: what a program looked like when a pass got it, to tell later
+whether the pass edited it in place (graph, node meta, signature, state keys)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature
+
+from epass import _program
+from epass._graph import graph_modules, meta_changed, meta_snapshot
+
+__all__ = ["ProgramSnapshot"]
+
+
+def _structure(gm: torch.fx.GraphModule) -> list[Any]:
+    return [
+        (name, m, m.graph, [(n, n.op, n.name, n.target, n.args, n.kwargs) for n in m.graph.nodes])
+        for name, m in graph_modules(gm)
+    ]
+
+
+def _other_fields(ep: ExportedProgram, copy: bool = False) -> tuple[Any, ...]:
+    """The program's fields besides graph, signature and state that a pass may edit:
+    range constraints, module call graph, example inputs, verifiers, graph-module
+    meta. ``copy`` takes containers' copies (for a program the pass will hold)."""
+    fields = (
+        ep.range_constraints,
+        ep.module_call_graph,
+        ep.example_inputs,
+        ep.verifiers,
+        ep.graph_module.meta,
+    )
+    if not copy:
+        return fields
+    return tuple(_program.copy_meta(f) for f in fields)
+
+
+def _differ(a: Any, b: Any) -> bool:
+    try:
+        # Containers compare identical items by identity first: shared tensors are
+        # never compared element-wise.
+        return bool(a != b)
+    except Exception:  # an item replaced by a tensor or another odd value
+        return True
+
+
+def _signature_rows(sig: ExportGraphSignature) -> list[Any]:
+    rows: list[Any] = [(s.kind, repr(s.arg), s.target, s.persistent) for s in sig.input_specs]
+    rows += [(s.kind, repr(s.arg), s.target) for s in sig.output_specs]
+    return rows
+
+
+class ProgramSnapshot:
+    """What a program looked like when a pass got it: graph structure (nodes, their
+    arguments and targets, nested graphs), node meta, signature, and which object
+    each state key held. Taken in O(nodes + entries); no tensor is read.
+
+    :meth:`changed` tells whether the program was edited in place since. When
+    ``ep``'s graph was just copied from ``copied_from``'s, that program's node meta
+    serves as the snapshot of the meta.
+    """
+
+    def __init__(self, ep: ExportedProgram, *, copied_from: ExportedProgram | None = None) -> None:
+        self.graph_module = ep.graph_module
+        self.structure = _structure(ep.graph_module)
+        if copied_from is not None:
+            # ``ep``'s graph is a fresh copy of ``copied_from``'s, which the pass does
+            # not hold: its node meta is the snapshot, with nothing copied again.
+            self.meta = [
+                node.meta
+                for _, m in graph_modules(copied_from.graph_module)
+                for node in m.graph.nodes
+            ]
+        else:
+            self.meta = meta_snapshot(ep.graph_module)
+        self.signature = _signature_rows(ep.graph_signature)
+        self.fields = (
+            _other_fields(copied_from) if copied_from is not None else _other_fields(ep, True)
+        )
+        self.state = [(k, id(v)) for k, v in ep.state_dict.items()]
+        self.constants = [(k, id(v)) for k, v in ep.constants.items()]
+
+    def graph_changed(self, ep: ExportedProgram) -> bool:
+        """Whether the graph (structure or node meta) differs from the snapshot."""
+        gm = ep.graph_module
+        if gm is not self.graph_module:
+            return True
+        try:
+            if _structure(gm) != self.structure:
+                return True
+        except Exception:  # an argument with an odd __eq__
+            return True
+        return meta_changed(gm, self.meta)
+
+    def changed(self, ep: ExportedProgram) -> bool:
+        """Whether ``ep`` differs from the snapshot: graph, meta, signature, or the
+        keys and objects of its dicts."""
+        return (
+            [(k, id(v)) for k, v in ep.state_dict.items()] != self.state
+            or [(k, id(v)) for k, v in ep.constants.items()] != self.constants
+            or _signature_rows(ep.graph_signature) != self.signature
+            or _differ(_other_fields(ep), self.fields)
+            or self.graph_changed(ep)
+        )

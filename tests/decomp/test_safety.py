@@ -1,0 +1,68 @@
+"""``epass._decomp.safety``: a program the incremental path cannot promise torch's result
+for keeps the retrace, and says why."""
+
+from __future__ import annotations
+
+import models
+import pytest
+import torch
+from decomp_helpers import assert_same_as_torch
+from torch import nn
+
+from epass import Decompose
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("loaded", [False, True], ids=["exported", "loaded"])
+def test_ops_that_return_nothing_need_no_value(loaded, tmp_path):
+    # A dtype cast exports an _assert_tensor_metadata node, which returns nothing and
+    # carries no value; it must not send the program to the retrace.
+    class Casts(nn.Module):
+        def forward(self, x):
+            return nn.functional.gelu(x.to(torch.float64)).to(torch.float32) + 1
+
+    ep = torch.export.export(Casts(), (torch.randn(2, 3),))
+    if loaded:
+        torch.export.save(ep, tmp_path / "casts.pt2")
+        ep = torch.export.load(tmp_path / "casts.pt2")
+    asserts = [n for n in ep.graph.nodes if n.target == aten._assert_tensor_metadata.default]
+    assert asserts and all(n.meta.get("val") is None for n in asserts)
+    result = assert_same_as_torch(ep)
+    assert result.notes["method"] == "incremental" and result.notes["fallback"] is None
+    kept = [n for n in result.program.graph.nodes if n.target == asserts[0].target]
+    assert len(kept) == len(asserts)
+
+
+def test_auto_falls_back_on_buffer_mutation_and_says_why():
+    _, ep, _ = models.export("seed")
+    result = Decompose()(ep)
+    assert result.notes["method"] == "retrace"
+    assert "mutat" in result.notes["fallback"]
+
+
+def test_incremental_falls_back_on_control_flow():
+    class Cond(nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda t: t.relu(), lambda t: t.tanh(), (x,))
+
+    ep = torch.export.export(Cond(), (torch.randn(3),))
+    result = Decompose()(ep)
+    assert result.notes["method"] == "retrace"
+    assert "get_attr" in result.notes["fallback"]
+
+
+def test_lifted_constants_fall_back_because_the_retrace_reorders_them():
+    class Consts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.rand(3)
+            self.b = torch.rand(3)
+
+        def forward(self, x):
+            return nn.functional.gelu(x * self.b) * self.a
+
+    ep = torch.export.export(Consts(), (torch.rand(2, 3),))
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "retrace"
+    assert "lifted constant" in result.notes["fallback"]
