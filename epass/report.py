@@ -8,15 +8,18 @@ The JSON document (``schema: "epass.report/1"``) holds:
 were its input's), ``owners`` (``{"state_dict": "user" | "own", "constants": ...}``:
 whether each of the output's dicts is the user's dict object or the output's own),
 ``seconds`` (sum over top-level passes), ``nodes_before``, ``nodes_after``,
-``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol", "first_drift"}``), and
+``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol", "first_drift",
+"first_node"}``, where ``first_node`` is null or the first diverging node of the first
+drifting pass: ``{"node", "op", "source", "max_abs", "max_rel", "compared", "became"}``), and
 ``passes``: one object per pass run, in order, with every key of
 :meth:`epass.PassRecord.as_dict` (``children`` nest the same way) plus ``path``
 (``"lower/dce"`` for nested passes), ``spec`` (the pass as pipeline text, or null),
 ``options`` (JSON values; dtypes and operators as their text) and ``memory``
 (null unless a :class:`~epass.instruments.MemoryAccounting` measured the run, else
 ``{"bytes", "new_bytes", "released_bytes", "duplicate_bytes"}`` of the pass's
-output state), and ``verdict``: ``{"status", "summary", "pass", "error",
-"traceback", "reproducer", "next"}``, where ``status`` is ``"ok"``,
+output state), and ``verdict``: ``{"status", "summary", "pass", "node", "error",
+"traceback", "reproducer", "next"}`` (``node``: the first diverging node of a
+drift, as text, or null), where ``status`` is ``"ok"``,
 ``"pass failed"``, ``"numerics drift"`` or ``"interrupted"``. A run that failed or
 was interrupted is reported too (from a :class:`RunLog`): ``passes`` then holds the
 passes that finished, and ``verdict`` names the one that did not.
@@ -322,14 +325,17 @@ def verdict(
     traceback_lines: Sequence[str] = (),
     reproducer: str | None = None,
     next_step: str | None = None,
+    node: str | None = None,
 ) -> dict[str, Any]:
-    """The report's ``verdict`` entry: what happened, where, and what to run next."""
+    """The report's ``verdict`` entry: what happened, where (the pass, and for a
+    drift the first diverging node), and what to run next."""
     if status not in VERDICTS:
         raise ArgumentValueError(f"verdict status must be one of {VERDICTS}, got {status!r}")
     return {
         "status": status,
         "summary": summary,
         "pass": pass_path,
+        "node": node,
         "error": error,
         "traceback": list(traceback_lines),
         "reproducer": reproducer,
@@ -532,6 +538,8 @@ def _verdict_html(v: Mapping[str, Any] | None) -> list[str]:
     ]
     if v.get("pass"):
         out.append(f"<p>pass <code>{_esc(v['pass'])}</code></p>")
+    if v.get("node"):
+        out.append(f"<p>first diverging node: <code>{_esc(v['node'])}</code></p>")
     if v.get("error"):
         out.append(f"<p>error: <code>{_esc(v['error'])}</code></p>")
     if v.get("traceback"):
