@@ -65,15 +65,6 @@ def user_state_is_shared(program: torch.export.ExportedProgram, ep: Any) -> bool
 
 
 def _transformers() -> None:
-    try:
-        import torchvision  # noqa: F401
-    except ImportError:
-        pass
-    except Exception:
-        # transformers imports torchvision whenever it is installed; one built for
-        # another torch fails to load, so it is hidden from transformers (before
-        # transformers first asks whether it is there).
-        sys.modules["torchvision"] = None  # type: ignore[assignment]
     pytest.importorskip("transformers")
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "build",
     "export",
     "inputs",
+    "make_torchvision_importable",
     "programs",
     "timed_export",
     "timm",
@@ -83,7 +84,12 @@ def _load_torchvision_extension() -> None:
                 return
 
 
-def _define_torchvision_schemas() -> None:
+def make_torchvision_importable() -> None:
+    """Make ``import torchvision`` work (and so transformers' and timm's imports of it)
+    where its C++ extension does not load beside this torch: define the two schemas
+    its fake kernels need. Nothing when torchvision is not installed."""
+    if importlib.util.find_spec("torchvision") is None:
+        return
     if all(_has_op("torchvision", name) for name in _TORCHVISION_SCHEMAS):
         return
     _load_torchvision_extension()  # where it loads, it defines the ops itself
@@ -97,7 +103,7 @@ def _define_torchvision_schemas() -> None:
 
 def torchvision() -> ModuleType:
     """``torchvision``, imported even where its C++ extension does not load."""
-    _define_torchvision_schemas()
+    make_torchvision_importable()
     import torchvision as tv
 
     return tv
@@ -105,7 +111,7 @@ def torchvision() -> ModuleType:
 
 def timm() -> ModuleType:
     """``timm`` (which imports torchvision), imported the same way."""
-    _define_torchvision_schemas()
+    make_torchvision_importable()
     import timm as t
 
     return t
