@@ -8,7 +8,10 @@ The JSON document (``schema: "epass.report/1"``) holds:
 were its input's), ``owners`` (``{"state_dict": "user" | "own", "constants": ...}``:
 whether each of the output's dicts is the user's dict object or the output's own),
 ``seconds`` (sum over top-level passes), ``nodes_before``, ``nodes_after``,
-``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol", "first_drift"}``), and
+``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol", "first_drift"}``),
+``fallbacks`` (how many passes fell back), ``notice_count`` (the notices counted:
+``"1 of 3 passes fell back"``, or ``""``), ``notices`` (every notice a pass gave,
+in run order: ``{"pass", "kind", "text"}``, ``pass`` its path), and
 ``passes``: one object per pass run, in order, with every key of
 :meth:`epass.PassRecord.as_dict` (``children`` nest the same way) plus ``path``
 (``"lower/dce"`` for nested passes), ``spec`` (the pass as pipeline text, or null),
@@ -51,7 +54,17 @@ from epass.linker import owners_text
 from epass.manager import PassManager
 from epass.pipeline import format_item, format_value
 from epass.protocol import PassModel
-from epass.records import PassInfo, PassRecord, PipelineResult, count_text, op_name, state_text
+from epass.records import (
+    PassInfo,
+    PassRecord,
+    PipelineResult,
+    count_text,
+    fallback_count,
+    notice_text,
+    noticed,
+    op_name,
+    state_text,
+)
 from epass.registry import spec_of
 
 __all__ = [
@@ -188,7 +201,9 @@ def build_report(run: PipelineRun | PipelineResult) -> dict[str, Any]:
     if isinstance(run, PipelineResult):
         run = PipelineRun(run)
     result, records = run.result, run.result.records
-    outcome = run.outcome or verdict("ok", summary=f"{count_text(records)} ran")
+    counted = notice_text(records)
+    ran = f"{count_text(records)} ran" + (f"; {counted}" if counted else "")
+    outcome = run.outcome or verdict("ok", summary=ran)
     measured = _Memory(run.memory)
     models = run.manager.models if run.manager is not None else ()
     return {
@@ -208,6 +223,9 @@ def build_report(run: PipelineRun | PipelineResult) -> dict[str, Any]:
         "nodes_after": len(result.program.graph.nodes),
         "numerics": dict(run.numerics) if run.numerics is not None else None,
         "verdict": dict(outcome),
+        "fallbacks": fallback_count(records),
+        "notice_count": counted,
+        "notices": [{"pass": path, **n.as_dict()} for path, n in noticed(records)],
         "passes": [
             _record_dict(r, _model_at(models, r.index), "", measured, run.diffs) for r in records
         ],
@@ -424,21 +442,46 @@ def _notes_words(notes: Mapping[str, Any]) -> str:
     return "; ".join(words)
 
 
-def _notes_html(notes: Mapping[str, Any]) -> str:
+def _notes_html(notes: Mapping[str, Any], notices: Sequence[Mapping[str, str]] = ()) -> str:
+    """A pass's notes cell: a badge for each notice (``fell back``, or its kind) with
+    its text on hover, then the notes in words, their values one click away; a pass
+    with notices and no notes shows the notices' text instead."""
+    badges = "".join(
+        f'<span class="badge skip" title="{esc(n["text"])}">'
+        f"{'fell back' if n['kind'] == 'fallback' else esc(n['kind'])}</span> "
+        for n in notices
+    )
     shown = {k: v for k, v in notes.items() if v is not None}
     if not shown:
-        return ""
+        return badges + "; ".join(esc(n["text"]) for n in notices)
     facts = "".join(
         f"<li><code>{esc(k)}</code>: {esc(_json_value(v))}</li>" for k, v in shown.items()
     )
     return (
-        f'<details class="notes"><summary>{esc(_notes_words(notes) or "details")}</summary>'
-        f"<ul>{facts}</ul></details>"
+        f'{badges}<details class="notes"><summary>{esc(_notes_words(notes) or "details")}'
+        f"</summary><ul>{facts}</ul></details>"
     )
 
 
-def _verdict_html(v: Mapping[str, Any] | None) -> list[str]:
-    """The first thing on the page: what happened, where, and what to run next."""
+def _notices_html(report: Mapping[str, Any]) -> list[str]:
+    """Under the verdict: each notice with its pass, after their count unless the
+    verdict's summary says it already."""
+    notices = report.get("notices") or []
+    if not notices:
+        return []
+    items = "".join(
+        f'<li class="notice {esc(n["kind"])}"><code>{esc(n["pass"])}</code>: {esc(n["text"])}</li>'
+        for n in notices
+    )
+    counted = report.get("notice_count") or "notices"
+    head = "" if counted in report["verdict"]["summary"] else f"<p>{esc(counted)}:</p>"
+    return [f'{head}<ul class="notices">{items}</ul>']
+
+
+def _verdict_html(report: Mapping[str, Any]) -> list[str]:
+    """The first thing on the page: what happened, where, what fell back, and what
+    to run next."""
+    v = report.get("verdict")
     if not v:
         return []
     cls = "shared" if v["status"] == "ok" else "diverged"
@@ -454,6 +497,7 @@ def _verdict_html(v: Mapping[str, Any] | None) -> list[str]:
         out.append("<pre>" + "\n".join(esc(line) for line in v["traceback"]) + "</pre>")
     if v.get("reproducer"):
         out.append(f"<p>reproducer: <code>{esc(v['reproducer'])}</code></p>")
+    out += _notices_html(report)
     if v.get("next"):
         out.append(f"<p>next: <code>{esc(v['next'])}</code></p>")
     out.append("</div>")
@@ -476,7 +520,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
         "<h1>epass report</h1>",
-        *_verdict_html(report.get("verdict")),
+        *_verdict_html(report),
         f'<p class="meta">pipeline <code>{esc(report["pipeline"] or "(no text form)")}</code>'
         f" &middot; input <code>{esc(report['input'] or '-')}</code>"
         f" &middot; output <code>{esc(report['output'] or '-')}</code>"
@@ -535,7 +579,8 @@ def _pass_rows(everything: Sequence[Mapping[str, Any]]) -> list[str]:
             keys = _keys(p["link"], field)
             shown = ", ".join(esc(k) for k in keys[:8]) + (" &hellip;" if len(keys) > 8 else "")
             cells.append(f'<td title="{len(keys)}">{len(keys) or ""} {shown}</td>')
-        cells.append(f'<td class="notes">{_notes_html(p.get("notes") or {})}</td>')
+        notes = _notes_html(p.get("notes") or {}, p.get("notices") or ())
+        cells.append(f'<td class="notes">{notes}</td>')
         out.append(f'<tr class="state {cls}">{"".join(cells)}</tr>')
     return out
 

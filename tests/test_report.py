@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORD_KEYS = {
     "name", "index", "step", "seconds", "modified", "nodes_before", "nodes_after", "op_delta",
     "link", "skipped", "skip_reason", "depth", "children", "path", "spec", "options", "memory",
-    "notes", "diff",
+    "notes", "notices", "diff",
 }  # fmt: skip
 TOP_KEYS = {
     "schema", "epass_version", "torch_version", "created", "pipeline", "input", "output",
     "modified", "shared", "owners", "seconds", "nodes_before", "nodes_after", "numerics", "passes",
-    "count", "verdict",
+    "count", "verdict", "fallbacks", "notice_count", "notices",
 }  # fmt: skip
 
 
