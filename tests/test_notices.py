@@ -10,9 +10,11 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from models import export
 
-from epass import Notice, PassManager, PassResult
+from epass import Notice, PassManager, PassRecord, PassResult, PipelineResult
 from epass._terminal import Out, notices
 from epass._text import json_text
 from epass.passes import DeadCodeElimination as DCE
@@ -122,6 +124,26 @@ def test_every_view_escapes_a_notice_and_json_keeps_it_exact() -> None:
     assert json.loads(text)["notices"][0]["text"] == f"fell back {HOSTILE}"
     page = render_html(report)
     assert _raw_controls(page) == [] and "fell back \\x1b]0;pwned\\x07" in page
+
+
+_LINEAR = _linear()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF)),
+    st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), min_size=1),
+)
+def test_no_notice_text_or_pass_name_reaches_any_view_raw(text: str, name: str) -> None:
+    record = PassRecord(name, 0, 0, 0.0, False, 1, 1, notices=(Notice("fallback", text),))
+    result = PipelineResult(_LINEAR, False, (record,))
+    stream = io.StringIO()
+    notices(Out(plain=True, stream=stream), result.records)
+    report = build_report(result)
+    document = json_text(report)
+    for shown in (result.summary(), stream.getvalue(), document, render_html(report)):
+        assert _raw_controls(shown) == []
+    assert json.loads(document)["notices"] == [{"pass": name, "kind": "fallback", "text": text}]
 
 
 def test_a_notice_is_a_kind_word_and_a_text_and_a_result_holds_only_notices() -> None:
