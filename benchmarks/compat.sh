@@ -32,6 +32,6 @@ export PIP_CONSTRAINT=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 "$venv_python" -c "import torch; print('torch', torch.__version__, 'in', '$work/venv')"
 installed=$SECONDS
 
-"$venv_python" -m pytest -q -m "not slow"
-"$venv_python" -m pytest -q tests/decomp/test_fast_path.py
+"$venv_python" -m pytest -q -n auto -m "not slow"
+"$venv_python" -m pytest -q -n auto tests/decomp/test_fast_path.py
 echo "torch $version: install $((installed - start)) s, tests $((SECONDS - installed)) s"

@@ -25,6 +25,13 @@ __all__ = ["fingerprint"]
 # schemas its fake kernels need are defined first (tests/vision_models.py).
 vision_models.make_torchvision_importable()
 
+# Under pytest-xdist each worker is a process of its own: one torch thread each, so
+# that the workers share the cores instead of fighting over them.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    import torch
+
+    torch.set_num_threads(1)
+
 # Tests never touch the user's template cache: this session's cache lives in a
 # directory of its own, set here (at import) so that subprocesses inherit it. Tests
 # that need a cold or a filled cache set EPASS_CACHE_DIR to their own tmp_path.
