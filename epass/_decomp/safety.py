@@ -3,6 +3,7 @@ retrace sees of the program's state."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -12,7 +13,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from epass import _program
 from epass._decomp import table
 
-__all__ = ["Fallback", "is_plain_call", "retrace_grads", "unsafe_reason"]
+__all__ = ["Fallback", "is_plain_call", "retrace_grads", "unsafe_reason", "written_argument"]
 
 
 class Fallback(Exception):
@@ -71,6 +72,7 @@ def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
             return f"a mutation output ({out.kind.name.lower()} {out.target})"
     if table.has_packet_keys(tables):
         return "the table has an operator packet key"
+    aliases = _Aliases(ep.graph)
     for node in ep.graph.nodes:
         if node.op in ("get_attr", "call_module"):
             return f"a {node.op} node ({node.name})"
@@ -87,10 +89,11 @@ def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
             continue
         target = node.target
         if _program.is_op_overload(target):
-            if _program.is_mutable_op(target):
-                return f"a mutating op ({target} at {node.name})"
             if target.namespace != "aten":
                 return f"a non-ATen op ({target} at {node.name})"
+            problem = aliases.see(node)
+            if problem is not None:
+                return problem
         elif _program.is_higher_order(target):
             return f"a higher-order op ({target.name()} at {node.name})"
         elif not is_plain_call(target):
@@ -98,6 +101,113 @@ def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
         if "val" not in node.meta and not _returns_nothing(target):
             return f"node {node.name} carries no value"
     return None
+
+
+def written_argument(op: Any) -> int | None:
+    """The position of the one argument an in-place operator writes into and returns
+    (``relu_``'s ``self``), or None: ``op`` writes nothing, or writes otherwise (an
+    ``out=`` argument, several arguments, a list, or returns something else)."""
+    schema = _program.op_schema(op)
+    if schema is None:
+        return None
+    writes = [
+        i
+        for i, arg in enumerate(schema.arguments)
+        if arg.alias_info is not None and arg.alias_info.is_write
+    ]
+    if len(writes) != 1:
+        return None
+    arg = schema.arguments[writes[0]]
+    returns = schema.returns
+    if (
+        arg.kwarg_only
+        or not isinstance(arg.type, torch.TensorType)
+        or len(returns) != 1
+        or returns[0].alias_info is None
+        or returns[0].alias_info.before_set != arg.alias_info.before_set
+    ):
+        return None
+    return writes[0]
+
+
+def argument(node: torch.fx.Node, position: int) -> Any:
+    """The value ``node`` passes for its operator's argument at ``position``."""
+    if position < len(node.args):
+        return node.args[position]
+    schema = _program.op_schema(node.target)
+    assert schema is not None
+    name = schema.arguments[position].name
+    return node.kwargs.get(name, schema.arguments[position].default_value)
+
+
+def _view_of(node: torch.fx.Node) -> Any:
+    """The node whose storage ``node``'s value is a view of (None: its own storage)."""
+    target = node.target
+    if target is operator.getitem:
+        # An item of a multi-output op: a view where that op returns views (split).
+        producer = node.args[0]
+        if not isinstance(producer, torch.fx.Node) or not _program.is_op_overload(
+            producer.target
+        ):
+            return None
+        node = producer
+        target = producer.target
+    schema = _program.op_schema(target)
+    if schema is None or not schema.returns:
+        return None
+    info = schema.returns[0].alias_info
+    if info is None or info.is_write:
+        return None
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.before_set & info.before_set:
+            base = argument(node, i)
+            return base if isinstance(base, torch.fx.Node) else None
+    return None
+
+
+class _Aliases:
+    """The writes of in-place operators the incremental path takes as the retrace's
+    functionalization does: into an intermediate value (not a program input), not
+    through a view, with no view of it read after the write. A walk in program order
+    (``see`` each node in turn)."""
+
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        self.position = {n: i for i, n in enumerate(graph.nodes)}
+        self.root: dict[torch.fx.Node, torch.fx.Node] = {}  # alias -> its storage's owner
+        self.views: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # owner -> its views
+        self.written: set[torch.fx.Node] = set()  # in-place results
+
+    def see(self, node: torch.fx.Node) -> str | None:
+        """Record ``node``; why the incremental path cannot take it (None: it can)."""
+        target = node.target
+        if not _program.is_mutable_op(target):
+            base = _view_of(node)
+            if base is not None:
+                owner = self.root.get(base, base)
+                self.root[node] = owner
+                self.views.setdefault(owner, []).append(node)
+            return None
+        at = written_argument(target)
+        if at is None:
+            return f"a mutating op ({target} at {node.name})"
+        written = argument(node, at)
+        if not isinstance(written, torch.fx.Node):
+            return f"a mutating op ({target} at {node.name}) writing into a constant"
+        owner = self.root.get(written, written)
+        if written in self.root and written not in self.written:
+            return f"a write through a view ({target} at {node.name}, into {written.name})"
+        if owner.op != "call_function":
+            return f"a write into input {owner.name} ({target} at {node.name})"
+        here = self.position[node]
+        for view in self.views.get(owner, ()):
+            if any(self.position[user] > here for user in view.users):
+                return (
+                    f"a view of {owner.name} ({view.name}) read after a write into it "
+                    f"({target} at {node.name})"
+                )
+        self.root[node] = owner
+        self.written.add(node)
+        return None
 
 
 def _state_problem(ep: ExportedProgram) -> str | None:

@@ -87,6 +87,8 @@ class _Builder:
         self.sizes: dict[Any, torch.fx.Node] = {}
         self.decomposed = 0
         self.new_sizes = False
+        # The aliases of each tensor written in place so far (see ``_written``).
+        self.chains: dict[torch.fx.Node, list[torch.fx.Node]] = {}
 
     def _emit(
         self, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]
@@ -211,11 +213,27 @@ class _Builder:
                     self.sizes.setdefault(new.meta["val"].node.expr, new)
                 local[t] = new
         self.decomposed += 1
-        self.env[node] = result
-        old = node.meta.get("val")
         new_val = keys.values_of(result) if result is not None else None
-        if not _same_meta(new_val, old):
-            self.changed.add(node)
+        for alias in self._written(node):
+            # Every later read of the tensor an in-place node wrote (the tensor, and
+            # the earlier in-place results aliasing it) reads the new value, as
+            # functionalization makes it; earlier reads were copied already.
+            self.env[alias] = result
+            if not _same_meta(new_val, alias.meta.get("val")):
+                self.changed.add(alias)
+
+    def _written(self, node: torch.fx.Node) -> list[torch.fx.Node]:
+        """``node`` and, for an in-place node, every alias of what it writes (the
+        tensor and the in-place results before it): ``safety.unsafe_reason`` took
+        only writes into intermediates that no view reads afterwards."""
+        at = safety.written_argument(node.target)
+        if at is None:
+            return [node]
+        written = safety.argument(node, at)
+        chain = [*self.chains.get(written, [written]), node]
+        for alias in chain:
+            self.chains[alias] = chain
+        return chain
 
 
 def decompose(
