@@ -88,12 +88,12 @@ def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
         if node.op != "call_function":
             continue
         target = node.target
+        problem = aliases.see(node)
+        if problem is not None:
+            return problem
         if _program.is_op_overload(target):
             if target.namespace != "aten":
                 return f"a non-ATen op ({target} at {node.name})"
-            problem = aliases.see(node)
-            if problem is not None:
-                return problem
         elif _program.is_higher_order(target):
             return f"a higher-order op ({target.name()} at {node.name})"
         elif not is_plain_call(target):
@@ -146,20 +146,17 @@ def _view_of(node: torch.fx.Node) -> Any:
     if target is operator.getitem:
         # An item of a multi-output op: a view where that op returns views (split).
         producer = node.args[0]
-        if not isinstance(producer, torch.fx.Node) or not _program.is_op_overload(
-            producer.target
-        ):
+        if not isinstance(producer, torch.fx.Node) or not _program.is_op_overload(producer.target):
             return None
         node = producer
         target = producer.target
     schema = _program.op_schema(target)
-    if schema is None or not schema.returns:
+    if schema is None or not any(r.alias_info is not None for r in schema.returns):
         return None
-    info = schema.returns[0].alias_info
-    if info is None or info.is_write:
-        return None
+    # A view's schema marks the argument it aliases (``Tensor(a) self``, and
+    # ``Tensor(a -> *) self`` where it returns a list of views: split, unbind).
     for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.before_set & info.before_set:
+        if arg.alias_info is not None and not arg.alias_info.is_write:
             base = argument(node, i)
             return base if isinstance(base, torch.fx.Node) else None
     return None
@@ -180,7 +177,7 @@ class _Aliases:
     def see(self, node: torch.fx.Node) -> str | None:
         """Record ``node``; why the incremental path cannot take it (None: it can)."""
         target = node.target
-        if not _program.is_mutable_op(target):
+        if not (_program.is_op_overload(target) and _program.is_mutable_op(target)):
             base = _view_of(node)
             if base is not None:
                 owner = self.root.get(base, base)
