@@ -4,8 +4,10 @@ retrace sees of the program's state."""
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
@@ -13,7 +15,16 @@ from torch.export.graph_signature import InputKind, OutputKind
 from epass import _program
 from epass._decomp import table
 
-__all__ = ["Fallback", "is_plain_call", "retrace_grads", "unsafe_reason", "written_argument"]
+__all__ = [
+    "Fallback",
+    "Plan",
+    "argument",
+    "check",
+    "is_plain_call",
+    "retrace_grads",
+    "unsafe_reason",
+    "written_argument",
+]
 
 
 class Fallback(Exception):
@@ -45,11 +56,37 @@ def is_plain_call(target: Any) -> bool:
     return module in ("_operator", "operator", "math", "builtins") or target in _SYM_FUNCTIONS
 
 
+@attrs.frozen
+class Plan:
+    """What one walk over a program found.
+
+    Attributes:
+        reason: why the incremental path cannot promise torch's result (None: it can).
+        no_write: in-place nodes the path takes only if their decomposition writes
+            nothing (a CompositeImplicitAutograd op such as ``dropout_`` in eval
+            mode, through a view or into an input), each with the reason to give
+            when it does write.
+    """
+
+    reason: str | None
+    no_write: Mapping[torch.fx.Node, str] = attrs.field(factory=dict)
+
+
 def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
     """Why the incremental path cannot promise torch's result for ``ep`` (or None).
 
     One walk over the nodes, no tracing.
     """
+    return check(ep, tables).reason
+
+
+def check(ep: ExportedProgram, tables: table.Tables) -> Plan:
+    """:func:`unsafe_reason` and what the splice must watch for (see :class:`Plan`)."""
+    aliases = _Aliases(ep.graph)
+    return Plan(_reason(ep, tables, aliases), aliases.no_write)
+
+
+def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str | None:
     if ep.dialect not in ("ATEN", "TRAINING"):
         return f"dialect {ep.dialect!r}"
     sig = ep.graph_signature
@@ -72,7 +109,6 @@ def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
             return f"a mutation output ({out.kind.name.lower()} {out.target})"
     if table.has_packet_keys(tables):
         return "the table has an operator packet key"
-    aliases = _Aliases(ep.graph)
     for node in ep.graph.nodes:
         if node.op in ("get_attr", "call_module"):
             return f"a {node.op} node ({node.name})"
@@ -173,6 +209,7 @@ class _Aliases:
         self.root: dict[torch.fx.Node, torch.fx.Node] = {}  # alias -> its storage's owner
         self.views: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # owner -> its views
         self.written: set[torch.fx.Node] = set()  # in-place results
+        self.no_write: dict[torch.fx.Node, str] = {}  # see Plan
 
     def see(self, node: torch.fx.Node) -> str | None:
         """Record ``node``; why the incremental path cannot take it (None: it can)."""
@@ -191,6 +228,25 @@ class _Aliases:
         if not isinstance(written, torch.fx.Node):
             return f"a mutating op ({target} at {node.name}) writing into a constant"
         owner = self.root.get(written, written)
+        problem = self._problem(node, written, owner)
+        if problem is not None:
+            if not table.is_cia(target):
+                return problem
+            # Decomposed before functionalization: it may write nothing at all
+            # (dropout_ in eval mode), which the splice checks; its result is then
+            # the tensor itself.
+            self.no_write[node] = problem
+            self.root[node] = owner
+            self.views.setdefault(owner, []).append(node)
+            return None
+        self.root[node] = owner
+        self.written.add(node)
+        return None
+
+    def _problem(
+        self, node: torch.fx.Node, written: torch.fx.Node, owner: torch.fx.Node
+    ) -> str | None:
+        target = node.target
         if written in self.root and written not in self.written:
             return f"a write through a view ({target} at {node.name}, into {written.name})"
         if owner.op != "call_function":
@@ -202,8 +258,6 @@ class _Aliases:
                     f"a view of {owner.name} ({view.name}) read after a write into it "
                     f"({target} at {node.name})"
                 )
-        self.root[node] = owner
-        self.written.add(node)
         return None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import copy
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -77,8 +78,15 @@ def _symbolic(v: Any) -> bool:
 class _Builder:
     """Copies the graph node by node, splicing templates in and re-propagating values."""
 
-    def __init__(self, tables: table.Tables, fake_mode: Any, session: templates.Session) -> None:
+    def __init__(
+        self,
+        tables: table.Tables,
+        fake_mode: Any,
+        session: templates.Session,
+        no_write: Mapping[torch.fx.Node, str],
+    ) -> None:
         self.tables = tables
+        self.no_write = no_write
         self.fake_mode = fake_mode
         self.session = session
         self.graph = torch.fx.Graph()
@@ -172,6 +180,8 @@ class _Builder:
         template, inputs = templates.find(
             op, args, kwargs, self.tables, self.fake_mode, self.session
         )
+        if node in self.no_write and not _returns_its_input(template, inputs, args, op):
+            raise Fallback(self.no_write[node])
         meta = {k: node.meta[k] for k in _CARRIED_META if k in node.meta}
         meta.setdefault("nn_module_stack", collections.OrderedDict())
         local: dict[torch.fx.Node, Any] = {}
@@ -236,6 +246,19 @@ class _Builder:
         return chain
 
 
+def _returns_its_input(template: Any, inputs: list[torch.fx.Node], args: Any, op: Any) -> bool:
+    """Whether an in-place operator's template writes nothing: it returns the tensor
+    it was to write, untouched."""
+    at = safety.written_argument(op)
+    if at is None or at >= len(args):
+        return False
+    placeholders = [n for n in template.graph.nodes if n.op == "placeholder"]
+    result = template.graph.output_node().args[0]
+    return any(
+        ph is result and node is args[at] for ph, node in zip(placeholders, inputs, strict=True)
+    )
+
+
 def decompose(
     ep: ExportedProgram, tables: table.Tables, deadline: float | None = None
 ) -> tuple[ExportedProgram, int]:
@@ -264,13 +287,13 @@ def _decompose(
 ) -> tuple[ExportedProgram, int]:
     from torch.export.exported_program import _get_updated_module_call_graph
 
-    reason = safety.unsafe_reason(ep, tables)
-    if reason is not None:
-        raise Fallback(reason)
+    plan = safety.check(ep, tables)
+    if plan.reason is not None:
+        raise Fallback(plan.reason)
     fake_mode = keys.fake_mode_of(ep)
     session.program = ep
     session.grads = safety.retrace_grads(ep)
-    builder = _Builder(tables, fake_mode, session)
+    builder = _Builder(tables, fake_mode, session, plan.no_write)
     old_graph = ep.graph
     for node in old_graph.nodes:
         if node.op == "output":
