@@ -7,11 +7,14 @@ when torch renames or reshapes any of them.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import functools
 import operator
 import threading
+import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -22,6 +25,7 @@ from torch.utils import _pytree as pytree
 __all__ = [
     "PRIVATE_FIELDS",
     "archive_records",
+    "copy_call_graph",
     "copy_graph_module",
     "export_schema",
     "is_higher_order",
@@ -36,6 +40,7 @@ __all__ = [
     "private_view",
     "pytree",
     "pytree_type_names",
+    "quiet_leaf_specs",
     "serialized_builtin_targets",
     "copy_meta",
     "set_signature",
@@ -179,9 +184,51 @@ def private_view(
     if copy_graph:
         view._graph_module = copy_graph_module(ep.graph_module)
         view._graph_signature = copy.deepcopy(ep.graph_signature)
-        view._module_call_graph = copy.deepcopy(ep.module_call_graph)
+        view._module_call_graph = copy_call_graph(ep.module_call_graph)
         view._range_constraints = dict(ep.range_constraints)
     return view
+
+
+def copy_call_graph(call_graph: list[Any]) -> list[Any]:
+    """``copy.deepcopy(call_graph)`` that shares the leaf treespecs of its signatures.
+
+    torch deprecated ``LeafSpec`` (2.13) and warns (``FutureWarning``, located in
+    ``copyreg.py``) whenever one is constructed, as a deep copy does for every leaf;
+    the user did nothing to cause it. A leaf spec is immutable, so the copy shares it.
+    """
+    memo: dict[int, Any] = {}
+    for entry in call_graph:
+        signature = getattr(entry, "signature", None)
+        specs = [getattr(signature, "in_spec", None), getattr(signature, "out_spec", None)]
+        while specs:
+            spec = specs.pop()
+            if not isinstance(spec, pytree.TreeSpec):
+                continue
+            if spec.is_leaf():
+                memo[id(spec)] = spec
+            else:  # children(): torch 2.13 deprecates the children_specs field
+                children = getattr(spec, "children", None)
+                specs.extend(children() if callable(children) else spec.children_specs)
+    return copy.deepcopy(call_graph, memo)
+
+
+# torch's deprecation of LeafSpec, raised from torch's own deep copies.
+_LEAF_SPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+
+
+# warnings.catch_warnings saves and restores the process's filter list: two threads
+# that overlap would restore each other's filter, and leave it on for good.
+_WARNINGS_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def quiet_leaf_specs() -> Iterator[None]:
+    """Silence torch's ``LeafSpec`` ``FutureWarning`` (see :func:`copy_call_graph`)
+    while torch itself deep-copies a program's call graph (``run_decompositions``
+    and ``_get_updated_module_call_graph`` do): that one message, for that call."""
+    with _WARNINGS_LOCK, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_LEAF_SPEC_WARNING, category=FutureWarning)
+        yield
 
 
 def new_program(
@@ -211,7 +258,7 @@ def new_program(
         graph_signature=signature,
         state_dict=state_dict,
         range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
-        module_call_graph=copy.deepcopy(
+        module_call_graph=copy_call_graph(
             ep.module_call_graph if module_call_graph is None else module_call_graph
         ),
         example_inputs=ep.example_inputs,

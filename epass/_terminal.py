@@ -8,29 +8,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-__all__ = ["Out", "printable"]
+from epass._text import printable
 
+__all__ = ["LEGEND", "Out", "inputs_table", "pass_table", "printable"]
 
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: every non-printable character escaped.
-
-    Names in a .pt2 file are whatever its author wrote. ESC, BEL, CSI, OSC or C1
-    sequences printed raw would set the window title, clear the screen or rewrite
-    what was shown; a newline would forge an output line. Everything the command
-    prints goes through here.
-    """
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else _ESCAPES.get(c) or _escape(ord(c)) for c in text)
-
-
-def _escape(code: int) -> str:
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+# The line under every pass table.
+LEGEND = (
+    "ops: op calls added + removed; state: whose dicts the output holds (user's: yours; own: new)"
+)
 
 
 class Out:
@@ -94,3 +79,47 @@ class Out:
         print("  ".join("-" * w for w in widths), file=self.stream)
         for row in rows:
             print(fmt(row), file=self.stream)
+
+
+def inputs_table(out: Out, sig: dict[str, Any], everything: bool) -> None:
+    """Every user input, and the first state inputs (all with --all-ops): kind, shape
+    with its symbolic dimensions, dtype; then the range of each symbol."""
+    inputs = sig["inputs"]
+    users = [i for i in inputs if i["kind"] == "user input"]
+    others = [i for i in inputs if i["kind"] != "user input"]
+    shown = [*users, *(others if everything else others[:20])]
+    rows = []
+    for i in shown:
+        shape = "" if i["shape"] is None else f"({', '.join(map(str, i['shape']))})"
+        bound = f" ({i['target']})" if i["target"] and i["target"] != i["name"] else ""
+        rows.append([i["name"] + bound, i["kind"], shape, i["dtype"] or ""])
+    if len(shown) < len(inputs):
+        rows.append([f"... {len(inputs) - len(shown)} more (--all-ops)", "", "", ""])
+    out.line()
+    out.table("inputs", ["input", "kind", "shape", "dtype"], rows)
+    if sig["dims"]:
+        ranges = ", ".join(
+            f"{s} in [{lo}, {'inf' if hi is None else hi}]" for s, (lo, hi) in sig["dims"].items()
+        )
+        out.line(f"symbolic dims: {ranges}")
+
+
+def pass_table(out: Out, result: Any) -> None:
+    """One row per pass run (nested passes indented), then the :data:`LEGEND`."""
+    from epass.records import flatten, state_text
+
+    rows = []
+    for r in flatten(result.records):
+        ops = sum(abs(v) for v in r.op_delta.values())
+        rows.append(
+            [
+                "  " * r.depth + r.name,
+                str(r.step),
+                f"{r.seconds:.4f}",
+                f"{r.nodes_before} -> {r.nodes_after}",
+                str(ops) if ops else "",
+                state_text(r.skipped, r.skip_reason, None if r.link is None else r.link.summary()),
+            ]
+        )
+    out.table(None, ["pass", "step", "seconds", "nodes", "ops", "state"], rows)
+    out.line(LEGEND)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import gc
 import math
 import re
 import shlex
@@ -32,7 +32,9 @@ import attrs
 
 from epass import _paths, pipeline, registry
 from epass._terminal import Out as _Out
-from epass._terminal import printable
+from epass._terminal import inputs_table, printable
+from epass._terminal import pass_table as _summary
+from epass._text import json_text
 from epass.errors import CliError, LoadError, PassError, PipelineError, RegistryError, SaveError
 from epass.registry import pass_table
 
@@ -60,25 +62,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 REPORT_SUFFIXES = (".json", ".html", ".htm")
-
-
-def _summary(out: _Out, result: Any) -> None:
-    from epass.records import flatten, state_text
-
-    rows = []
-    for r in flatten(result.records):
-        ops = sum(abs(v) for v in r.op_delta.values())
-        rows.append(
-            [
-                "  " * r.depth + r.name,
-                str(r.step),
-                f"{r.seconds:.4f}",
-                f"{r.nodes_before} -> {r.nodes_after}",
-                str(ops) if ops else "",
-                state_text(r.skipped, r.skip_reason, None if r.link is None else r.link.summary()),
-            ]
-        )
-    out.table(None, ["pass", "step", "seconds", "nodes", "ops", "state"], rows)
+DEMO_FILE = "demo.pt2"  # where `epass demo --save` writes when given no name
 
 
 def _human(n: float) -> str:
@@ -107,7 +91,7 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
         ep = io.load(args.input, trust=args.trust, imports=args.imports, progress=spinner)
     info = io.inspect(ep)
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json_text(info))
         return 0
     out.line(f"{args.input}: dialect {info['dialect']}, {info['nodes']} nodes")
     ops = list(info["ops"].items())
@@ -141,6 +125,7 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     out.line(f"output specs: {kinds}")
     if sig["buffers_mutated"]:
         out.line(f"mutated buffers: {', '.join(sorted(set(sig['buffers_mutated'].values())))}")
+    inputs_table(out, sig, args.all_ops)
     return 0
 
 
@@ -187,7 +172,8 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     if text != "lower":
         out.line("the 'lower' preset is not available here; running 'decompose'")
     out.line(f"pipeline: {text}")
-    result = pm(ep)
+    with _collect_new_objects_only():
+        result = pm(ep)
     _summary(out, result)
     prog = result.program
     out.line()
@@ -205,8 +191,8 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     if args.save:
         out.line(f"next: epass run {args.save} -p lower -o lowered.pt2 --report report.html")
     else:
-        then = "epass run demo.pt2 -p lower --report report.html"
-        out.line(f"next: epass demo --save demo.pt2, then {then}")
+        then = f"epass run {DEMO_FILE} -p lower --report report.html"
+        out.line(f"next: epass demo --save (writes {DEMO_FILE}), then {then}")
     return 0
 
 
@@ -381,7 +367,9 @@ def _run_pipeline(
 
     start = time.perf_counter()
     try:
-        return pm(ep), time.perf_counter() - start
+        with _collect_new_objects_only():
+            result = pm(ep)
+        return result, time.perf_counter() - start
     except PassError as exc:
         note = _reproducer_note(tools.reproducer) if tools.reproducer is not None else ""
         if note:
@@ -508,7 +496,7 @@ def plain_text(text: str) -> str:
 def _cmd_passes(args: argparse.Namespace, out: _Out) -> int:
     entries = pass_table()
     if args.json:
-        print(json.dumps(entries, indent=2))
+        print(json_text(entries))
         return 0
     rows = []
     for e in entries:
@@ -534,7 +522,7 @@ def _cmd_cache(args: argparse.Namespace, out: _Out) -> int:
         return 0
     info = store.info()
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json_text(info))
         return 0
     if not info["enabled"]:
         out.line(f"the template cache is off ({store.DIR_ENV} is empty)")
@@ -588,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="describe a .pt2 file")
     inspect.add_argument("input")
     inspect.add_argument("--json", action="store_true", help="print JSON")
-    inspect.add_argument("--all-ops", action="store_true", help="show every op")
+    inspect.add_argument("--all-ops", action="store_true", help="show every op and input")
     inspect.add_argument("--trust", action="store_true", help=trust)
     inspect.add_argument("--import", dest="imports", action="append", default=[],
                          metavar="MODULE", help=imports)  # fmt: skip
@@ -596,7 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="export a small transformer, lower it, show what happened")
     demo.add_argument("--report", help="write a report (.html or .json)")
-    demo.add_argument("--save", metavar="PATH", help="write the exported program (.pt2) to PATH")
+    demo.add_argument("--save", metavar="PATH", nargs="?", const=DEMO_FILE,
+                      help=f"write the exported program (.pt2) to PATH ({DEMO_FILE})")  # fmt: skip
     demo.set_defaults(func=_cmd_demo)
 
     cache = sub.add_parser("cache", help="the decomposition-template cache on disk")
@@ -636,6 +625,23 @@ def _sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _collect_new_objects_only() -> Iterator[None]:
+    """The pipeline runs with every object alive before it (torch's modules, the
+    program: hundreds of thousands) left out of Python's cycle collection.
+
+    A full collection walks every tracked object in C, and no signal handler runs
+    until it ends: with torch loaded that held Ctrl-C back for a second or more in
+    the middle of ``Decompose``. Those objects outlive the run anyway; the run's own
+    garbage is collected as before.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,7 +57,7 @@ class EdgeResult:
         return self.edge.to_executorch(*args, **kwargs)
 
     def summary(self) -> str:
-        """One line per method, e.g. ``forward: shared; 2 removed``."""
+        """One line per method, e.g. ``forward: user's dicts; 2 entries no longer used ...``."""
         return "\n".join(f"{name}: {r.summary()}" for name, r in self.links.items())
 
 

@@ -83,12 +83,27 @@ def import_modules(modules: Iterable[str]) -> None:
                 local = os.path.exists(os.path.join(here, top + ".py")) or os.path.isdir(
                     os.path.join(here, top)
                 )
-                if exc.name != top or not local or here in sys.path:
+                if exc.name == top and not local:
+                    raise LoadError(f"--import {module}: {_not_found(top, here)}") from exc
+                if exc.name != top or here in sys.path:
                     raise
                 sys.path.append(here)
                 importlib.import_module(module)
+        except LoadError:
+            raise
         except Exception as exc:
             raise LoadError(f"--import {module}: {_first_line(exc)}") from exc
+
+
+def _not_found(top: str, here: str) -> str:
+    """Where a module was looked for, and what to set: the reproducer's hint."""
+    path = os.environ.get("PYTHONPATH")
+    where = f"PYTHONPATH={path}" if path else "PYTHONPATH is not set"
+    return (
+        f"no module named {top!r} in the current folder {here} nor on the import path "
+        f"({where}); run from the folder that holds {top}.py, put that folder on "
+        "PYTHONPATH, or install the package that provides it"
+    )
 
 
 def module_origin(module: str) -> str | None:
@@ -431,5 +446,56 @@ def inspect(ep: ExportedProgram) -> dict[str, Any]:
                 collections.Counter(s.kind.name.lower() for s in sig.output_specs)
             ),
             "buffers_mutated": dict(sig.buffers_to_mutate),
+            "inputs": _inputs(ep),
+            "dims": {
+                str(symbol): [_bound(r.lower), _bound(r.upper)]
+                for symbol, r in ep.range_constraints.items()
+            },
         },
     }
+
+
+# How `epass inspect` names each kind of graph input.
+_INPUT_KINDS = {
+    "USER_INPUT": "user input",
+    "PARAMETER": "parameter",
+    "BUFFER": "buffer",
+    "CONSTANT_TENSOR": "constant",
+    "CUSTOM_OBJ": "custom object",
+    "TOKEN": "token",
+}
+
+
+def _inputs(ep: ExportedProgram) -> list[dict[str, Any]]:
+    """Each graph input in order: its name, kind, the state entry it binds (None for a
+    user input), shape (ints, and symbols such as ``s0`` for dynamic dimensions) and
+    dtype (a type name for an input that is not a tensor)."""
+    values = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
+    out = []
+    for spec in ep.graph_signature.input_specs:
+        name = getattr(spec.arg, "name", None)
+        value = values.get(name) if isinstance(name, str) else getattr(spec.arg, "value", None)
+        shape = dtype = None
+        if isinstance(value, torch.Tensor):
+            shape = [d if isinstance(d, int) else str(d) for d in value.shape]
+            dtype = str(value.dtype).removeprefix("torch.")
+        elif value is not None:
+            dtype = type(value).__name__
+        out.append(
+            {
+                "name": name if isinstance(name, str) else str(value),
+                "kind": _INPUT_KINDS.get(spec.kind.name, spec.kind.name.lower()),
+                "target": spec.target,
+                "shape": shape,
+                "dtype": dtype,
+            }
+        )
+    return out
+
+
+def _bound(value: Any) -> int | None:
+    """A range bound as an int; None when it is unbounded."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None

@@ -96,14 +96,29 @@ class LinkReport:
         return _qualified(self, "changed")
 
     def summary(self) -> str:
-        """One line, e.g. ``user's state_dict, own constants; 2 added, 1 removed``."""
-        parts = []
-        for label, keys in (("added", self.added), ("removed", self.removed)):
-            if keys:
-                parts.append(f"{len(keys)} {label}")
-        if self.changed:
-            parts.append(f"{len(self.changed)} changed")
-        return owners_text(self.owners) + (f"; {', '.join(parts)}" if parts else "")
+        """One line that cannot be misread, e.g. ``user's state_dict, own constants;
+        2 entries added, 1 no longer used by the output; your dicts are untouched``
+        (under ``in_place``: ``1 deleted from your dicts``)."""
+        in_place = self.policy == "in_place"
+        counts = [
+            (len(self.added), "added"),
+            (
+                len(self.removed),
+                "deleted from your dicts" if in_place else "no longer used by the output",
+            ),
+            (
+                len(self.changed),
+                "overwritten in your dicts" if in_place else "changed in its own dict",
+            ),
+        ]
+        parts = [f"{n} {what}" for n, what in counts if n]
+        if not parts:
+            return owners_text(self.owners)
+        first = next(n for n, _ in counts if n)  # "1 entry added, 2 no longer used ..."
+        parts[0] = parts[0].replace(" ", f" {'entry' if first == 1 else 'entries'} ", 1)
+        touched = in_place and bool(self.removed or self.changed)
+        untouched = "" if touched else "; your dicts are untouched"
+        return f"{owners_text(self.owners)}; {', '.join(parts)}{untouched}"
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -40,7 +40,7 @@ def op_name(target: Any) -> str:
 def state_text(skipped: bool, skip_reason: str | None, link: str | None) -> str:
     """A pass's state column, the one rendering every view uses: ``skipped: <why>``,
     ``unchanged`` (no link: the output is its input), or ``link``, the text of its
-    link report (``user's dicts``, ``user's state_dict, own constants; 2 added``)."""
+    link report (``user's dicts``, ``user's state_dict, own constants; 2 entries added; ...``)."""
     if skipped:
         return f"skipped: {skip_reason}" if skip_reason else "skipped"
     return "unchanged" if link is None else link

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import datetime
 import html
-import json
+import re
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -41,6 +41,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
+from epass._text import json_text, printable, shown_path
 from epass._version import __version__
 from epass.errors import ArgumentValueError
 from epass.instrumentation import Instrument
@@ -258,7 +259,7 @@ class RunLog(Instrument):
             self.failure = {
                 "pass": info.path,
                 "error": str(error).splitlines()[0] if str(error) else type(error).__name__,
-                "traceback": [f"{f.filename}:{f.lineno} in {f.name}" for f in frames]
+                "traceback": [f"{shown_path(f.filename)}:{f.lineno} in {f.name}" for f in frames]
                 + [f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"],
             }
 
@@ -272,6 +273,7 @@ class RunLog(Instrument):
 
 # A pass's node diff lists at most this many nodes on each side.
 DIFF_CAP = 60
+_FILE = re.compile(r'"([^"]+)"')
 
 
 def _calls(program: ExportedProgram) -> list[tuple[str, str, str]]:
@@ -284,7 +286,8 @@ def _calls(program: ExportedProgram) -> list[tuple[str, str, str]]:
         lines = [line.strip() for line in str(trace).strip().splitlines() if line.strip()]
         source = ""
         if len(lines) >= 2 and lines[-2].startswith("File "):
-            source = f"{lines[-2].removeprefix('File ')}: {lines[-1]}"
+            where = _FILE.sub(lambda m: f'"{shown_path(m.group(1))}"', lines[-2])
+            source = f"{where.removeprefix('File ')}: {lines[-1]}"
         elif lines:
             source = lines[-1]
         out.append((node.name, op_name(node.target), source))
@@ -390,7 +393,9 @@ h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:2em;
 border-bottom:1px solid #dde;padding-bottom:.2em}
 code{background:#f2f3f7;padding:1px 4px;border-radius:3px}
 table{border-collapse:collapse;width:100%;margin-top:.5em;table-layout:fixed}
-td{overflow-wrap:anywhere}.axis{font-size:11px}.src{color:#666;font-size:.9em}
+td{overflow-wrap:break-word;hyphens:manual}.legend{color:#555;font-size:.9em}
+details.notes ul{margin:.2em 0;padding-left:1.2em}details.notes summary{cursor:pointer}
+.axis{font-size:11px}.src{color:#666;font-size:.9em}
 details.pass-diff{margin:.3em 0}details.pass-diff summary{cursor:pointer}
 th,td{border-bottom:1px solid #e4e6ee;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f6f7fb}td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -405,7 +410,61 @@ polyline.nodes{fill:none;stroke:#d8614a;stroke-width:2}circle.node{fill:#d8614a}
 
 
 def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    """Text for the page: every unprintable character escaped (the one rule of
+    :mod:`epass._text`, as on the terminal), then HTML's own escaping."""
+    return html.escape(printable(str(value)), quote=True)
+
+
+# The passes table's columns: the notes get room for whole words.
+_PASS_COLUMNS = (
+    "<colgroup>"
+    + "".join(f'<col style="width:{w}%">' for w in (16, 5, 7, 8, 13, 10, 10, 9, 22))
+    + "</colgroup>"
+)
+_STATE_LEGEND = (
+    "<strong>whose dicts</strong>: whether the output's <code>state_dict</code> and "
+    "<code>constants</code> are the very dicts of the program you gave (user's) or new "
+    "dicts the output owns (own); <strong>added</strong>: entries only the output's own "
+    "dicts hold; <strong>no longer used</strong>: entries the output no longer reads, "
+    "still in your dicts; <strong>changed</strong>: entries whose value the output's own "
+    "dict replaced. Your dicts are untouched (only the <code>in_place</code> policy "
+    "writes into them)."
+)
+_OPS_LEGEND = "<strong>delta</strong>: how many calls of each op the pass added (+) or removed (-)."
+# Notes a pass reports, in words; the values as reported stay behind the toggle.
+_METHOD_WORDS = {
+    "incremental": "rewrote only the nodes to decompose",
+    "retrace": "retraced the whole program (run_decompositions)",
+}
+
+
+def _notes_words(notes: Mapping[str, Any]) -> str:
+    """What a pass's notes say, in a sentence ("" when there is nothing to say)."""
+    words = []
+    method = notes.get("method")
+    if method in _METHOD_WORDS:
+        words.append(_METHOD_WORDS[method])
+        rewritten = notes.get("rewritten")
+        if method == "incremental" and isinstance(rewritten, int):
+            words[-1] += f" ({rewritten} node{'' if rewritten == 1 else 's'})"
+    if notes.get("fallback"):
+        words.append(f"the incremental path was not taken: {notes['fallback']}")
+    if notes.get("checked") is True:
+        words.append("checked against a retrace")
+    return "; ".join(words)
+
+
+def _notes_html(notes: Mapping[str, Any]) -> str:
+    shown = {k: v for k, v in notes.items() if v is not None}
+    if not shown:
+        return ""
+    facts = "".join(
+        f"<li><code>{_esc(k)}</code>: {_esc(_json_value(v))}</li>" for k, v in shown.items()
+    )
+    return (
+        f'<details class="notes"><summary>{_esc(_notes_words(notes) or "details")}</summary>'
+        f"<ul>{facts}</ul></details>"
+    )
 
 
 def _bar_chart(leaves: Sequence[Mapping[str, Any]]) -> str:
@@ -476,7 +535,7 @@ def _verdict_html(v: Mapping[str, Any] | None) -> list[str]:
     if v.get("error"):
         out.append(f"<p>error: <code>{_esc(v['error'])}</code></p>")
     if v.get("traceback"):
-        out.append("<pre>" + _esc("\n".join(v["traceback"])) + "</pre>")
+        out.append("<pre>" + "\n".join(_esc(line) for line in v["traceback"]) + "</pre>")
     if v.get("reproducer"):
         out.append(f"<p>reproducer: <code>{_esc(v['reproducer'])}</code></p>")
     if v.get("next"):
@@ -522,14 +581,16 @@ def render_html(report: Mapping[str, Any]) -> str:
     out += ["<h2>Node count across the pipeline</h2>", _node_line(leaves, report["nodes_before"])]
     out += [
         "<h2>Passes and state sharing</h2>",
-        "<table><thead><tr><th>pass</th><th>step</th><th>seconds</th><th>nodes</th>"
-        "<th>whose dicts</th><th>added</th><th>removed</th><th>changed</th><th>notes</th></tr>"
-        "</thead><tbody>",
+        f'<p class="legend">{_STATE_LEGEND}</p>',
+        f"<table>{_PASS_COLUMNS}<thead><tr><th>pass</th><th>step</th><th>seconds</th>"
+        "<th>nodes</th><th>whose dicts</th><th>added</th><th>no longer used</th>"
+        "<th>changed</th><th>notes</th></tr></thead><tbody>",
     ]
     out += _pass_rows(everything)
     out.append("</tbody></table>")
     out += [
         "<h2>Op delta per pass</h2>",
+        f'<p class="legend">{_OPS_LEGEND}</p>',
         "<table><thead><tr><th>pass</th><th>op</th><th>delta</th></tr></thead><tbody>",
     ]
     out += _delta_rows(leaves)
@@ -558,9 +619,7 @@ def _pass_rows(everything: Sequence[Mapping[str, Any]]) -> list[str]:
             keys = _keys(p["link"], field)
             shown = ", ".join(_esc(k) for k in keys[:8]) + (" &hellip;" if len(keys) > 8 else "")
             cells.append(f'<td title="{len(keys)}">{len(keys) or ""} {shown}</td>')
-        notes = p.get("notes") or {}
-        said = ", ".join(f"{k}={v}" for k, v in notes.items() if v is not None)
-        cells.append(f"<td>{_esc(said)}</td>")
+        cells.append(f'<td class="notes">{_notes_html(p.get("notes") or {})}</td>')
         out.append(f'<tr class="state {cls}">{"".join(cells)}</tr>')
     return out
 
@@ -628,7 +687,7 @@ def write_report(
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".json":
-        text = json.dumps(report, indent=2, sort_keys=False) + "\n"
+        text = json_text(report) + "\n"
     elif suffix in (".html", ".htm"):
         text = render_html(report)
     else:

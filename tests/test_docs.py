@@ -48,8 +48,17 @@ NEEDS = {
 SLOW = {"backends.md"}
 
 
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported; ``find_spec("iree.turbine")`` imports
+    ``iree`` first and raises when that is missing, rather than answer None."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def _missing(page: Path) -> list[str]:
-    return [m for m in NEEDS.get(page.name, ()) if importlib.util.find_spec(m) is None]
+    return [m for m in NEEDS.get(page.name, ()) if not _installed(m)]
 
 
 def _page_param(page: Path) -> object:
@@ -141,6 +150,85 @@ def test_markdown_code_blocks_run(
 def test_every_page_has_a_block() -> None:
     empty = [p.name for p in PAGES if not _blocks(p)]
     assert not empty, f"pages without a runnable example: {empty}"
+
+
+def test_a_page_needing_a_module_of_a_missing_package_is_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # find_spec("a.b") imports "a" and raises when it is missing.
+    monkeypatch.setitem(NEEDS, "backends.md", ("epass_no_such_package.turbine", "json"))
+    assert _missing(ROOT / "docs" / "backends.md") == ["epass_no_such_package.turbine"]
+
+
+# --- the install story -------------------------------------------------------------
+
+# torch first, the CPU wheel; then epass from the checkout, extras the same way.
+TORCH_FIRST = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+START = [TORCH_FIRST, 'pip install -e ".[rich]"']
+# A pip command in a code block or span; not another interpreter's pip (docs/compat.md).
+INSTALL = re.compile(r"(?<![\w/.-])pip install [^`\n]*")
+
+
+def _declared_extras() -> set[str]:
+    text = (ROOT / "pyproject.toml").read_text()
+    table = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    return set(re.findall(r"^([\w-]+) = \[", table, re.M))
+
+
+def _install_lines(page: Path) -> list[str]:
+    """The page's pip commands, but the warning against a plain ``pip install torch``."""
+    lines = [m.group(0).split("#", 1)[0].strip() for m in INSTALL.finditer(page.read_text())]
+    return [line for line in lines if line != "pip install torch"]
+
+
+def test_every_page_tells_one_install_story() -> None:
+    """torch first from the CPU wheel index, then epass from the checkout, extras too:
+    never from an index (epass is not published), never with a flag to remember."""
+    import shlex
+
+    extras = _declared_extras()
+    wrong = []
+    for page in [*PAGES, ROOT / "examples" / "plugin" / "README.md"]:
+        for line in _install_lines(page):
+            args = shlex.split(line)[2:]
+            requirements = [a for a in args if not a.startswith("-")]
+            editable = [args[i + 1] for i, a in enumerate(args) if a == "-e" and i + 1 < len(args)]
+            requirements = [r for r in requirements if r not in editable]
+            why = []
+            if any(r.startswith("epass") for r in requirements):
+                why.append("installs epass from an index")
+            if "--config-settings" in args:
+                why.append("a flag to remember")
+            for e in editable:
+                named = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", e)
+                if named is None:
+                    why.append(f"an editable install of {e!r}, not of the checkout")
+                elif named[1] and set(named[1].split(",")) - extras:
+                    why.append(f"names undeclared extras {set(named[1].split(',')) - extras}")
+            pins = [r for r in requirements if r.startswith("torch==")]
+            if any(r != "torch==2.13.0" for r in pins):
+                why.append("pins another torch")
+            if requirements == ["torch==2.13.0"] and not editable and line != TORCH_FIRST:
+                why.append(f"torch alone, but not as {TORCH_FIRST!r}")
+            wrong += [f"{page.name}: {line}: {w}" for w in why]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_first_install_is_the_same_on_every_starting_page(page: str) -> None:
+    assert _install_lines(ROOT / page)[: len(START)] == START
+
+
+def test_the_readme_starts_with_the_quick_start() -> None:
+    """The first screen gets a user running: install, demo, a model of their own."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    first_screen = "\n".join(lines[:30])
+    assert "## Quick start" in first_screen
+    for command in [*START, "epass demo", "epass run model.pt2"]:
+        assert command in first_screen, command
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings[0] == "## Quick start", headings
+    assert headings.index("## Layout") > headings.index("## What is in the box") > 0
 
 
 @pytest.mark.parametrize(

@@ -304,3 +304,37 @@ def test_non_programs_are_a_type_error_naming_the_expected_type(mixed, call, mes
         call(mixed)
     assert isinstance(info.value, TypeError) and isinstance(info.value, epass.EpassError)
     assert fingerprint(mixed) == before
+
+
+@pytest.mark.parametrize(
+    ("policy", "removed", "changed", "added", "text"),
+    [
+        ("share", 2, 0, 0, "user's dicts; 2 entries no longer used by the output; "
+         "your dicts are untouched"),
+        ("share", 1, 0, 8, "user's state_dict, own constants; 8 entries added, "
+         "1 no longer used by the output; your dicts are untouched"),
+        ("share", 0, 1, 0, "own state_dict, user's constants; 1 entry changed in its own "
+         "dict; your dicts are untouched"),
+        ("in_place", 2, 1, 0, "user's dicts; 2 entries deleted from your dicts, "
+         "1 overwritten in your dicts"),
+        ("share", 0, 0, 0, "user's dicts"),
+    ],
+)  # fmt: skip
+def test_the_state_words_cannot_be_misread(
+    policy: str, removed: int, changed: int, added: int, text: str
+) -> None:
+    """ "2 removed" read as if the user's dict had lost two entries."""
+    from epass.linker import DictReport, LinkReport
+
+    sd = DictReport(
+        removed=tuple(f"r{i}" for i in range(removed)),
+        changed=tuple(f"c{i}" for i in range(changed)),
+        shared=not changed or policy == "in_place",
+        owner="own" if changed and policy != "in_place" else "user",
+    )
+    consts = DictReport(
+        added=tuple(f"a{i}" for i in range(added)),
+        shared=not added,
+        owner="own" if added else "user",
+    )
+    assert LinkReport(policy, sd, consts).summary() == text

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
+import warnings
 
 import models
 import torch
@@ -339,3 +341,31 @@ def test_a_program_new_program_built_counts_as_validated_until_it_changes():
     node = next(n for n in built.graph.nodes if n.op == "call_function")
     node.meta["val"] = node.meta["val"].clone()
     assert not _program.still_validated(built)
+
+
+def _leaf_spec_warnings(record: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in record if "LeafSpec" in str(w.message)]
+
+
+def test_epass_deep_copies_raise_no_leaf_spec_warning_and_leave_the_filters_alone():
+    """torch warns about LeafSpec whenever a deep copy rebuilds one; epass's own copies
+    (a pass's view, a rebuilt program, both decomposition paths) show nothing, and a
+    deep copy the user makes still warns: nothing is silenced beyond epass's calls."""
+    import epass
+
+    _, ep, _ = models.export("mlp")
+    filters = list(warnings.filters)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        copied = _program.copy_call_graph(ep.module_call_graph)
+        _program.private_view(ep, copy_graph=True)
+        epass.PassManager([epass.Decompose(method="incremental")]).run(ep)
+        epass.PassManager([epass.Decompose(method="retrace")]).run(ep)
+        assert _leaf_spec_warnings(record) == []
+        copy.deepcopy(ep.module_call_graph)
+        assert _leaf_spec_warnings(record), "torch no longer warns: drop the workaround"
+    assert warnings.filters == filters
+    assert copied is not ep.module_call_graph and copied[0] is not ep.module_call_graph[0]
+    assert [(e.fqn, e.signature) for e in copied] == [
+        (e.fqn, e.signature) for e in ep.module_call_graph
+    ]

@@ -16,9 +16,13 @@ from typing import Any, ClassVar
 import attrs
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from epass import Decompose, FxPass, PassManager, PassResult, registry
 from epass.report import SCHEMA, PipelineRun, build_report, render_html, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
 
 RECORD_KEYS = {
     "name", "index", "step", "seconds", "modified", "nodes_before", "nodes_after", "op_delta",
@@ -225,12 +229,40 @@ def test_html_renders_in_headless_chromium(
     assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
 
 
-def test_reports_say_which_decompose_path_ran() -> None:
+@pytest.mark.parametrize(
+    ("method", "words"),
+    [
+        ("retrace", "retraced the whole program (run_decompositions)"),
+        ("incremental", "rewrote only the nodes to decompose (1 node)"),
+    ],
+)
+def test_reports_say_which_decompose_path_ran_in_words_with_the_values_behind_a_toggle(
+    method: str, words: str
+) -> None:
     ep = torch.export.export(torch.nn.Sequential(torch.nn.Linear(4, 4)), (torch.randn(2, 4),))
-    pm = PassManager([Decompose(method="retrace")])
+    pm = PassManager([Decompose(method=method)])
     report = build_report(PipelineRun(pm(ep), manager=pm))
-    assert report["passes"][0]["notes"]["method"] == "retrace"
-    assert "method=retrace" in render_html(report)
+    assert report["passes"][0]["notes"]["method"] == method
+    page = render_html(report)
+    (cell,) = re.findall(r'<td class="notes">(.*?)</td>', page)
+    (summary,) = re.findall(r"<summary>(.*?)</summary>", cell)
+    assert summary == words  # what a user reads first
+    assert cell.startswith('<details class="notes">')  # the values, one click away
+    assert f"<li><code>method</code>: {method}</li>" in cell
+    assert "<li><code>checked</code>: False</li>" in cell
+
+
+def test_the_notes_column_breaks_no_word() -> None:
+    """Words wrap whole in the notes column (it is the widest); a word breaks only
+    where it alone is wider than its column."""
+    from epass.report import _CSS
+
+    assert "anywhere" not in _CSS and "break-all" not in _CSS
+    ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    pm = PassManager([Decompose()])
+    page = render_html(build_report(PipelineRun(pm(ep), manager=pm)))
+    widths = [int(w) for w in re.findall(r'<col style="width:(\d+)%">', page)]
+    assert len(widths) == 9 and sum(widths) == 100 and widths[-1] == max(widths)
 
 
 def test_report_says_which_dicts_are_the_users_and_which_the_outputs_own() -> None:
@@ -473,3 +505,204 @@ def test_html_report_fits_1280_pixels_in_chromium_with_verdict_axis_and_every_co
     assert all(visible for _, visible in out["axis"])
     assert out["page_fits"] and out["links"]
     assert out["sections"] == len(report["passes"]) + len(report["passes"][0]["children"])
+
+
+# --- what a report shows of the machine it was written on ---------------------------
+
+
+def test_shown_paths_are_relative_to_the_import_path_or_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import epass.report
+    from epass.report import shown_path
+
+    assert shown_path(torch.__file__) == "torch/__init__.py"
+    assert shown_path(epass.report.__file__) == "epass/report.py"
+    monkeypatch.chdir(tmp_path)
+    assert shown_path(str(tmp_path / "my_passes.py")) == "my_passes.py"
+    assert shown_path("/no/such/folder/model.py") == "model.py"
+    assert shown_path("<frozen importlib._bootstrap>") == "<frozen importlib._bootstrap>"
+
+
+def test_a_failure_report_names_no_folder_of_the_machine(mlp_file: Path) -> None:
+    work = mlp_file.parent
+    for name in ("r.json", "r.html"):
+        proc = _epass(
+            "run", str(mlp_file), "--import", "failing", "-p", "decompose, explode",
+            "--report", name, cwd=work,
+        )  # fmt: skip
+        assert proc.returncode == 1, proc.stderr
+    frames = json.loads((work / "r.json").read_text())["verdict"]["traceback"][:-1]
+    assert frames and any(f.startswith("failing.py:") for f in frames), frames
+    assert all(f.startswith(("epass/", "failing.py:", "torch/")) for f in frames), frames
+    page = (work / "r.html").read_text()
+    assert "failing.py:" in page
+    for folder in {str(ROOT), str(work), sys.prefix, *map(str, Path(torch.__file__).parents)}:
+        if len(folder) > 1:
+            assert f"{folder}/" not in page.replace(f"{work}/mlp.pt2", "")
+
+
+def test_the_html_says_what_its_columns_mean() -> None:
+    ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    pm = PassManager([Decompose()])
+    page = render_html(build_report(PipelineRun(pm(ep), manager=pm)))
+    legends = re.findall(r'<p class="legend">(.*?)</p>', page)
+    assert len(legends) == 2
+    assert "<strong>no longer used</strong>: entries the output no longer reads" in legends[0]
+    assert "Your dicts are untouched" in legends[0]
+    assert "<strong>delta</strong>: how many calls" in legends[1]
+    assert "<th>no longer used</th>" in page and "<th>removed</th>" not in page
+
+
+# --- no raw control character in any report (issue: hostile meta under --trust) -----
+
+HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m\x00\r\nforged\u202e\x85\x7f"
+# The same within one line (a stack trace is read line by line).
+IN_LINE = "\x1b]0;pwned\x07\x1b[2J\x9b31m\x00forged\u202e\x7f"
+
+
+def _raw(text: str) -> list[str]:
+    """The characters a terminal or a viewer would act on (line breaks aside)."""
+    return sorted({c for line in text.split("\n") for c in line if not c.isprintable()})
+
+
+@pytest.fixture(scope="module")
+def hostile_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A program whose every node's stack trace holds terminal escapes."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    ep = torch.export.export(model, (torch.randn(3, 4),))
+    for node in ep.graph.nodes:
+        if node.op == "call_function":
+            node.meta["stack_trace"] = (
+                f'  File "/home/someone/model{IN_LINE}.py", line 3, in forward\n'
+                f"    return x{IN_LINE}\n"
+            )
+    path = tmp_path_factory.mktemp("hostile") / "hostile.pt2"
+    torch.export.save(ep, path)
+    return path
+
+
+NAMING_PLUGIN = """\
+import epass
+
+
+@epass.register_pass("quote-the-source")
+def quote_the_source(ep):
+    node = next(n for n in ep.graph.nodes if n.op == "call_function")
+    raise ValueError("cannot handle " + node.meta["stack_trace"].splitlines()[-1])
+"""
+
+
+def test_a_trusted_hostile_program_leaves_no_raw_control_character_in_any_report(
+    hostile_program: Path, tmp_path: Path
+) -> None:
+    """HTML, JSON, the reproducer and the terminal: one escaping rule for all."""
+    (tmp_path / "naming.py").write_text(NAMING_PLUGIN)
+    seen: dict[str, str] = {}
+    for report in ("r.html", "r.json"):
+        ok = _epass(
+            "run", str(hostile_program), "--trust", "-p", "decompose", "--report", report,
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert ok.returncode == 0, ok.stderr
+        seen[f"ok {report}"] = (tmp_path / report).read_text()
+        seen[f"ok terminal {report}"] = ok.stdout + ok.stderr
+        failed = _epass(
+            "run", str(hostile_program), "--trust", "--import", "naming", "-p",
+            "decompose, quote-the-source", "--report", f"failed-{report}", "--repro-dir",
+            "repros", cwd=tmp_path,
+        )  # fmt: skip
+        assert failed.returncode == 1, failed.stderr
+        seen[f"failed {report}"] = (tmp_path / f"failed-{report}").read_text()
+        seen[f"failed terminal {report}"] = failed.stdout + failed.stderr
+    for written in sorted((tmp_path / "repros").glob("*/*")):
+        if written.suffix not in (".pt2", ".pkl"):
+            seen[f"reproducer {written.name}"] = written.read_text("utf-8")
+    assert "x\\x1b]0;pwned\\x07" in seen["failed r.html"]  # the error, escaped
+    assert "model\\x1b]0;pwned" in seen["ok r.html"]  # the stack trace, escaped
+    assert "\\u001b]0;pwned\\u0007" in seen["failed r.json"]  # JSON keeps it exact
+    assert "x\\x1b]0;pwned" in seen["reproducer error.txt"]
+    raw = {where: _raw(text) for where, text in seen.items() if _raw(text)}
+    assert not raw, raw
+    assert "x\x1b]0;pwned" in json.loads(seen["failed r.json"])["verdict"]["error"]
+
+
+def _string_fields(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """The path of every string in a report: values, and the keys of the mappings whose
+    keys are data (op names, option names, notes)."""
+    if isinstance(value, str):
+        yield path
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _string_fields(item, (*path, i))
+    elif isinstance(value, dict) and path[-1:] != ("owners",):  # "user" / "own": our words
+        data_keys = path[-1:] in (("op_delta",), ("options",), ("notes",)) or path[-2:] in (
+            ("diff", "added"),
+            ("diff", "removed"),
+        )
+        for key, item in value.items():
+            if data_keys:
+                yield (*path, ("key", key))
+            yield from _string_fields(item, (*path, key))
+
+
+def _replace(report: Any, path: tuple[Any, ...], text: str) -> None:
+    *parents, last = path
+    holder = report
+    for step in parents:
+        holder = holder[step]
+    if isinstance(last, tuple):  # a key
+        holder[f"{last[1]}{text}"] = holder.pop(last[1])
+    else:
+        holder[last] = f"{holder[last]}{text}"
+
+
+@pytest.fixture(scope="module")
+def full_report(run: tuple[PassManager, Any, Any]) -> dict[str, Any]:
+    """A report with every part filled: passes with links, notes, options and diffs,
+    numerics, and a failure's verdict with a traceback."""
+    from epass.report import RunLog, verdict
+
+    _, _, ep = run
+    log = RunLog()
+    pm2 = PassManager.from_text(TEXT)
+    pm2.instruments.append(log)
+    result = pm2(ep)
+    outcome = verdict(
+        "pass failed", summary="pass 'p' failed", pass_path="p", error="ValueError: e",
+        traceback_lines=["epass/manager.py:1 in run", "ValueError: e"], reproducer="r/repro.py",
+        next_step="python r/repro.py",
+    )  # fmt: skip
+    numerics = {"max_abs_diff": 0.0, "ok": True, "atol": 1e-5, "rtol": 1e-4,
+                "first_drift": "p", "passes": [{"pass": "decompose", "max_abs": 0.0}]}  # fmt: skip
+    report = build_report(
+        PipelineRun(
+            result, manager=pm2, pipeline=TEXT, input_path="in.pt2", output_path="out.pt2",
+            numerics=numerics, outcome=outcome, diffs=log.diffs,
+        )
+    )  # fmt: skip
+    assert any(p["diff"] for p in report["passes"]) and any(p["notes"] for p in report["passes"])
+    return report
+
+
+@settings(max_examples=60, deadline=None)
+@example(HOSTILE)
+@given(st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), min_size=1))
+def test_every_string_field_of_a_report_is_escaped_in_html_and_json(
+    full_report: dict[str, Any], text: str
+) -> None:
+    import copy
+
+    from epass._text import json_text
+
+    report = copy.deepcopy(full_report)
+    fields = list(_string_fields(report))
+    assert len(fields) > 40
+    keys = sorted((f for f in fields if isinstance(f[-1], tuple)), key=len, reverse=True)
+    for path in [*(f for f in fields if not isinstance(f[-1], tuple)), *keys]:
+        _replace(report, path, text)  # values first, then keys, the deepest first
+    page = render_html(report)
+    assert _raw(page) == []
+    written = json_text(report)
+    assert _raw(written) == []
+    assert json.loads(written) == report  # JSON keeps every string exact

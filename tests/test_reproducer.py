@@ -323,7 +323,9 @@ def test_repro_runs_when_the_error_message_holds_odd_characters(
     compile(text, "repro.py", "exec")
     assert "\x00" not in text and "\x1b" not in text
     assert "bad\\x00byte" in text  # escaped, still readable
-    assert "bad\x00byte" in (where / "error.txt").read_text("utf-8")  # the error as it was
+    error = (where / "error.txt").read_text("utf-8")
+    assert "bad\\x00byte \\x1b]0;title\\x07" in error  # escaped, as on a terminal
+    assert all(c.isprintable() for line in error.split("\n") for c in line)
     done = run_repro(where / "repro.py", tmp_path / "lib")
     assert done.returncode != 0
     assert "epass.errors.PassError" in done.stderr and "SyntaxError" not in done.stderr

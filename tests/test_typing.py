@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import os
-import shutil
+import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -38,16 +40,40 @@ count: str = Decompose()(ep).removed
 """
 
 CONFIG = "[mypy]\nstrict = True\n\n[mypy-torch.*]\nfollow_imports = skip\n"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_editable_install_is_a_plain_path_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pip install -e .` with any extras, in any order, gives a .pth file that names
+    this folder and nothing else: mypy and pyright follow a path, not an import hook
+    (setuptools' default editable mode), and no flag is needed to get it."""
+    text = (ROOT / "pyproject.toml").read_text()
+    (name,) = re.findall(r'^build-backend = "([\w.]+)"$', text, re.M)
+    try:
+        backend = importlib.import_module(name)
+    except ImportError:
+        pytest.skip(f"the build backend {name} is not installed (the test extra has it)")
+    monkeypatch.chdir(ROOT)
+    wheel = tmp_path / backend.build_editable(str(tmp_path))
+    with zipfile.ZipFile(wheel) as archive:
+        entries = [
+            (member, archive.read(member).decode())
+            for member in archive.namelist()
+            if member.endswith(".pth")
+        ]
+    assert entries, f"{wheel.name} has no .pth file"
+    for member, lines in entries:
+        for line in lines.splitlines():
+            assert not line.startswith("import"), f"{member}: an import hook: {line}"
+            assert Path(line).resolve() == ROOT, f"{member}: {line} is not this checkout"
 
 
 @pytest.mark.slow
 def test_mypy_strict_sees_the_installed_package_and_its_result_types(tmp_path: Path) -> None:
-    if (
-        shutil.which("mypy") is None
-        and subprocess.run(
-            [sys.executable, "-m", "mypy", "--version"], capture_output=True
-        ).returncode
-    ):
+    # The mypy this interpreter runs (a mypy elsewhere on PATH does not count).
+    if subprocess.run([sys.executable, "-m", "mypy", "--version"], capture_output=True).returncode:
         pytest.skip("mypy is not installed (it comes with the dev extra)")
     (tmp_path / "good.py").write_text(GOOD)
     (tmp_path / "bad.py").write_text(BAD)

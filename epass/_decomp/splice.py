@@ -325,9 +325,10 @@ def _decompose(
     if builder.new_sizes:
         _rebind_sizes(gm, fake_mode)
     signature = _signature(ep.graph_signature, gm)
-    module_call_graph = _get_updated_module_call_graph(
-        ep.graph_module, ep.graph_signature, gm, signature, ep.module_call_graph
-    )
+    with _program.quiet_leaf_specs():  # it deep-copies the call graph
+        module_call_graph = _get_updated_module_call_graph(
+            ep.graph_module, ep.graph_signature, gm, signature, ep.module_call_graph
+        )
     # A retrace's program: a new state_dict over the same tensors, the constants
     # dict itself, and the ATEN dialect's verifier.
     out = _program.new_program(

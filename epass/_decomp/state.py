@@ -105,7 +105,7 @@ def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgra
         # keys(): a CustomDecompTable is a dict whose entries live elsewhere
         keys = table.keys()
         ops.update(op for op in keys if _program.is_op_overload(op))
-    with torch_state(ops):
+    with torch_state(ops), _program.quiet_leaf_specs():
         return ep.run_decompositions(table)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from epass._text import escape_char, printable_lines
 from epass.errors import InstrumentError
 from epass.instrumentation import Instrument
 from epass.io import module_origin
@@ -234,8 +235,9 @@ class Reproducer(Instrument):
         error: BaseException,
     ) -> None:
         message = str(error)
-        # A message may hold any character, lone surrogates included: write it losslessly.
-        (where / "error.txt").write_text(message + "\n", "utf-8", "backslashreplace")
+        # A message may hold any character (a node name from the program, lone
+        # surrogates): error.txt keeps its lines and escapes everything unprintable.
+        (where / "error.txt").write_text(printable_lines(message) + "\n", "utf-8")
         text = _qualified_lines(passes)
         (where / "pipeline.txt").write_text(text)
         torch.export.save(program, where / "program.pt2")
@@ -289,11 +291,7 @@ def docstring_text(text: str) -> str:
         elif ch in "\n\t" or ch.isprintable():
             out.append(ch)
         else:
-            code = ord(ch)
-            out.append(
-                f"\\x{code:02x}" if code < 0x100 else
-                f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-            )  # fmt: skip
+            out.append(escape_char(ch))
     return "".join(out)
 
 
