@@ -95,10 +95,6 @@ def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str
     for spec in sig.input_specs:
         if spec.kind in (InputKind.TOKEN, InputKind.CUSTOM_OBJ):
             return f"a {spec.kind.name.lower()} input ({spec.arg.name})"
-        if spec.kind == InputKind.CONSTANT_TENSOR:
-            # The retrace registers constants as buffers and lifts them again, in
-            # an order of its own (by module, then by use).
-            return f"a lifted constant input ({spec.arg.name}); the retrace re-orders them"
     problem = _state_problem(ep)
     if problem is not None:
         return problem

@@ -11,17 +11,9 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import (
-    ConstantArgument,
-    CustomObjArgument,
-    ExportGraphSignature,
-    OutputSpec,
-    SymIntArgument,
-    TensorArgument,
-)
 
 from epass import _program
-from epass._decomp import keys, safety, state, store, table, templates
+from epass._decomp import keys, safety, signature, state, store, table, templates
 from epass._decomp.safety import Fallback
 
 __all__ = ["RUNTIME_ASSERT_TRACE", "decompose"]
@@ -150,19 +142,24 @@ class _Builder:
                 expr = self._expr(new.meta.get("val"))
                 if expr is not None:
                     self.sizes.setdefault(expr, new)
-        elif node.op == "placeholder":
-            if new.name != node.name:
-                # fx renames names that shadow builtins (``input``); the signature
-                # names the placeholders as export made them.
-                _program.keep_node_name(self.graph, new, node.name)
-            v = node.meta.get("val")
-            if isinstance(v, torch.SymInt):
-                expr = self._expr(v)
-                if expr is not None:
-                    self.sizes.setdefault(expr, new)
         if node.op == "call_function" and "nn_module_stack" not in new.meta:
             # The retrace records the (empty) module stack of its tracer.
             new.meta["nn_module_stack"] = collections.OrderedDict()
+        self.env[node] = new
+
+    def placeholder(self, node: torch.fx.Node, name: str) -> None:
+        """Copy the placeholder ``node`` under the name the retrace gives it."""
+        new = self.graph.placeholder(name, type_expr=node.type)
+        if new.name != name:
+            # fx renames names that shadow builtins (``input``); the signature names
+            # the placeholders as the retrace does.
+            _program.keep_node_name(self.graph, new, name)
+        new.meta = copy.copy(node.meta)
+        v = node.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            expr = self._expr(v)
+            if expr is not None:
+                self.sizes.setdefault(expr, new)
         self.env[node] = new
 
     @staticmethod
@@ -294,8 +291,14 @@ def _decompose(
     session.program = ep
     session.grads = safety.retrace_grads(ep)
     builder = _Builder(tables, fake_mode, session, plan.no_write)
+    inputs = signature.retrace_inputs(ep)
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    for old_spec, new_spec in inputs:
+        builder.placeholder(placeholders[old_spec.arg.name], new_spec.arg.name)
     old_graph = ep.graph
     for node in old_graph.nodes:
+        if node.op == "placeholder":
+            continue
         if node.op == "output":
             out = torch.fx.node.map_arg(node.args, lambda n: builder.env[n])
             builder.graph.output(out[0])
@@ -324,17 +327,17 @@ def _decompose(
     gm.meta.update(ep.graph_module.meta)
     if builder.new_sizes:
         _rebind_sizes(gm, fake_mode)
-    signature = _signature(ep.graph_signature, gm)
+    new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
     with _program.quiet_leaf_specs():  # it deep-copies the call graph
         module_call_graph = _get_updated_module_call_graph(
-            ep.graph_module, ep.graph_signature, gm, signature, ep.module_call_graph
+            ep.graph_module, ep.graph_signature, gm, new_signature, ep.module_call_graph
         )
     # A retrace's program: a new state_dict over the same tensors, the constants
     # dict itself, and the ATEN dialect's verifier.
     out = _program.new_program(
         ep,
         gm,
-        signature,
+        new_signature,
         dict(ep.state_dict),
         ep.constants,
         module_call_graph=module_call_graph,
@@ -366,20 +369,3 @@ def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
         insert_deferred_runtime_asserts(gm, shape_env, "decomposed program", export=True)
     gm.graph.eliminate_dead_code()
     gm.recompile()
-
-
-def _signature(old: ExportGraphSignature, gm: torch.fx.GraphModule) -> ExportGraphSignature:
-    outputs = _program.tree_leaves(gm.graph.output_node().args[0])
-    new_outputs = []
-    for spec, node in zip(old.output_specs, outputs, strict=True):
-        arg = spec.arg
-        if isinstance(arg, TensorArgument):
-            arg = TensorArgument(name=node.name)
-        elif isinstance(arg, SymIntArgument):
-            arg = SymIntArgument(name=node.name)
-        elif not isinstance(arg, (ConstantArgument, CustomObjArgument)):
-            raise Fallback(f"an output of kind {type(arg).__name__}")
-        new_outputs.append(OutputSpec(spec.kind, arg, spec.target))
-    return ExportGraphSignature(
-        input_specs=copy.deepcopy(old.input_specs), output_specs=new_outputs
-    )
