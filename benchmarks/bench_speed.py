@@ -217,6 +217,7 @@ def bench_incremental(repeats: int, quick: bool) -> list[Row]:
             )
 
     if importlib.util.find_spec("transformers") is not None:
+        import hf_models  # makes torchvision, which transformers imports, load
         import transformers
 
         config = transformers.LlamaConfig(

@@ -5,8 +5,8 @@ time the name is used, so ``import epass`` and ``epass --help`` do not wait for 
 The package is layered; each layer imports only from the ones below it
 (``lint-imports`` checks this, see docs/concepts.md)::
 
-    face         cli, _terminal, __main__, this module
-    tools        report, bisect, onnx, executorch, tvm, iree, _handoff
+    face         cli, _cli_reduce, _terminal, __main__, this module
+    tools        report, bisect, reduce, onnx, executorch, tvm, iree, _handoff
     instruments  instruments/*
     built-ins    passes/*
     engine       manager, io, _screen/, instrumentation
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from epass.passes import Decompose
     from epass.protocol import FxPass, Pass, PassResult
     from epass.records import PassRecord, PipelineResult
+    from epass.reduce import ReduceResult, reduce
     from epass.registry import list_passes, register_pass, unregister_pass
     from epass.verify import verify_program
 
@@ -93,6 +94,7 @@ __all__ = [
     "PrintIR",
     "ProgramError",
     "Progress",
+    "ReduceResult",
     "Reproducer",
     "SaveError",
     "StateConflictError",
@@ -109,6 +111,7 @@ __all__ = [
     "list_passes",
     "load",
     "prune",
+    "reduce",
     "register_pass",
     "save",
     "unregister_pass",
@@ -154,6 +157,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "epass.passes": ("Decompose",),
     "epass.protocol": ("FxPass", "Pass", "PassResult"),
     "epass.records": ("PassRecord", "PipelineResult"),
+    "epass.reduce": ("ReduceResult", "reduce"),
     "epass.registry": ("list_passes", "register_pass", "unregister_pass"),
     "epass.verify": ("verify_program",),
 }

@@ -27,7 +27,7 @@ BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], .
     ),
     "cse": (
         "Merge nodes that compute the same operator on the same inputs.",
-        (),
+        (("max_rewrites", "int | none", "none", False),),
     ),
     "dce": (
         "Remove nodes whose results are never used, and state inputs nothing reads.",
@@ -42,6 +42,7 @@ BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], .
             ("coalesce", "bool", "false", False),
             ("method", '"auto" | "incremental" | "retrace"', '"auto"', False),
             ("check", "bool | none", "none", False),
+            ("max_rewrites", "int | none", "none", False),
         ),
     ),
     "fold-constants": (
@@ -50,11 +51,12 @@ BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], .
         (
             ("max_growth", "float", "1.0", False),
             ("fold_views", "bool", "false", False),
+            ("max_rewrites", "int | none", "none", False),
         ),
     ),
     "fuse-conv-bn": (
         "Fold eval-mode BatchNorm into the convolution that feeds it.",
-        (),
+        (("max_rewrites", "int | none", "none", False),),
     ),
     "lift-constants": (
         "Lift tensor ``get_attr`` nodes to placeholders with ``CONSTANT_TENSOR`` specs.",
@@ -76,6 +78,7 @@ BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], .
         (
             ("ops", "dict[any, any]", "{}", False),
             ("patterns", "list[any]", "[]", False),
+            ("max_rewrites", "int | none", "none", False),
         ),
     ),
 }

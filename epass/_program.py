@@ -28,6 +28,8 @@ __all__ = [
     "copy_call_graph",
     "copy_graph_module",
     "export_schema",
+    "flat_call_graph",
+    "flat_inputs",
     "is_higher_order",
     "is_mutable_op",
     "is_op_overload",
@@ -38,6 +40,7 @@ __all__ = [
     "mark_validated",
     "new_program",
     "private_view",
+    "prune_range_constraints",
     "pytree",
     "pytree_type_names",
     "quiet_leaf_specs",
@@ -267,6 +270,41 @@ def new_program(
     )
     mark_validated(out)  # the constructor's last step was validate()
     return out
+
+
+def flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> list[Any]:
+    """What ``ep.graph_module`` takes for the call ``ep.module()(*args, **kwargs)``:
+    the state placeholders' values, then the user inputs flattened by the program's
+    input spec (``ExportedProgram._graph_module_flat_inputs``)."""
+    return list(ep._graph_module_flat_inputs(args, kwargs))
+
+
+def prune_range_constraints(ep: ExportedProgram) -> None:
+    """Drop the range constraints of symbols no value of ``ep``'s graph mentions (a
+    program cut out of a bigger one keeps the shape environment's ranges for every
+    symbol it ever had; a program with static sizes then has none)."""
+    used: set[Any] = set()
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        values = val if isinstance(val, (list, tuple)) else (val,)
+        for v in values:
+            dims = list(v.shape) if isinstance(v, torch.Tensor) else [v]
+            for d in dims:
+                if isinstance(d, torch.SymInt):
+                    used |= d.node.expr.free_symbols
+    ep._range_constraints = {k: v for k, v in ep.range_constraints.items() if k in used}
+
+
+def flat_call_graph(inputs: int, outputs: int) -> list[Any]:
+    """A module call graph for a program taking ``inputs`` positional tensors and
+    returning a tuple of ``outputs``: its one root entry, with no submodule entries
+    (``unflatten`` then gives one flat module)."""
+    from torch.export import ModuleCallEntry, ModuleCallSignature
+
+    in_spec = pytree.tree_flatten((tuple(range(inputs)), {}))[1]
+    out_spec = pytree.tree_flatten(tuple(range(outputs)))[1]
+    signature = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec)
+    return [ModuleCallEntry(fqn="", signature=signature)]
 
 
 # Programs new_program built, with what torch's verifier read of them right after

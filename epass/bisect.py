@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -11,15 +12,45 @@ from torch.export import ExportedProgram
 
 from epass.errors import ArgumentValueError, PassError
 from epass.manager import PassManager, resolve_pass
-from epass.protocol import pass_name
+from epass.protocol import adapt, pass_name
 
-__all__ = ["BisectResult", "bisect"]
+__all__ = ["BisectResult", "RewriteCulprit", "bisect"]
 
 logger = logging.getLogger("epass")
 
 # How a bisection searches: binary (the predicate, once false, stays false) or linear.
 Search = Literal["binary", "linear"]
 Predicate = Callable[[ExportedProgram], Any]
+
+
+@attrs.frozen
+class RewriteCulprit:
+    """The one rewrite of a counted pass after which the check fails (the pass's
+    ``with_max_rewrites``, :class:`~epass.protocol.RewriteCounter`).
+
+    Attributes:
+        number: the rewrite's number (1-based): the pass limited to ``number - 1``
+            rewrites passes the check, limited to ``number`` it fails.
+        total: how many rewrites the pass makes on that program (None when the
+            pass raised before it could say).
+        rewrite: which one, as the pass counts it: ``"aten.gelu.default at node gelu_3"``.
+        before / after: the programs with ``number - 1`` and ``number`` rewrites
+            (``after`` is None when the limited pass raised).
+        error: the exception, when the limited pass or the predicate raised.
+        evaluations: how many limited runs the search made.
+    """
+
+    number: int
+    total: int | None
+    rewrite: str | None
+    before: ExportedProgram
+    after: ExportedProgram | None
+    error: BaseException | None
+    evaluations: int
+
+    def __str__(self) -> str:
+        total = "?" if self.total is None else str(self.total)
+        return f"rewrite {self.number} of {total}: {self.rewrite or '(unnamed)'}"
 
 
 @attrs.frozen
@@ -38,6 +69,11 @@ class BisectResult:
         method: ``"binary"`` or ``"linear"``.
         inner: when the culprit is a nested ``PassManager`` and ``recursive`` is
             set, the bisection inside it.
+        rewrite: when the culprit counts its rewrites (``with_max_rewrites``, as
+            ``Decompose``, ``ReplaceOps``, ``CSE``, ``ConstantFold`` and
+            ``FuseConvBN`` do) and ``rewrites`` is set, the first rewrite after which
+            the predicate fails (:class:`RewriteCulprit`; found assuming that once it
+            fails it keeps failing as more rewrites are applied), or None.
     """
 
     index: int
@@ -49,9 +85,12 @@ class BisectResult:
     evaluations: int
     method: str
     inner: BisectResult | None = None
+    rewrite: RewriteCulprit | None = None
 
     def __str__(self) -> str:
         text = f"culprit: pass {self.name!r} at position {self.index}"
+        if self.rewrite is not None:
+            text += f", {self.rewrite}"
         if self.inner is not None:
             text += f" -> {self.inner}"
         elif self.error is not None:
@@ -117,6 +156,7 @@ def bisect(
     method: Literal["auto", "binary", "linear"] = "auto",
     recursive: bool = True,
     verify: bool = True,
+    rewrites: bool = True,
 ) -> BisectResult | None:
     """Find the shortest prefix of ``passes`` after which ``predicate`` fails.
 
@@ -139,6 +179,7 @@ def bisect(
             failure that binary search cannot see.
         recursive: when the culprit is a nested ``PassManager``, bisect inside it.
         verify: verify each pass's output (as ``PassManager(verify=...)``).
+        rewrites: go below a culprit that counts its rewrites (``result.rewrite``).
 
     Returns:
         A :class:`BisectResult`, or None when the predicate holds after every pass.
@@ -166,7 +207,7 @@ def bisect(
     bad, found_by = _search(prefixes, predicate, len(passes), method)
     if bad is None:
         return None
-    return _found(prefixes, passes, bad, predicate, found_by, recursive)
+    return _found(prefixes, passes, bad, predicate, found_by, recursive, rewrites)
 
 
 def _search(
@@ -193,8 +234,10 @@ def _found(
     predicate: Predicate,
     method: Search,
     recursive: bool,
+    rewrites: bool,
 ) -> BisectResult:
-    """The result for the culprit at ``bad - 1``, bisected inside when it is a pipeline."""
+    """The result for the culprit at ``bad - 1``, bisected inside when it is a pipeline,
+    or below the pass, rewrite by rewrite, when it counts its rewrites."""
     index = bad - 1
     before = prefixes.program(index)
     assert before is not None  # prefix `index` was evaluated good
@@ -211,6 +254,9 @@ def _found(
             method=method,
             verify=culprit.verify,  # type: ignore[arg-type]
         )
+    rewrite = None
+    if rewrites and inner is None:
+        rewrite = _rewrite(before, culprit, predicate, bool(prefixes.options["verify"]))
     return BisectResult(
         index=index,
         pass_=culprit,
@@ -221,6 +267,7 @@ def _found(
         evaluations=len(prefixes.verdicts),
         method=method,
         inner=inner,
+        rewrite=rewrite,
     )
 
 
@@ -228,11 +275,94 @@ def _binary(prefixes: _Prefixes, predicate: Predicate, n: int) -> int | None:
     """Smallest failing prefix length, assuming good ... good bad ... bad."""
     if n == 0 or prefixes.good(n, predicate):
         return None
-    lo, hi = 0, n  # lo is good, hi is bad
+    return _halve(0, n, lambda k: prefixes.good(k, predicate))[1]
+
+
+def _halve(lo: int, hi: int, good: Callable[[int], bool]) -> tuple[int, int]:
+    """Halve ``lo`` (good) .. ``hi`` (bad) down to adjacent ``(good, bad)`` limits."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if prefixes.good(mid, predicate):
+        if good(mid):
             lo = mid
         else:
             hi = mid
-    return hi
+    return lo, hi
+
+
+# One limited run: its program (None when it raised), the error, its notes.
+_Run = tuple[ExportedProgram | None, BaseException | None, dict[str, Any]]
+
+
+class _Limited:
+    """The runs of one counted pass on one program, each with a limit on its
+    rewrites, cached by limit."""
+
+    def __init__(self, before: ExportedProgram, limit: Callable[[int | None], Any], verify: bool):
+        self.before = before
+        self.limit = limit
+        self.verify = verify
+        self.runs: dict[int, _Run] = {}
+        self.verdicts: dict[int, bool] = {}
+
+    def run(self, k: int) -> _Run:
+        if k not in self.runs:
+            try:
+                result = PassManager([self.limit(k)], verify=self.verify)(self.before)
+            except PassError as exc:
+                self.runs[k] = (None, exc, {})
+            else:
+                notes = dict(result.records[-1].notes) if result.records else {}
+                self.runs[k] = (result.program, None, notes)
+        return self.runs[k]
+
+    def good(self, k: int, predicate: Predicate) -> bool:
+        if k not in self.verdicts:
+            program = self.run(k)[0]
+            ok = False
+            if program is not None:
+                try:
+                    ok = predicate(program) is not False
+                except Exception as exc:
+                    self.runs[k] = (program, exc, self.runs[k][2])
+            self.verdicts[k] = ok
+        return self.verdicts[k]
+
+    def applied(self, k: int) -> int | None:
+        count = self.run(k)[2].get("rewrites")
+        return count if isinstance(count, int) else None
+
+
+def _rewrite(
+    before: ExportedProgram, culprit: Any, predicate: Predicate, verify: bool
+) -> RewriteCulprit | None:
+    """The first rewrite of ``culprit`` after which ``predicate`` fails, found by
+    doubling the limit until it fails, then halving the interval (LLVM's
+    ``-opt-bisect-limit``, inside one pass). None when the pass does not count its
+    rewrites, or when limiting them does not reproduce the failure."""
+    limit = adapt(culprit).limit_rewrites
+    if limit is None:
+        return None
+    runs = _Limited(before, limit, verify)
+    if not runs.good(0, predicate):
+        return None  # the failure is not one rewrite's
+    lo, hi = 0, 1
+    while runs.good(hi, predicate):
+        applied = runs.applied(hi)
+        if applied is None or applied < hi:
+            return None  # every rewrite applied, and the check still holds
+        lo, hi = hi, hi * 2
+    lo, hi = _halve(lo, hi, lambda k: runs.good(k, predicate))
+    full = runs.run(sys.maxsize)[2].get("rewrites") if runs.run(hi)[1] is None else None
+    program, error, notes = runs.run(hi)
+    before_program = runs.run(lo)[0]
+    assert before_program is not None  # limit lo was evaluated good
+    logger.debug("bisect: %s fails at rewrite %d", pass_name(culprit), hi)
+    return RewriteCulprit(
+        number=hi,
+        total=full if isinstance(full, int) else None,
+        rewrite=notes.get("last_rewrite"),
+        before=before_program,
+        after=program,
+        error=error,
+        evaluations=len(runs.verdicts),
+    )

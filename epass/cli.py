@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
-from epass import _paths, pipeline, registry
+from epass import _cli_reduce, _paths, pipeline, registry
 from epass._terminal import Out as _Out
 from epass._terminal import inputs_table, printable
 from epass._terminal import pass_table as _summary
@@ -241,6 +241,7 @@ def _numerics_summary(check: NumericsCheck) -> dict[str, Any]:
         "atol": check.atol,
         "rtol": check.rtol,
         "first_drift": None if first is None else str(first),
+        "first_node": None if first is None or first.node is None else first.node.as_dict(),
         "passes": [
             {"pass": d.path, "max_abs": d.max_abs, "max_rel": d.max_rel, "ok": d.ok}
             for d in check.checks
@@ -410,6 +411,8 @@ def _show_run(
     )
     if check.first_drift is not None:
         out.line(f"numerics: first drifting pass: {check.first_drift}")
+        if check.first_drift.node is not None:
+            out.line(f"numerics: first diverging node: {check.first_drift.node}")
 
 
 def _drift_verdict(args: argparse.Namespace, check: NumericsCheck) -> dict[str, Any] | None:
@@ -423,6 +426,7 @@ def _drift_verdict(args: argparse.Namespace, check: NumericsCheck) -> dict[str, 
         summary=f"outputs drift after pass {drift.path!r}: max_abs {drift.max_abs:.3g}, "
         f"max_rel {drift.max_rel:.3g} (atol {check.atol:g}, rtol {check.rtol:g})",
         pass_path=drift.path,
+        node=None if drift.node is None else str(drift.node),
         next_step=f"epass run {args.input} -p {shlex.quote(args.pipeline)} "
         f"--check-numerics --report report.html: its section for {drift.path!r} lists "
         "the nodes that pass added and removed",
@@ -588,11 +592,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"write the exported program (.pt2) to PATH ({DEMO_FILE})")  # fmt: skip
     demo.set_defaults(func=_cmd_demo)
 
+    reduce = _cli_reduce.add_parser(sub, _tolerance, trust, imports)
+
     cache = sub.add_parser("cache", help="the decomposition-template cache on disk")
     cache.add_argument("action", choices=("info", "clear"), help="show it, or empty it")
     cache.add_argument("--json", action="store_true", help="print JSON (info)")
     cache.set_defaults(func=_cmd_cache)
-    for p in (run, passes, inspect, demo, cache):
+    for p in (run, passes, inspect, demo, reduce, cache):
         for flag, text in (("--debug", "show tracebacks"), ("--plain", "no rich tables")):
             p.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=text)
     return parser

@@ -55,6 +55,7 @@ __all__ = [
     "Pass",
     "PassModel",
     "PassResult",
+    "RewriteCounter",
     "adapt",
     "check_ordering",
     "label",
@@ -92,6 +93,10 @@ class Pass(Protocol):
       ones registering the custom ops it works on, ``("torchao",)``);
     * ``origin``: the registry name and options that recreate the pass, as
       ``(name, options)``; :func:`~epass.create_pass` sets it on what it makes.
+    * ``with_max_rewrites(limit)``: for a pass made of independent rewrites, the
+      same pass applying only its first ``limit`` rewrites (None: all of them);
+      see :class:`RewriteCounter`. :func:`~epass.bisect` uses it to name the one
+      rewrite that breaks a program.
 
     A ``__call__`` annotated to return :class:`PassResult` (or a subclass) tells the
     manager that the pass reports its own ``modified`` flag: it takes no snapshot
@@ -113,6 +118,7 @@ CONTRACT = (
     "run_after",
     "imports",
     "origin",
+    "with_max_rewrites",
 )
 
 Check = Callable[[ExportedProgram], Any]
@@ -139,6 +145,7 @@ class PassModel:
         reports_modified: its ``__call__`` is annotated to return a
             :class:`PassResult` (or a subclass), which carries its own ``modified``
             flag: the manager takes no before-snapshot to find out.
+        limit_rewrites: its ``with_max_rewrites``, or None.
     """
 
     pass_: Any
@@ -155,6 +162,68 @@ class PassModel:
     module: str | None = None
     children: tuple[PassModel, ...] = ()
     reports_modified: bool = False
+    limit_rewrites: Callable[[int | None], Any] | None = None
+
+
+class RewriteCounter:
+    """Counts the rewrites of one pass run and holds back those past ``limit``:
+    LLVM's ``-debug-counter`` for a pass made of independent rewrites.
+
+    The protocol a pass adopts to be bisected below the pass, rewrite by rewrite:
+
+    1. it takes a ``max_rewrites: int | None = None`` option and has a method
+       ``with_max_rewrites(limit)`` returning the same pass with that option set;
+    2. in each run it makes a ``RewriteCounter(self.max_rewrites)`` and asks
+       :meth:`allow` before each rewrite, in a fixed order (graph order), skipping
+       the rewrite when it says no;
+    3. its result carries :attr:`notes` (a :class:`PassResult` subclass with a
+       ``notes`` mapping; the manager copies it into the pass record).
+
+    With a limit the pass applies exactly the first ``limit`` rewrites it would
+    make, and its notes hold ``rewrites`` (how many it applied) and
+    ``last_rewrite`` (``"aten.gelu.default at node gelu_3"``). A limit no smaller
+    than the number of rewrites applies them all, and still counts them.
+
+    Example::
+
+        counter = RewriteCounter(self.max_rewrites)
+        for node in gm.graph.nodes:
+            if matches(node) and counter.allow(node.target, node.name):
+                rewrite(node)
+        return MyResult(program, counter.count > 0, notes=counter.notes)
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        if limit is not None and (not isinstance(limit, int) or limit < 0):
+            raise ArgumentTypeError(f"max_rewrites must be None or an int >= 0, got {limit!r}")
+        self.limit = limit
+        self.count = 0
+        self.held = 0
+        self.last: str | None = None
+
+    def allow(self, op: Any, node: str) -> bool:
+        """Whether the next rewrite (of ``op`` at node ``node``) may be applied."""
+        if self.limit is not None and self.count >= self.limit:
+            self.held += 1
+            return False
+        self.count += 1
+        self.last = f"{_op_text(op)} at node {node}"
+        return True
+
+    @property
+    def notes(self) -> dict[str, Any]:
+        """``rewrites`` and ``last_rewrite``, and ``held_back`` under a limit."""
+        notes: dict[str, Any] = {"rewrites": self.count, "last_rewrite": self.last}
+        if self.limit is not None:
+            notes["held_back"] = self.held
+        return notes
+
+
+def _op_text(op: Any) -> str:
+    name = str(op)
+    if name.startswith("<"):  # "<built-in function getitem>"
+        name = getattr(op, "__qualname__", name)
+    return name
 
 
 def pass_name(p: Any) -> str:
@@ -287,7 +356,7 @@ def adapt(
         raise _raised(p, exc) from exc
     label = declared["name"]
     name = label if isinstance(label, str) and label else _own_name(p)
-    for attr in ("requires", "ensures", "skip_reason"):
+    for attr in ("requires", "ensures", "skip_reason", "with_max_rewrites"):
         if declared[attr] is not None and not callable(declared[attr]):
             raise _wrong(name, attr, declared[attr], "a callable taking the program, or None")
     if not isinstance(declared["changes_input"], bool):
@@ -309,6 +378,7 @@ def adapt(
         module=_module(p.fn if isinstance(p, FxPass) else p),
         children=tuple(m for m in declared["models"] or () if isinstance(m, PassModel)),
         reports_modified=_reports_modified(p),
+        limit_rewrites=declared["with_max_rewrites"],
     )
 
 
@@ -325,6 +395,7 @@ def _declared(p: Any) -> dict[str, Any]:
         "run_after": getattr(p, "run_after", ()),
         "imports": getattr(p, "imports", ()),
         "origin": getattr(p, "origin", None),
+        "with_max_rewrites": getattr(p, "with_max_rewrites", None),
         "models": getattr(p, "models", ()),
     }
 

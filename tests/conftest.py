@@ -15,9 +15,15 @@ from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import vision_models
 from fingerprint import fingerprint
 
 __all__ = ["fingerprint"]
+
+# A torchvision wheel built for CUDA cannot load its C++ ops beside a CPU torch, and then
+# `import torchvision` fails, and with it every import of transformers or timm: the
+# schemas its fake kernels need are defined first (tests/vision_models.py).
+vision_models.make_torchvision_importable()
 
 # Tests never touch the user's template cache: this session's cache lives in a
 # directory of its own, set here (at import) so that subprocesses inherit it. Tests

@@ -8,11 +8,15 @@ from typing import Any
 
 import attrs
 import torch
+import vision_models
 from torch import nn
 from torch.export import Dim, ExportedProgram
 
 VOCAB = 128
 BATCH, SEQ = 2, 16
+
+# transformers imports torchvision whenever it is installed (tests/vision_models.py).
+vision_models.make_torchvision_importable()
 
 
 class HFWrapper(nn.Module):

@@ -225,7 +225,7 @@ def test_failing_pass_exits_1_and_writes_a_reproducer(
     (where,) = repro.iterdir()
     assert f"epass: reproducer written to {where}" in err
     assert sorted(p.name for p in where.iterdir()) == [
-        "error.txt", "passes.pkl", "pipeline.txt", "program.pt2", "repro.py",
+        "error.txt", "graph.json", "passes.pkl", "pipeline.txt", "program.pt2", "repro.py",
     ]  # fmt: skip
     assert (where / "pipeline.txt").read_text() == "explode-test\n"
     assert "RuntimeError: boom" in (where / "error.txt").read_text()

@@ -118,7 +118,14 @@ def test_list_passes_reports_description_source_and_options(fresh: None) -> None
     assert scale.as_dict()["options"][1]["default"] == "float32"
     decompose = entries["decompose"]
     assert (decompose.source, decompose.kind, decompose.error) == ("epass", "builtin", None)
-    assert [o.name for o in decompose.options] == ["table", "keep", "coalesce", "method", "check"]
+    assert [o.name for o in decompose.options] == [
+        "table",
+        "keep",
+        "coalesce",
+        "method",
+        "check",
+        "max_rewrites",
+    ]
     json.dumps([e.as_dict() for e in entries.values()])
 
 

@@ -255,7 +255,7 @@ def test_reports_say_which_decompose_path_ran_in_words_with_the_values_behind_a_
 def test_the_notes_column_breaks_no_word() -> None:
     """Words wrap whole in the notes column (it is the widest); a word breaks only
     where it alone is wider than its column."""
-    from epass.report import _CSS
+    from epass._report_html import _CSS
 
     assert "anywhere" not in _CSS and "break-all" not in _CSS
     ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,10 +18,15 @@ from hypothesis import strategies as st
 
 from epass import Decompose, FxPass, PassError, PassManager, Reproducer
 from epass.instruments.reproducer import (
+    GRAPH_FILE,
     QUALIFIED_HEADER,
     docstring_text,
+    graph_listing,
+    listing_differences,
+    load_program,
     pipeline_text,
     qualified_name,
+    save_program,
     script,
 )
 
@@ -118,7 +124,7 @@ def test_repro_script_reproduces_the_failure(user_passes: Any, tmp_path: Path) -
     message = str(info.value)
     assert f"reproducer: {where / 'repro.py'}" in message
     assert sorted(p.name for p in where.iterdir()) == [
-        "error.txt", "passes.pkl", "pipeline.txt", "program.pt2", "repro.py",
+        "error.txt", "graph.json", "passes.pkl", "pipeline.txt", "program.pt2", "repro.py",
     ]  # fmt: skip
     # The saved program is the failing pass's input: neg-neg already ran.
     saved = torch.export.load(where / "program.pt2")
@@ -339,3 +345,87 @@ def test_any_error_message_gives_a_repro_script_that_compiles(message: str) -> N
     code = compile(source, "repro.py", "exec")
     assert code.co_consts[0].startswith("Reproduce an epass pass failure.")
     source.encode("utf-8")  # no lone surrogate left to break writing the file
+
+
+class Norms(torch.nn.Module):
+    """Layer norms, whose decomposed form calls native_layer_norm (three outputs,
+    one used), and a cond, whose operands torch reads back as a list."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.LayerNorm(8)
+        self.b = torch.nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b(torch.relu(self.a(x)))
+        return torch.cond(y.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (y,))
+
+
+class Refuse:
+    """Fails on any program, after noting the nodes of the program it was given."""
+
+    name = "refuse"
+    changes_input = False
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    def __call__(self, ep: torch.export.ExportedProgram) -> Any:
+        self.seen = graph_listing(ep)
+        raise RuntimeError("refused")
+
+
+def test_the_reproducer_loads_back_the_failing_program_node_for_node(tmp_path: Path) -> None:
+    ep = torch.export.export(Norms().eval(), (torch.randn(2, 8),))
+    refuse = Refuse()
+    reproducer = Reproducer(tmp_path)
+    with pytest.raises(PassError, match="refused"):
+        PassManager([Decompose(), refuse], instruments=[reproducer]).run(ep)
+    (where,) = reproducer.written
+    plain = torch.export.load(where / "program.pt2")
+    # torch's loader adds a getitem for every unused output of native_layer_norm,
+    # and reads cond's operands back as a list.
+    assert graph_listing(plain) != refuse.seen
+    assert len(plain.graph.nodes) == len(refuse.seen["<root>"]) + 4
+    loaded, differences = load_program(where)
+    assert differences == []
+    assert graph_listing(loaded) == refuse.seen
+    x = torch.randn(2, 8)
+    assert torch.allclose(loaded.module()(x), plain.module()(x))
+
+
+def test_load_program_says_what_still_differs(tmp_path: Path) -> None:
+    ep = residual_program()
+    save_program(ep, tmp_path)
+    listing = json.loads((tmp_path / GRAPH_FILE).read_text())
+    listing["<root>"][-2][2] = "aten.gelu.default"  # as if the saved program had a gelu there
+    (tmp_path / GRAPH_FILE).write_text(json.dumps(listing))
+    _, differences = load_program(tmp_path)
+    assert differences[0] == "graph <root>: 9 nodes saved, 9 loaded"
+    assert differences[1] == (
+        "  node 7: saved linear_1 call_function aten.gelu.default, "
+        "loaded linear_1 call_function aten.linear.default"
+    )
+    assert listing_differences({"g": [["a"]]}, {"g": [["a"]]}) == []
+
+
+def test_repro_imports_the_module_that_registered_a_pass(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "registers_wrapped.py").write_text(
+        "import epass\nfrom epass import Decompose\nfrom epass.protocol import NamedPass\n\n\n"
+        "@epass.register_pass('wrapped-decompose-test')\n"
+        "def make():\n"
+        "    return NamedPass('wrapped-decompose-test', Decompose())\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import registers_wrapped  # noqa: F401
+
+    from epass import registry
+    from epass.instruments.reproducer import _modules
+
+    try:
+        passes = PassManager.from_text("wrapped-decompose-test").passes
+        # The pass is epass's own Decompose: only the registry knows the module.
+        assert _modules(passes, ()) == ["registers_wrapped"]
+    finally:
+        registry.unregister_pass("wrapped-decompose-test")
+        sys.modules.pop("registers_wrapped", None)

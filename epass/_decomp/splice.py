@@ -257,13 +257,18 @@ def _returns_its_input(template: Any, inputs: list[torch.fx.Node], args: Any, op
 
 
 def decompose(
-    ep: ExportedProgram, tables: table.Tables, deadline: float | None = None
+    ep: ExportedProgram,
+    tables: table.Tables,
+    deadline: float | None = None,
+    limit: int | None = None,
 ) -> tuple[ExportedProgram, int]:
     """The program ``ep.run_decompositions`` would produce, by rewriting only the nodes
     the table decomposes. Returns it and the number of nodes rewritten.
 
     ``deadline`` (a :func:`time.perf_counter` value): trace no template after it and
     raise :class:`templates.OutOfTime` instead; for filling the cache within a time budget.
+    ``limit``: splice only the first ``limit`` nodes that would be spliced (in graph
+    order) and copy the others as they are (``Decompose(max_rewrites=...)``).
 
     Raises:
         Fallback: when the result could differ from torch's; ``reason`` says why.
@@ -273,14 +278,14 @@ def decompose(
     with state.LOCK:
         session = templates.Session(tables, deadline)
         try:
-            return _decompose(ep, tables, session)
+            return _decompose(ep, tables, session, limit)
         finally:
             session.close()
             store.prune_soon()
 
 
 def _decompose(
-    ep: ExportedProgram, tables: table.Tables, session: templates.Session
+    ep: ExportedProgram, tables: table.Tables, session: templates.Session, limit: int | None
 ) -> tuple[ExportedProgram, int]:
     from torch.export.exported_program import _get_updated_module_call_graph
 
@@ -313,7 +318,7 @@ def _decompose(
                 # The decomposed producer returned a tuple: index it directly.
                 builder.env[node] = builder.env[src][node.args[1]]
                 continue
-        if table.splices(node, tables):
+        if table.splices(node, tables) and (limit is None or builder.decomposed < limit):
             builder.splice(node)
             continue
         builder.copy(node)

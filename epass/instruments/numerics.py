@@ -11,9 +11,10 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
-from epass.errors import ArgumentValueError, NumericsDriftError, ProgramError
+from epass.errors import ArgumentValueError, NumericsDriftError
 from epass.instrumentation import Instrument
+from epass.instruments.divergence import first_divergence, rerun_tagged
+from epass.instruments.values import Drift, NodeDrift, clone, compare_outputs, run_program
 from epass.records import PassInfo, PassRecord
 
 if TYPE_CHECKING:
@@ -29,108 +30,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("epass")
-
-
-@attrs.frozen
-class Drift:
-    """How far one program's outputs are from the expected ones.
-
-    Attributes:
-        path: the pass whose output was compared (``"<input>"`` for the baseline).
-        step: the fixed-point round.
-        max_abs: the largest absolute difference over all outputs.
-        max_rel: the largest ``|a - b| / |b|`` over all outputs.
-        ok: whether every output is within ``atol + rtol * |expected|``.
-        detail: why it is not ok, when the difference is not just numerical
-            (shape, dtype or structure mismatch, or the program raised).
-    """
-
-    path: str
-    step: int
-    max_abs: float
-    max_rel: float
-    ok: bool
-    detail: str = ""
-
-    def __str__(self) -> str:
-        verdict = "ok" if self.ok else "DRIFT"
-        text = f"{self.path}: {verdict} max_abs={self.max_abs:.3g} max_rel={self.max_rel:.3g}"
-        return f"{text} ({self.detail})" if self.detail else text
-
-
-def _clone(value: Any) -> Any:
-    """Detached copies of the tensors in nested tuples, lists and dicts."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, tuple):
-        items = [_clone(v) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    if isinstance(value, list):
-        return [_clone(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    return value
-
-
-def _leaves(value: Any, path: str = "") -> list[tuple[str, Any]]:
-    """(path, leaf) pairs of nested tuples, lists and dicts, in order."""
-    if isinstance(value, (tuple, list)):
-        return [leaf for i, v in enumerate(value) for leaf in _leaves(v, f"{path}[{i}]")]
-    if isinstance(value, dict):
-        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{path}[{k!r}]")]
-    return [(path or "output", value)]
-
-
-def _has_mutating_ops(program: ExportedProgram) -> bool:
-    return any(
-        n.op == "call_function" and n.is_impure(impure_random=False) for n in program.graph.nodes
-    )
-
-
-def run_program(
-    program: ExportedProgram,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    clone_state: str = "auto",
-) -> Any:
-    """Run ``program`` on copies of the inputs without touching its state tensors.
-
-    Buffers the program mutates are cloned first; with ``clone_state="auto"``
-    every state tensor is cloned when the graph holds an in-place or otherwise
-    side-effecting op (training-IR programs mutate buffers in place), and
-    ``"all"`` always clones. The program's own dicts and tensors stay as they were.
-    """
-    if clone_state not in ("auto", "all"):
-        raise ArgumentValueError(f"clone_state must be 'auto' or 'all', got {clone_state!r}")
-    view = _program.private_view(program, copy_graph=False)
-    clone_all = clone_state == "all" or _has_mutating_ops(program)
-    mutated = set(program.graph_signature.buffers_to_mutate.values())
-    for d in (view.state_dict, view.constants):
-        for key, value in d.items():
-            if isinstance(value, torch.Tensor) and (clone_all or key in mutated):
-                d[key] = (
-                    torch.nn.Parameter(_clone(value), requires_grad=value.requires_grad)
-                    if isinstance(value, torch.nn.Parameter)
-                    else _clone(value)
-                )
-
-    def versions() -> dict[tuple[int, str], int | None]:
-        return {
-            (i, k): _program.tensor_version(v)
-            for i, d in enumerate((program.state_dict, program.constants))
-            for k, v in d.items()
-        }
-
-    before = versions()
-    args, kwargs = _clone(tuple(args)), _clone(dict(kwargs or {}))
-    with torch.no_grad():
-        out = view.module()(*args, **kwargs)
-    touched = [key for key, v in versions().items() if before.get(key) != v]
-    if touched:  # a safety net: the cloning above should make this unreachable
-        names = [k for _, k in touched]
-        raise ProgramError(f"running the program wrote into its state tensors {names}")
-    return _clone(out)
 
 
 def random_inputs(program: ExportedProgram, seed: int = 0) -> tuple[Any, ...]:
@@ -157,37 +56,6 @@ def random_inputs(program: ExportedProgram, seed: int = 0) -> tuple[Any, ...]:
     return tuple(args)
 
 
-def compare_outputs(
-    actual: Any, expected: Any, *, rtol: float, atol: float, path: str = "", step: int = 0
-) -> Drift:
-    """Compare two outputs (tensors in nested tuples, lists, dicts) leaf by leaf."""
-    a_leaves, e_leaves = _leaves(actual), _leaves(expected)
-    if [p for p, _ in a_leaves] != [p for p, _ in e_leaves]:
-        return Drift(path, step, math.inf, math.inf, False, "output structure differs")
-    max_abs = max_rel = 0.0
-    ok = True
-    for (where, a), (_, e) in zip(a_leaves, e_leaves, strict=True):
-        if not (isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor)):
-            if a != e:
-                return Drift(path, step, math.inf, math.inf, False, f"{where}: {a!r} != {e!r}")
-            continue
-        if a.shape != e.shape:
-            detail = f"{where}: shape {tuple(a.shape)} != {tuple(e.shape)}"
-            return Drift(path, step, math.inf, math.inf, False, detail)
-        if a.numel() == 0:
-            continue
-        a64, e64 = a.detach().to(torch.float64), e.detach().to(torch.float64)
-        diff = (a64 - e64).abs()
-        both_nan = a64.isnan() & e64.isnan()
-        diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-        diff = torch.where(diff.isnan(), torch.full_like(diff, math.inf), diff)
-        max_abs = max(max_abs, float(diff.max()))
-        rel = diff / e64.abs().clamp_min(torch.finfo(torch.float64).tiny)
-        max_rel = max(max_rel, float(rel.max()))
-        ok &= bool(torch.isclose(a64, e64, rtol=rtol, atol=atol, equal_nan=True).all())
-    return Drift(path, step, max_abs, max_rel, ok)
-
-
 class NumericsCheck(Instrument):
     """Run every modified program on fixed inputs and compare its outputs.
 
@@ -204,6 +72,11 @@ class NumericsCheck(Instrument):
         raise_on_drift: stop the pipeline at the first drifting pass (the manager
             reports it as an ``InstrumentError`` naming ``NumericsCheck``).
         clone_state: see :func:`run_program`.
+        localize: at the first drifting pass, find the first node whose values
+            part (``first_drift.node``): the pass runs once more, on a copy of its
+            input whose nodes carry debug handles, and both programs are run node
+            by node on the same inputs
+            (:func:`~epass.instruments.divergence.first_divergence`).
 
     After a run, ``checks`` lists a :class:`Drift` per modified pass and
     ``first_drift`` is the first one out of tolerance (or None). The user's
@@ -227,6 +100,7 @@ class NumericsCheck(Instrument):
         reference: Any = None,
         raise_on_drift: bool = False,
         clone_state: str = "auto",
+        localize: bool = True,
     ) -> None:
         self.inputs = None if inputs is None else tuple(inputs)
         self.kwargs = dict(kwargs or {})
@@ -235,7 +109,10 @@ class NumericsCheck(Instrument):
         self.reference = reference
         self.raise_on_drift = raise_on_drift
         self.clone_state = clone_state
+        self.localize = localize
         self.checks: list[Drift] = []
+        # The program each running pass was given, while it runs (for localize).
+        self._given: dict[tuple[str, int], ExportedProgram] = {}
         self.first_drift: Drift | None = None
         self._args: tuple[Any, ...] = ()
         self._kwargs: dict[str, Any] = {}
@@ -264,14 +141,19 @@ class NumericsCheck(Instrument):
         if ref is None or (isinstance(ref, str) and ref == "input"):
             self._expected = self._run(program)
         elif callable(ref):
-            args, kwargs = _clone(self._args), _clone(self._kwargs)
+            args, kwargs = clone(self._args), clone(self._kwargs)
             with torch.no_grad():
-                self._expected = _clone(ref(*args, **kwargs))
+                self._expected = clone(ref(*args, **kwargs))
         else:
             self._expected = ref
 
+    def before_pass(self, info: PassInfo, program: ExportedProgram) -> None:
+        if self.localize and self.first_drift is None:
+            self._given[(info.path, info.step)] = program
+
     def after_pass(self, info: PassInfo, program: ExportedProgram, record: PassRecord) -> None:
         path = info.path
+        given = self._given.pop((path, info.step), None)
         # A nested pipeline's passes were checked one by one already.
         if not record.modified or record.children:
             return
@@ -285,6 +167,8 @@ class NumericsCheck(Instrument):
             )
             if self.reference is None:
                 self._expected = outputs
+        if not drift.ok and self.first_drift is None and given is not None and not drift.detail:
+            drift = attrs.evolve(drift, node=self._localize(info, given, program))
         self.checks.append(drift)
         logger.debug("numerics %s", drift)
         if drift.ok or self.first_drift is not None:
@@ -294,9 +178,35 @@ class NumericsCheck(Instrument):
         if self.raise_on_drift:
             raise NumericsDriftError(f"pass {path!r} drifted beyond tolerance: {drift}")
 
+    def _localize(
+        self, info: PassInfo, before: ExportedProgram, after: ExportedProgram
+    ) -> NodeDrift | None:
+        """The first diverging node of a drifting pass, or None (logged) when it
+        cannot be told."""
+        try:
+            before, after = rerun_tagged(info.pass_, before)
+        except Exception as exc:  # compare what the pipeline made, by name
+            logger.debug("numerics: %s did not run again on a tagged copy: %r", info.path, exc)
+        try:
+            return first_divergence(
+                before,
+                after,
+                self._args,
+                self._kwargs,
+                rtol=self.rtol,
+                atol=self.atol,
+                clone_state=self.clone_state,
+            )
+        except Exception as exc:
+            logger.info("numerics: the diverging node of %s is unknown: %r", info.path, exc)
+            return None
+
     def report(self) -> str:
-        """One line per checked pass, and which pass drifted first."""
+        """One line per checked pass, which pass drifted first and, when found,
+        its first diverging node."""
         lines = [str(d) for d in self.checks]
         first = self.first_drift
         lines.append(f"first drifting pass: {first.path}" if first else "no pass drifted")
+        if first is not None and first.node is not None:
+            lines.append(f"first diverging node: {first.node}")
         return "\n".join(lines)

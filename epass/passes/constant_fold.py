@@ -13,7 +13,7 @@ from torch.export.graph_signature import InputSpec
 
 from epass import _graph, _program
 from epass.options import checked
-from epass.protocol import PassResult
+from epass.protocol import PassResult, RewriteCounter
 
 __all__ = ["ConstantFold", "ConstantFoldResult"]
 
@@ -89,11 +89,14 @@ class ConstantFoldResult(PassResult):
         added: the new ``constants`` keys, one per folded node.
         bytes_added: memory the new constants allocate (views into existing state
             count zero).
+        notes: the rewrite count (:class:`~epass.protocol.RewriteCounter`): one
+            rewrite per folded node.
     """
 
     folded: tuple[str, ...] = ()
     added: tuple[str, ...] = ()
     bytes_added: int = 0
+    notes: dict[str, Any] = attrs.field(factory=dict)
 
 
 def _foldable_op(node: torch.fx.Node) -> bool:
@@ -181,7 +184,9 @@ class ConstantFold:
             the state tensor and costs no memory.
 
     Returns a :class:`ConstantFoldResult` with the folded nodes, new keys and
-    ``bytes_added``.
+    ``bytes_added``. Each folded node is one rewrite
+    (:class:`~epass.protocol.RewriteCounter`): ``max_rewrites`` folds only the
+    first N, in graph order.
 
     Example::
 
@@ -194,12 +199,23 @@ class ConstantFold:
 
     max_growth: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
     fold_views: bool = False
+    max_rewrites: int | None = None
+
+    def with_max_rewrites(self, limit: int | None) -> ConstantFold:
+        """This pass, folding only the first ``limit`` nodes it would fold."""
+        return attrs.evolve(self, max_rewrites=limit)
 
     def __call__(self, ep: ExportedProgram) -> ConstantFoldResult:
+        counter = RewriteCounter(self.max_rewrites)
         plan, evaluated = self._plan(ep)
+        plan = {  # in graph order, as far as the counter allows
+            n.name: plan[n.name]
+            for n in ep.graph.nodes
+            if n.name in plan and counter.allow(n.target, n.name)
+        }
         if not plan:
-            return ConstantFoldResult(ep, False)
-        return self._apply(ep, plan, evaluated)
+            return ConstantFoldResult(ep, False, notes=counter.notes)
+        return self._apply(ep, plan, evaluated, counter.notes)
 
     def _plan(self, ep: ExportedProgram) -> tuple[dict[str, tuple[str, torch.Tensor]], set[str]]:
         """Boundary node name -> (name of the node whose value it shares, the value),
@@ -280,6 +296,7 @@ class ConstantFold:
         ep: ExportedProgram,
         plan: dict[str, tuple[str, torch.Tensor]],
         evaluated: set[str],
+        notes: dict[str, Any],
     ) -> ConstantFoldResult:
         gm = _graph.copy_graph(ep)
         kinds = _graph.input_kinds(ep)
@@ -324,7 +341,12 @@ class ConstantFold:
         added = tuple(new_specs[p].target or "" for p in new_specs)
         logger.info("fold-constants: %d nodes folded, %d bytes added", len(folded), nbytes)
         return ConstantFoldResult(
-            program, True, folded=tuple(n.name for n in folded), added=added, bytes_added=nbytes
+            program,
+            True,
+            folded=tuple(n.name for n in folded),
+            added=added,
+            bytes_added=nbytes,
+            notes=notes,
         )
 
 

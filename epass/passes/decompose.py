@@ -15,7 +15,7 @@ from torch.export import ExportedProgram
 from epass import _graph, _program
 from epass._decomp import identity, safety, splice, state, templates
 from epass._decomp.check import first_difference
-from epass._decomp.table import Tables, rewrites, split_table
+from epass._decomp.table import Tables, rewrites, splices, split_table
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -24,7 +24,7 @@ from epass.errors import (
     IncrementalDecompositionError,
 )
 from epass.options import checked
-from epass.protocol import PassResult
+from epass.protocol import PassResult, RewriteCounter
 
 __all__ = ["Decompose", "DecomposeResult", "DecompositionError"]
 
@@ -119,11 +119,13 @@ class DecomposeResult(PassResult):
     checked: bool = False
     decision: str | None = None
     cache: str | None = None
+    counted: Mapping[str, Any] | None = None
 
     @property
     def notes(self) -> dict[str, Any]:
         """JSON-ready summary, copied into the pass's record (``decision``: only when
-        ``method="auto"`` weighed the program)."""
+        ``method="auto"`` weighed the program; ``rewrites``, ``last_rewrite`` and
+        ``held_back``: only under ``max_rewrites``)."""
         notes: dict[str, Any] = {
             "method": self.method,
             "fallback": self.fallback,
@@ -134,6 +136,8 @@ class DecomposeResult(PassResult):
             notes["decision"] = self.decision
         if self.cache is not None:
             notes["cache"] = self.cache
+        if self.counted is not None:
+            notes.update(self.counted)
         return notes
 
 
@@ -141,6 +145,20 @@ def _method(value: Method) -> str:
     if value not in METHODS:
         raise ArgumentValueError(f"Decompose(method=...) takes one of {METHODS}, got {value!r}")
     return value
+
+
+def _limit(instance: Any, attribute: Any, value: int | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArgumentValueError(
+            f"Decompose(max_rewrites=...) takes None or an int >= 0, got {value!r}"
+        )
+    if instance.method == "retrace":
+        raise ArgumentValueError(
+            "Decompose(max_rewrites=...) splices nodes one by one on the incremental path; "
+            "method='retrace' rewrites the whole program at once"
+        )
 
 
 def _check_enabled(check: bool | None) -> bool:
@@ -187,6 +205,13 @@ class Decompose:
             :class:`~epass.errors.DecompositionMismatchError` naming the first
             differing node. ``None`` reads the ``EPASS_DECOMPOSE_CHECK``
             environment variable (``1`` turns it on).
+        max_rewrites: decompose only the first N nodes the table rewrites (in graph
+            order) and keep the others as they are, on the incremental path (its
+            :class:`~epass.errors.IncrementalDecompositionError` says why when the
+            program cannot take it; ``check`` is not run). The result's notes count
+            the rewrites (:class:`~epass.protocol.RewriteCounter`), which is how
+            :func:`~epass.bisect` names the one node whose decomposition breaks a
+            program.
 
     Example::
 
@@ -201,6 +226,11 @@ class Decompose:
     coalesce: bool = False
     method: Method = attrs.field(default="auto", converter=_method)  # type: ignore[misc]
     check: bool | None = None
+    max_rewrites: int | None = attrs.field(default=None, validator=_limit)
+
+    def with_max_rewrites(self, limit: int | None) -> Decompose:
+        """This pass, decomposing only the first ``limit`` nodes it would rewrite."""
+        return attrs.evolve(self, max_rewrites=limit)
 
     def decomp_table(self) -> dict[Any, Callable[..., Any]]:
         """The table handed to ``run_decompositions``."""
@@ -211,6 +241,8 @@ class Decompose:
         return table  # type: ignore[no-any-return]
 
     def __call__(self, ep: ExportedProgram) -> DecomposeResult:
+        if self.max_rewrites is not None:
+            return self._limited(ep, self.max_rewrites)
         check = _check_enabled(self.check)
         fast: ExportedProgram | None = None
         rewritten: int | None = None
@@ -288,12 +320,31 @@ class Decompose:
             f"that fits in the {budget:.2f} s the retrace left of its estimate"
         )
 
+    def _limited(self, ep: ExportedProgram, limit: int) -> DecomposeResult:
+        """The incremental path's program with only the first ``limit`` nodes decomposed."""
+        tables = self._tables()
+        counter = RewriteCounter(limit)
+        for node in ep.graph.nodes:  # the order in which the engine splices them
+            if splices(node, tables):
+                counter.allow(node.target, node.name)
+        fast, rewritten, fallback = self._incremental(ep, limit)
+        if fast is None:
+            raise IncrementalDecompositionError(
+                f"max_rewrites counts the rewrites of the incremental path, which cannot "
+                f"take this program: {fallback}"
+            )
+        result = self._result(ep, fast, "incremental", None, rewritten, False)
+        return attrs.evolve(result, counted=counter.notes)
+
     def _incremental(
-        self, ep: ExportedProgram
+        self, ep: ExportedProgram, limit: int | None = None
     ) -> tuple[ExportedProgram | None, int | None, str | None]:
         """The incremental path's program, or None and the reason it was not taken."""
         try:
-            out, rewritten = splice.decompose(ep, self._tables())
+            if limit is None:
+                out, rewritten = splice.decompose(ep, self._tables())
+            else:
+                out, rewritten = splice.decompose(ep, self._tables(), limit=limit)
         except safety.Fallback as exc:
             return None, None, exc.reason
         except Exception as exc:  # torch's retrace decides, and explains its failure
@@ -403,6 +454,8 @@ class Decompose:
         """
         if not isinstance(other, Decompose):
             return None
+        if self.max_rewrites is not None or other.max_rewrites is not None:
+            return None  # a limit counts the rewrites of one pass
         merged = self._merge_tables(other)
         if merged is None:
             return None

@@ -12,9 +12,9 @@ from torch.export.graph_signature import InputKind, InputSpec
 
 from epass import _graph, _program
 from epass.options import checked
-from epass.protocol import PassResult
+from epass.protocol import PassResult, RewriteCounter
 
-__all__ = ["FuseConvBN"]
+__all__ = ["FuseConvBN", "FuseConvBNResult"]
 
 aten = torch.ops.aten
 _CONVS = frozenset({"aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution"})
@@ -61,6 +61,14 @@ def _bn_inputs(bn: torch.fx.Node) -> tuple[Any, ...] | None:
     return None
 
 
+@attrs.frozen
+class FuseConvBNResult(PassResult):
+    """A :class:`PassResult` with the fusion count in ``notes``
+    (:class:`~epass.protocol.RewriteCounter`)."""
+
+    notes: dict[str, Any] = attrs.field(factory=dict)
+
+
 @checked
 @attrs.define(eq=False)
 class FuseConvBN:
@@ -85,6 +93,9 @@ class FuseConvBN:
     the user's; its ``constants`` is a dict of its own holding the user's
     constants and the fused values. Works on training-IR and decomposed programs.
 
+    Each fused pair is one rewrite (:class:`~epass.protocol.RewriteCounter`, named
+    by its BatchNorm node): ``max_rewrites`` fuses only the first N, in graph order.
+
     Example::
 
         out = PassManager([FuseConvBN()]).run(ep)
@@ -93,10 +104,18 @@ class FuseConvBN:
     name: ClassVar[str] = "fuse-conv-bn"
     changes_input: ClassVar[bool] = False
 
-    def __call__(self, ep: ExportedProgram) -> PassResult:
-        matches = self._matches(ep)
+    max_rewrites: int | None = None
+
+    def with_max_rewrites(self, limit: int | None) -> FuseConvBN:
+        """This pass, fusing only the first ``limit`` pairs it would fuse."""
+        return attrs.evolve(self, max_rewrites=limit)
+
+    def __call__(self, ep: ExportedProgram) -> FuseConvBNResult:
+        counter = RewriteCounter(self.max_rewrites)
+        targets = {n.name: n.target for n in ep.graph.nodes}
+        matches = [m for m in self._matches(ep) if counter.allow(targets[m.bn], m.bn)]
         if not matches:
-            return PassResult(ep, False)
+            return FuseConvBNResult(ep, False, notes=counter.notes)
         gm = _graph.copy_graph(ep)
         nodes = {n.name: n for n in gm.graph.nodes}
         state = _graph.state_values(ep)
@@ -138,7 +157,7 @@ class FuseConvBN:
             )
         _graph.remove_unused_state_placeholders(gm, ep.graph_signature, only=involved)
         program = _graph.build_program(ep, gm, new_specs=new_specs, constants=constants)
-        return PassResult(program, True)
+        return FuseConvBNResult(program, True, notes=counter.notes)
 
     @staticmethod
     def _matches(ep: ExportedProgram) -> list[_Match]:

@@ -17,9 +17,9 @@ from epass._decomp import state
 from epass.errors import ArgumentTypeError
 from epass.options import checked
 from epass.passes.lift_constants import lift_constants
-from epass.protocol import PassResult
+from epass.protocol import PassResult, RewriteCounter
 
-__all__ = ["ReplaceOps"]
+__all__ = ["ReplaceOps", "ReplaceOpsResult"]
 
 
 def _ops(value: Mapping[Any, Any]) -> dict[Any, Any]:
@@ -63,6 +63,23 @@ def _not_reentrant(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         finally:
             _inside.active = False
+
+    return replacement
+
+
+def _counted(
+    fn: Callable[..., Any], op: Any, counter: RewriteCounter, nodes: list[str]
+) -> Callable[..., Any]:
+    """``fn`` as a table entry that asks ``counter`` before each call: the retrace
+    calls it once per node of ``op``, in graph order (``nodes``), and a call the
+    counter holds back returns ``NotImplemented``, which keeps that node as it is."""
+    names = iter(nodes)
+
+    @functools.wraps(fn)
+    def replacement(*args: Any, **kwargs: Any) -> Any:
+        if not counter.allow(op, next(names, "?")):
+            return NotImplemented
+        return fn(*args, **kwargs)
 
     return replacement
 
@@ -114,6 +131,11 @@ class ReplaceOps:
       new nodes get fake values (the export verifier needs them) and tensors a
       replacement creates are lifted to constants.
 
+    Rewrites are counted (:class:`~epass.protocol.RewriteCounter`): each node a
+    traced function replaces, then each node retargeted, then each pattern match,
+    in graph order; ``max_rewrites`` applies only the first N of them and the
+    result's notes say how many it applied and which was the last.
+
     State: nothing changes; tensors created by a pattern replacement are **added**
     as constants. Works on training-IR and decomposed programs (match the ops of
     the form you have: ``aten.linear`` in the training IR, ``aten.addmm`` after
@@ -134,36 +156,69 @@ class ReplaceOps:
     patterns: tuple[tuple[Callable[..., Any], Callable[..., Any]], ...] = attrs.field(
         default=(), converter=_patterns
     )
+    max_rewrites: int | None = None
 
-    def __call__(self, ep: ExportedProgram) -> PassResult:
-        present = {n.target for n in ep.graph.nodes if n.op == "call_function"}
-        traced = {
-            op: _not_reentrant(fn)
-            for op, fn in self.ops.items()
-            if op in present and not _program.is_op_overload(fn)
-        }
-        modified = False
-        if traced:
-            ep = state.run_decompositions(ep, traced)
-            modified = True
+    def with_max_rewrites(self, limit: int | None) -> ReplaceOps:
+        """This pass, applying only its first ``limit`` rewrites."""
+        return attrs.evolve(self, max_rewrites=limit)
+
+    def __call__(self, ep: ExportedProgram) -> ReplaceOpsResult:
+        counter = RewriteCounter(self.max_rewrites)
+        ep, modified = self._trace_in(ep, counter)
         retarget = {op: new for op, new in self.ops.items() if _program.is_op_overload(new)}
         if not retarget and not self.patterns:
-            return PassResult(ep, modified)
+            return ReplaceOpsResult(ep, modified, notes=counter.notes)
         gm = _graph.copy_graph(ep)
         changed = False
         for node in gm.graph.nodes:
             new = retarget.get(node.target) if node.op == "call_function" else None
-            if new is not None:
+            if new is not None and counter.allow(node.target, node.name):
                 node.target = new
                 node.meta.pop("val", None)
                 changed = True
         taken: set[str] = set()
         for pattern, replacement in self.patterns:
             replaced = subgraph_rewriter.replace_pattern_with_filters(
-                gm, pattern, _traced(replacement, gm, taken)
+                gm, pattern, _traced(replacement, gm, taken), match_filters=[_ask(counter)]
             )
             changed |= bool(replaced)
         if not changed:
-            return PassResult(ep, modified)
+            return ReplaceOpsResult(ep, modified, notes=counter.notes)
         # lift_constants fills the fake values in, once the created tensors are inputs.
-        return PassResult(lift_constants(ep, gm), True)
+        return ReplaceOpsResult(lift_constants(ep, gm), True, notes=counter.notes)
+
+    def _trace_in(
+        self, ep: ExportedProgram, counter: RewriteCounter
+    ) -> tuple[ExportedProgram, bool]:
+        """Trace the Python replacements in, with one retrace for all of them."""
+        calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+        traced = {
+            op: _not_reentrant(_counted(fn, op, counter, [n.name for n in calls if n.target is op]))
+            for op, fn in self.ops.items()
+            if any(n.target is op for n in calls) and not _program.is_op_overload(fn)
+        }
+        if not traced:
+            return ep, False
+        return state.run_decompositions(ep, traced), True
+
+
+def _ask(counter: RewriteCounter) -> Callable[..., bool]:
+    """A match filter that counts each match as one rewrite (named by the node whose
+    value the match returns)."""
+
+    def allow(match: Any, original_graph: Any, pattern_graph: Any) -> bool:
+        nodes = [*getattr(match, "returning_nodes", []), *match.anchors]
+        node = match.nodes_map.get(nodes[0], nodes[0]) if nodes else None
+        if not isinstance(node, torch.fx.Node):
+            return counter.allow("pattern", "?")
+        return counter.allow(node.target, node.name)
+
+    return allow
+
+
+@attrs.frozen
+class ReplaceOpsResult(PassResult):
+    """A :class:`PassResult` with the rewrite count in ``notes``
+    (:class:`~epass.protocol.RewriteCounter`)."""
+
+    notes: dict[str, Any] = attrs.field(factory=dict)

@@ -1,0 +1,125 @@
+"""``epass reduce``: the command that shrinks a program on which a pipeline fails.
+
+Arguments and rendering only; the reduction is :func:`epass.reduce`. Kept apart from
+:mod:`epass.cli`, which adds it to its parser; like every command it imports torch
+and the library inside the function that runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from epass.errors import ArgumentValueError, CliError, PipelineError
+
+__all__ = ["add_parser", "run"]
+
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+def add_parser(sub: Any, tolerance: Callable[[str], float], trust: str, imports: str) -> Any:
+    """Add ``reduce`` to the subcommands ``sub``; returns its parser."""
+    reduce = sub.add_parser("reduce", help="shrink a program on which a pipeline fails or drifts")
+    reduce.add_argument("input", help="an ExportedProgram saved with torch.export.save")
+    reduce.add_argument("-p", "--pipeline", required=True, help='pipeline text, e.g. "lower"')
+    reduce.add_argument(
+        "-o",
+        "--output",
+        default="reduced",
+        metavar="DIR",
+        help="write program.pt2 and repro.py here (default: reduced)",
+    )
+    reduce.add_argument(
+        "--failure",
+        choices=("auto", "error", "drift"),
+        default="auto",
+        help="what must keep happening: a pass raises, or a pass's outputs "
+        "drift (auto: what the program shows)",
+    )
+    reduce.add_argument("--match", metavar="REGEX", help="the error must match REGEX")
+    reduce.add_argument("--in-pass", metavar="NAME", help="the pass that must fail or drift")
+    reduce.add_argument("--atol", type=tolerance, default=1e-5, help="drift: absolute tolerance")
+    reduce.add_argument("--rtol", type=tolerance, default=1e-4, help="drift: relative tolerance")
+    reduce.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this long, keeping the smallest program found",
+    )
+    reduce.add_argument(
+        "--max-steps", type=int, metavar="N", help="stop after N candidate programs"
+    )
+    reduce.add_argument("--trust", action="store_true", help=trust)
+    reduce.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE", help=imports
+    )
+    reduce.set_defaults(func=run)
+    return reduce  # fmt: skip
+
+
+class _StatusLine:
+    """The progress of a reduction on one terminal line (stderr), redrawn in place."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, progress: Any) -> None:
+        text = (
+            f"reduce: {progress.nodes_before} -> {progress.nodes} nodes, "
+            f"{progress.step} steps, {progress.seconds:.1f} s ({progress.phase})"
+        )
+        sys.stderr.write(f"\r{text}\x1b[K")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def run(args: argparse.Namespace, out: Any) -> int:
+    """Load, reduce, write; the summary line on stdout."""
+    from pathlib import Path
+
+    from epass import io
+    from epass.manager import PassManager
+    from epass.reduce import reduce
+
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise CliError(f"{args.output}: -o names a file; reduce writes a directory")
+    io.import_modules(args.imports)
+    try:
+        pipeline = PassManager.from_text(args.pipeline)
+    except PipelineError as exc:
+        raise CliError(f"bad pipeline: {exc.reason}", context=exc.context) from exc
+    except Exception as exc:  # ordering errors, factory errors
+        raise CliError(f"bad pipeline: {type(exc).__name__}: {exc}") from exc
+    io.import_modules(io.declared_imports(pipeline.passes))
+    ep = io.load(args.input, trust=args.trust)
+    status = _StatusLine() if sys.stderr.isatty() and not args.plain else None
+    try:
+        result = reduce(
+            ep,
+            pipeline,
+            failure=args.failure,
+            match=args.match,
+            in_pass=args.in_pass,
+            rtol=args.rtol,
+            atol=args.atol,
+            time_limit=args.time_limit,
+            max_steps=args.max_steps,
+            progress=status,
+        )
+    except ArgumentValueError as exc:
+        raise CliError(str(exc), code=EXIT_FAILED) from exc
+    finally:
+        if status is not None:
+            status.close()
+    out.line(result.summary())
+    where = result.write(args.output, imports=args.imports)
+    out.line(f"wrote {where / 'program.pt2'} and {where / 'repro.py'}")
+    return EXIT_INTERRUPTED if result.stopped == "interrupted" else 0
