@@ -18,6 +18,7 @@ from epass._decomp import table
 __all__ = [
     "Fallback",
     "Plan",
+    "View",
     "argument",
     "check",
     "is_plain_call",
@@ -57,6 +58,22 @@ def is_plain_call(target: Any) -> bool:
 
 
 @attrs.frozen
+class View:
+    """A view of a tensor written in place.
+
+    Attributes:
+        owner: the tensor written in place.
+        start: what its chain of views starts from (the tensor, or an in-place result
+            aliasing it).
+        chain: the views from ``start`` to this one, this one last.
+    """
+
+    owner: torch.fx.Node
+    start: torch.fx.Node
+    chain: tuple[torch.fx.Node, ...]
+
+
+@attrs.frozen
 class Plan:
     """What one walk over a program found.
 
@@ -66,10 +83,14 @@ class Plan:
             nothing (a CompositeImplicitAutograd op such as ``dropout_`` in eval
             mode, through a view or into an input), each with the reason to give
             when it does write.
+        views: every view of a tensor written in place (see :class:`View`).
+            Functionalization regenerates such a view from the tensor's current value
+            where it is read after a write (see ``views``).
     """
 
     reason: str | None
     no_write: Mapping[torch.fx.Node, str] = attrs.field(factory=dict)
+    views: Mapping[torch.fx.Node, View] = attrs.field(factory=dict)
 
 
 def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
@@ -83,7 +104,10 @@ def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
 def check(ep: ExportedProgram, tables: table.Tables) -> Plan:
     """:func:`unsafe_reason` and what the splice must watch for (see :class:`Plan`)."""
     aliases = _Aliases(ep.graph)
-    return Plan(_reason(ep, tables, aliases), aliases.no_write)
+    reason = _reason(ep, tables, aliases)
+    if reason is None:
+        reason = aliases.finish()
+    return Plan(reason, aliases.no_write, aliases.regenerated())
 
 
 def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str | None:
@@ -204,7 +228,9 @@ class _Aliases:
         self.position = {n: i for i, n in enumerate(graph.nodes)}
         self.root: dict[torch.fx.Node, torch.fx.Node] = {}  # alias -> its storage's owner
         self.views: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # owner -> its views
+        self.base: dict[torch.fx.Node, torch.fx.Node] = {}  # view -> what it views
         self.written: set[torch.fx.Node] = set()  # in-place results
+        self.owners: set[torch.fx.Node] = set()  # tensors written in place
         self.no_write: dict[torch.fx.Node, str] = {}  # see Plan
 
     def see(self, node: torch.fx.Node) -> str | None:
@@ -215,6 +241,7 @@ class _Aliases:
             if base is not None:
                 owner = self.root.get(base, base)
                 self.root[node] = owner
+                self.base[node] = base
                 self.views.setdefault(owner, []).append(node)
             return None
         at = written_argument(target)
@@ -237,7 +264,38 @@ class _Aliases:
             return None
         self.root[node] = owner
         self.written.add(node)
+        self.owners.add(owner)
         return None
+
+    def finish(self) -> str | None:
+        """Why a view of a tensor written in place cannot be regenerated as the
+        retrace regenerates it (None: each can): an item of a multi-output view
+        (``split``), or a view the program returns."""
+        for owner in self.owners:
+            for view in self.views.get(owner, ()):
+                if view in self.no_write:
+                    continue
+                if view.target is operator.getitem:
+                    return (
+                        f"an item of a multi-output view ({view.name}) of {owner.name}, "
+                        "which is written in place"
+                    )
+                if any(user.op == "output" for user in view.users):
+                    return f"a view of {owner.name} written in place, returned ({view.name})"
+        return None
+
+    def regenerated(self) -> dict[torch.fx.Node, View]:
+        """Each view of a tensor written in place."""
+        found = {}
+        for owner in self.owners:
+            for view in self.views.get(owner, ()):
+                if view in self.no_write:
+                    continue
+                chain = [view]
+                while self.base[chain[-1]] in self.base:
+                    chain.append(self.base[chain[-1]])
+                found[view] = View(owner, self.base[chain[-1]], tuple(reversed(chain)))
+        return found
 
     def _problem(
         self, node: torch.fx.Node, written: torch.fx.Node, owner: torch.fx.Node
@@ -247,13 +305,6 @@ class _Aliases:
             return f"a write through a view ({target} at {node.name}, into {written.name})"
         if owner.op != "call_function":
             return f"a write into input {owner.name} ({target} at {node.name})"
-        here = self.position[node]
-        for view in self.views.get(owner, ()):
-            if any(self.position[user] > here for user in view.users):
-                return (
-                    f"a view of {owner.name} ({view.name}) read after a write into it "
-                    f"({target} at {node.name})"
-                )
         return None
 
 

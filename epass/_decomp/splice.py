@@ -6,14 +6,13 @@ from __future__ import annotations
 import collections
 import copy
 import operator
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
 from epass import _program
-from epass._decomp import keys, safety, signature, state, store, table, templates
+from epass._decomp import keys, safety, signature, state, store, table, templates, views
 from epass._decomp.safety import Fallback
 
 __all__ = ["RUNTIME_ASSERT_TRACE", "decompose"]
@@ -75,10 +74,12 @@ class _Builder:
         tables: table.Tables,
         fake_mode: Any,
         session: templates.Session,
-        no_write: Mapping[torch.fx.Node, str],
+        plan: safety.Plan,
+        limit: int | None = None,
     ) -> None:
         self.tables = tables
-        self.no_write = no_write
+        self.no_write = plan.no_write
+        self.limit = limit
         self.fake_mode = fake_mode
         self.session = session
         self.graph = torch.fx.Graph()
@@ -89,6 +90,7 @@ class _Builder:
         self.new_sizes = False
         # The aliases of each tensor written in place so far (see ``_written``).
         self.chains: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+        self.views = views.Views(plan.views, self, self.emit_node)
 
     def _emit(
         self, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]
@@ -107,7 +109,19 @@ class _Builder:
         node.meta["val"] = new
         return True
 
+    def emit_node(self, node: torch.fx.Node) -> None:
+        """Copy ``node``, or splice in its decomposition where the table rewrites it."""
+        if table.splices(node, self.tables) and (
+            self.limit is None or self.decomposed < self.limit
+        ):
+            self.splice(node)
+        else:
+            self.copy(node)
+        if node in self.views.views:
+            self.views.created(node)
+
     def copy(self, node: torch.fx.Node) -> None:
+        self.views.refresh(node)
         target = node.target
         if _program.is_op_overload(target) and target not in table.SIZE_OPS:
             # The retrace names each node after its operator, as make_fx does.
@@ -170,6 +184,7 @@ class _Builder:
 
     def splice(self, node: torch.fx.Node) -> None:
         op = node.target
+        regenerated = self.views.refresh(node)
         # Decompositions see the values as they are now, after upstream rewrites (a
         # decomposition may return other strides than the fused kernel did).
         mapped = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
@@ -179,19 +194,39 @@ class _Builder:
         )
         if node in self.no_write and not _returns_its_input(template, inputs, args, op):
             raise Fallback(self.no_write[node])
+        result, emitted = self._emit_template(node, template, inputs)
+        for fresh in regenerated:
+            # A view regenerated for this node is made where its decomposition first
+            # reads it.
+            first = next((n for n in emitted if fresh.value in n.all_input_nodes), None)
+            if first is not None:
+                fresh.move_before(first)
+        self.decomposed += 1
+        new_val = keys.values_of(result) if result is not None else None
+        for alias in self._written(node):
+            # Every later read of the tensor an in-place node wrote (the tensor, and
+            # the earlier in-place results aliasing it) reads the new value, as
+            # functionalization makes it; earlier reads were copied already.
+            self.env[alias] = result
+            if not _same_meta(new_val, alias.meta.get("val")):
+                self.changed.add(alias)
+
+    def _emit_template(
+        self, node: torch.fx.Node, template: Any, inputs: list[torch.fx.Node]
+    ) -> tuple[Any, list[torch.fx.Node]]:
+        """Emit ``template`` for ``node`` on ``inputs``: its result, and the nodes made."""
         meta = {k: node.meta[k] for k in _CARRIED_META if k in node.meta}
         meta.setdefault("nn_module_stack", collections.OrderedDict())
         local: dict[torch.fx.Node, Any] = {}
         phs = iter(inputs)
         result: Any = None
+        emitted = []
         for t in template.graph.nodes:
             if t.op == "placeholder":
                 local[t] = next(phs)
             elif t.op == "output":
                 result = torch.fx.node.map_arg(t.args[0], lambda n: local[n])
             else:
-                args_t = torch.fx.node.map_arg(t.args, lambda n: local[n])
-                kwargs_t = torch.fx.node.map_arg(t.kwargs, lambda n: local[n])
                 val = t.meta.get("val")
                 # make_fx binds each symbolic value to the first node computing it;
                 # the retrace reuses the graph's node for an expression it already has.
@@ -205,29 +240,35 @@ class _Builder:
                     elif existing is not None:
                         local[t] = existing
                         continue
-                new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
-                for field in template.inherited[t]:
-                    if field in node.meta:
-                        new.meta[field] = node.meta[field]
-                for field, value in template.own[t].items():
-                    new.meta[field] = value if field == "original_aten" else copy.copy(value)
-                if t.meta.get("custom"):
-                    # Annotations made while the decomposition ran (torch's dynamo
-                    # guard on a decomposition records itself here).
-                    new.meta["custom"] = {**meta.get("custom", {}), **t.meta["custom"]}
-                new.meta["val"] = val
-                if isinstance(new.meta.get("val"), torch.SymInt):
-                    self.sizes.setdefault(new.meta["val"].node.expr, new)
-                local[t] = new
-        self.decomposed += 1
-        new_val = keys.values_of(result) if result is not None else None
-        for alias in self._written(node):
-            # Every later read of the tensor an in-place node wrote (the tensor, and
-            # the earlier in-place results aliasing it) reads the new value, as
-            # functionalization makes it; earlier reads were copied already.
-            self.env[alias] = result
-            if not _same_meta(new_val, alias.meta.get("val")):
-                self.changed.add(alias)
+                local[t] = new = self._emit_one(node, template, t, local, meta)
+                emitted.append(new)
+        return result, emitted
+
+    def _emit_one(
+        self,
+        node: torch.fx.Node,
+        template: Any,
+        t: torch.fx.Node,
+        local: dict[torch.fx.Node, Any],
+        meta: dict[str, Any],
+    ) -> torch.fx.Node:
+        """One node of a template, with the meta of the node it rewrites."""
+        args_t = torch.fx.node.map_arg(t.args, lambda n: local[n])
+        kwargs_t = torch.fx.node.map_arg(t.kwargs, lambda n: local[n])
+        new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
+        for field in template.inherited[t]:
+            if field in node.meta:
+                new.meta[field] = node.meta[field]
+        for field, value in template.own[t].items():
+            new.meta[field] = value if field == "original_aten" else copy.copy(value)
+        if t.meta.get("custom"):
+            # Annotations made while the decomposition ran (torch's dynamo
+            # guard on a decomposition records itself here).
+            new.meta["custom"] = {**meta.get("custom", {}), **t.meta["custom"]}
+        new.meta["val"] = t.meta.get("val")
+        if isinstance(new.meta.get("val"), torch.SymInt):
+            self.sizes.setdefault(new.meta["val"].node.expr, new)
+        return new
 
     def _written(self, node: torch.fx.Node) -> list[torch.fx.Node]:
         """``node`` and, for an in-place node, every alias of what it writes (the
@@ -240,6 +281,7 @@ class _Builder:
         chain = [*self.chains.get(written, [written]), node]
         for alias in chain:
             self.chains[alias] = chain
+        self.views.written(chain[0])
         return chain
 
 
@@ -295,7 +337,7 @@ def _decompose(
     fake_mode = keys.fake_mode_of(ep)
     session.program = ep
     session.grads = safety.retrace_grads(ep)
-    builder = _Builder(tables, fake_mode, session, plan.no_write)
+    builder = _Builder(tables, fake_mode, session, plan, limit)
     inputs = signature.retrace_inputs(ep)
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     for old_spec, new_spec in inputs:
@@ -318,10 +360,7 @@ def _decompose(
                 # The decomposed producer returned a tuple: index it directly.
                 builder.env[node] = builder.env[src][node.args[1]]
                 continue
-        if table.splices(node, tables) and (limit is None or builder.decomposed < limit):
-            builder.splice(node)
-            continue
-        builder.copy(node)
+        builder.emit_node(node)
     graph = builder.graph
     out_node = graph.output_node()
     for leaf in _program.tree_leaves(out_node.args[0]):

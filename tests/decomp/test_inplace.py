@@ -150,12 +150,11 @@ class _ThroughView(nn.Module):
         return h + 1
 
 
-class _ViewReadAfter(nn.Module):
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+class _ViewReturned(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x * 2
-        y = h.view(-1)
         h.relu_()
-        return y + 1, h * 2
+        return h.view(-1)
 
 
 class _SplitReadAfter(nn.Module):
@@ -172,10 +171,10 @@ class _SplitReadAfter(nn.Module):
         (_IntoInput, "a write into input x (aten.relu_.default at relu_)"),
         (_IntoBuffer, "a write into input b_count (aten.add_.Tensor at add_)"),
         (_ThroughView, "a write through a view (aten.relu_.default at relu_, into view)"),
-        (_ViewReadAfter, "a view of mul (view) read after a write into it"),
-        (_SplitReadAfter, "a view of mul (getitem) read after a write into it"),
+        (_ViewReturned, "a view of mul written in place, returned (view)"),
+        (_SplitReadAfter, "an item of a multi-output view (getitem) of mul"),
     ],
-    ids=["user input", "buffer", "through a view", "view read after", "split read after"],
+    ids=["user input", "buffer", "through a view", "view returned", "split read after"],
 )
 def test_writes_the_incremental_path_cannot_prove_keep_the_retrace_and_say_why(module, why):
     ep = torch.export.export(module(), (torch.randn(4, 4),))
@@ -184,3 +183,76 @@ def test_writes_the_incremental_path_cannot_prove_keep_the_retrace_and_say_why(m
     assert result.notes["fallback"].startswith(why), result.notes["fallback"]
     reference = ep.run_decompositions()
     assert check.first_difference(result.program, reference) is None
+
+
+class _Flatten(nn.Module):
+    """An in-place activation, then a view read by a linear layer of another module:
+    the retrace makes the view again inside the linear's decomposition, with the
+    linear's module stack (GhostNet's and many classifiers' head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU(inplace=True)
+        self.flat = nn.Flatten()
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.flat(self.act(x * 3)))
+
+
+_VIEWS: dict[str, Callable[[torch.Tensor], object]] = {
+    "made after the write": lambda x: (x * 3).relu_().flatten(1) * 2,
+    "read after another read": lambda x: _two_reads(x * 3),
+    "a chain of views": lambda x: _chain(x * 3),
+    "made before the write, read after it": lambda x: _before(x * 3),
+    "read across a second write": lambda x: _across(x * 3),
+    "permuted": lambda x: (x * 3).relu_().permute(0, 2, 3, 1) * 2,
+}
+
+
+def _two_reads(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    h.relu_()
+    y = h.flatten(1)
+    return y * 2, h * 1, y + 1
+
+
+def _chain(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    h.relu_()
+    y = h.flatten(1).view(2, 4, 4)
+    return y * 2, y + 1
+
+
+def _before(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = h.view(2, -1)
+    first = y.sum()
+    h.relu_()
+    return first, y + 1, h * 2
+
+
+def _across(h: torch.Tensor) -> torch.Tensor:
+    h.relu_()
+    y = h.flatten(1)
+    h.add_(1)
+    return y * 2
+
+
+class _Views(nn.Module):
+    def __init__(self, case: Callable[[torch.Tensor], object]) -> None:
+        super().__init__()
+        self.case = case
+
+    def forward(self, x: torch.Tensor) -> object:
+        return self.case(x)
+
+
+@pytest.mark.parametrize("case", [*_VIEWS, "a linear of another module"])
+def test_views_of_a_written_tensor_are_made_again_where_the_retrace_makes_them(case):
+    module = _Flatten() if case not in _VIEWS else _Views(_VIEWS[case])
+    ep = torch.export.export(module, (torch.randn(2, 4, 2, 2),))
+    out = _incremental(ep)
+    x = torch.randn(2, 4, 2, 2)
+    got, want = out.module()(x), module(x)
+    for a, b in zip(
+        torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True
+    ):
+        torch.testing.assert_close(a, b)
