@@ -1,6 +1,7 @@
 """Every performance figure in one table: start-up of the command and the import, the
-core figures (bench_core.py), the no-op skip, coalescing, pipeline overhead on the
-zoo, peak memory on a ~1 GB model, load and save of a 200 MB file, and ``epass run``
+core figures (bench_core.py), the no-op skip, coalescing, the zoo's fallback rate (which
+programs ``Decompose()`` could not take incrementally, and why), pipeline overhead on
+the zoo, peak memory on a ~1 GB model, load and save of a 200 MB file, and ``epass run``
 end to end against the same work in a torch script.
 
 Run from the repository root: ``python benchmarks/bench_speed.py [--quick]``.
@@ -279,6 +280,53 @@ def bench_incremental(repeats: int, quick: bool) -> list[Row]:
         f"programs, {methods.count('incremental')} incremental)"
     )
     rows.append(_speedup_row(label, times["fast"], times["bare"], 2.0))
+    return rows
+
+
+def _zoo(quick: bool) -> dict[str, Callable[[], Any]]:
+    """The test zoos (tests/models.py, tests/hf_models.py), static and dynamic."""
+    import hf_models
+    import models
+
+    programs: dict[str, Callable[[], Any]] = {}
+    for name, case in models.CASES.items():
+        for dynamic in (False, True) if case.dynamic_batch and not quick else (False,):
+            label = f"{name}{', dynamic' if dynamic else ''}"
+            programs[label] = lambda name=name, d=dynamic: models.export(name, dynamic=d)[1]
+    for name, zoo_case in hf_models.ZOO.items():
+        if zoo_case.transformers and importlib.util.find_spec("transformers") is None:
+            continue
+        for dynamic in (False,) if quick else (False, True):
+            label = f"zoo {name}{', dynamic' if dynamic else ''}"
+            programs[label] = lambda name=name, d=dynamic: hf_models.export(name, dynamic=d)[1]
+    return programs
+
+
+def bench_fallbacks(quick: bool) -> list[Row]:
+    """How many of the zoo's programs ``Decompose()`` took incrementally, read from the
+    pass records' notices as every view reads them; one row per fallback, its reason.
+    Where auto chose the retrace as the cheaper path, that is counted apart: it is no
+    fallback. The goal is none: torch decomposes every program of the zoo."""
+    fell_back: dict[str, str] = {}
+    chose: list[str] = []
+    programs = _zoo(quick)
+    for label, make in programs.items():
+        torch.manual_seed(0)
+        (record,) = PassManager([Decompose()])(make()).records
+        fallbacks = [n.text for n in record.notices if n.fallback]
+        if fallbacks:
+            fell_back[label] = "; ".join(fallbacks)
+        elif record.notes.get("method") != "incremental":
+            chose.append(label)
+    total = len(programs)
+    taken = total - len(fell_back) - len(chose)
+    rows: list[Row] = [
+        (f"Decompose() fell back on {len(fell_back)} of {total} zoo programs (fallback rate)",
+         len(fell_back) / total, 0.0,
+         f"{taken} taken incrementally, {len(chose)} retraced by auto's choice"
+         + (f" ({', '.join(chose)})" if chose else "")),
+    ]  # fmt: skip
+    rows += [(f"  fell back: {label}", 1.0, 0.0, why) for label, why in fell_back.items()]
     return rows
 
 
@@ -851,9 +899,9 @@ def main() -> None:
     parser.add_argument("--first-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument(
         "--only",
-        choices=["first-run", "auto", "incremental", "io", "overhead"],
+        choices=["first-run", "auto", "incremental", "fallbacks", "io", "overhead"],
         help="one group: first-run, auto (auto's first run on many programs), incremental, "
-        "io (load, save, end to end) or overhead",
+        "fallbacks (the zoo's fallback rate), io (load, save, end to end) or overhead",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)  # tracing is Python-bound; idle OpenMP threads only add noise
@@ -876,6 +924,9 @@ def main() -> None:
     if args.only == "incremental":
         print_table(bench_incremental(repeats=3 if args.quick else 7, quick=args.quick))
         return
+    if args.only == "fallbacks":
+        print_table(bench_fallbacks(quick=args.quick))
+        return
     quick = args.quick
     if args.only == "io":
         rows = bench_io(repeats=3 if quick else 11, layers=4 if quick else 12)
@@ -893,6 +944,7 @@ def main() -> None:
     rows += bench_auto_first_run(repeats=3, quick=quick)
     rows += bench_patchable_walk(repeats=9)
     rows += bench_incremental(repeats=3 if quick else 7, quick=quick)
+    rows += bench_fallbacks(quick=quick)
     rows += bench_overhead(repeats=2 if quick else 5)
     rows += bench_guards(repeats=5 if quick else 20)
     rows += bench_memory(layers=4 if quick else 16, width=4096)

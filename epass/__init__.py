@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
     from epass.manager import PassManager, create_pass
     from epass.passes import Decompose
-    from epass.protocol import FxPass, Pass, PassResult
+    from epass.protocol import FxPass, Notice, Pass, PassResult
     from epass.records import PassRecord, PipelineResult
     from epass.reduce import ReduceResult, reduce
     from epass.registry import list_passes, register_pass, unregister_pass
@@ -79,6 +79,7 @@ __all__ = [
     "LinkResult",
     "LoadError",
     "MemoryAccounting",
+    "Notice",
     "NumericsCheck",
     "OpCounts",
     "OptionError",
@@ -155,7 +156,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "epass.linker": ("DictReport", "LinkReport", "LinkResult", "StateLinker"),
     "epass.manager": ("PassManager", "create_pass"),
     "epass.passes": ("Decompose",),
-    "epass.protocol": ("FxPass", "Pass", "PassResult"),
+    "epass.protocol": ("FxPass", "Notice", "Pass", "PassResult"),
     "epass.records": ("PassRecord", "PipelineResult"),
     "epass.reduce": ("ReduceResult", "reduce"),
     "epass.registry": ("list_passes", "register_pass", "unregister_pass"),

@@ -3,11 +3,10 @@ from the report's JSON document (see :mod:`epass.report`)."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from epass._text import printable
+from epass._page import CSS, bar_chart, esc, node_line
 from epass.linker import owners_text
 from epass.pipeline import format_value
 from epass.records import state_text
@@ -74,37 +73,6 @@ def _keys(link: Mapping[str, Any] | None, field: str) -> list[str]:
     return [f"{label}:{k}" for label in ("state_dict", "constants") for k in link[label][field]]
 
 
-_CSS = """.verdict{border:2px solid #ccc;border-radius:6px;padding:4px 12px;margin:8px 0}
-.verdict.shared{border-color:#2a7}.verdict.diverged{border-color:#c33}
-
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;
-max-width:1100px;color:#1d2330;padding:0 1em}
-h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:2em;
-border-bottom:1px solid #dde;padding-bottom:.2em}
-code{background:#f2f3f7;padding:1px 4px;border-radius:3px}
-table{border-collapse:collapse;width:100%;margin-top:.5em;table-layout:fixed}
-td{overflow-wrap:break-word;hyphens:manual}.legend{color:#555;font-size:.9em}
-details.notes ul{margin:.2em 0;padding-left:1.2em}details.notes summary{cursor:pointer}
-.axis{font-size:11px}.src{color:#666;font-size:.9em}
-details.pass-diff{margin:.3em 0}details.pass-diff summary{cursor:pointer}
-th,td{border-bottom:1px solid #e4e6ee;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f6f7fb}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.meta{color:#555}.badge{display:inline-block;padding:0 6px;border-radius:8px;font-size:.9em}
-.shared{background:#dff3e4;color:#176a2c}.diverged{background:#fde2e1;color:#9b1c1c}
-.own{background:#e1ecfd;color:#1c4b9b}.same{background:#eef0f5;color:#444}.skip{background:#fff4d6;color:#7a5a00}
-.plus{color:#176a2c}.minus{color:#9b1c1c}
-svg text{font:12px system-ui,sans-serif;fill:#1d2330}
-rect.bar{fill:#4a72d8}rect.bar.modified-false{fill:#a9b7dc}
-polyline.nodes{fill:none;stroke:#d8614a;stroke-width:2}circle.node{fill:#d8614a}
-"""
-
-
-def _esc(value: Any) -> str:
-    """Text for the page: every unprintable character escaped (the one rule of
-    :mod:`epass._text`, as on the terminal), then HTML's own escaping."""
-    return html.escape(printable(str(value)), quote=True)
-
-
 # The passes table's columns: the notes get room for whole words.
 _PASS_COLUMNS = (
     "<colgroup>"
@@ -144,94 +112,66 @@ def _notes_words(notes: Mapping[str, Any]) -> str:
     return "; ".join(words)
 
 
-def _notes_html(notes: Mapping[str, Any]) -> str:
+def _notes_html(notes: Mapping[str, Any], notices: Sequence[Mapping[str, str]] = ()) -> str:
+    """A pass's notes cell: a badge for each notice (``fell back``, or its kind) with
+    its text on hover, then the notes in words, their values one click away; a pass
+    with notices and no notes shows the notices' text instead."""
+    badges = "".join(
+        f'<span class="badge skip" title="{esc(n["text"])}">'
+        f"{'fell back' if n['kind'] == 'fallback' else esc(n['kind'])}</span> "
+        for n in notices
+    )
     shown = {k: v for k, v in notes.items() if v is not None}
     if not shown:
-        return ""
+        return badges + "; ".join(esc(n["text"]) for n in notices)
     facts = "".join(
-        f"<li><code>{_esc(k)}</code>: {_esc(json_value(v))}</li>" for k, v in shown.items()
+        f"<li><code>{esc(k)}</code>: {esc(json_value(v))}</li>" for k, v in shown.items()
     )
     return (
-        f'<details class="notes"><summary>{_esc(_notes_words(notes) or "details")}</summary>'
-        f"<ul>{facts}</ul></details>"
+        f'{badges}<details class="notes"><summary>{esc(_notes_words(notes) or "details")}'
+        f"</summary><ul>{facts}</ul></details>"
     )
 
 
-def _bar_chart(leaves: Sequence[Mapping[str, Any]]) -> str:
-    row, label_w, chart_w = 22, 240, 560
-    top = max((p["seconds"] for p in leaves), default=0.0) or 1.0
-    height = row * len(leaves) + 10
-    parts = [
-        f'<svg class="chart time" width="{label_w + chart_w + 90}" height="{height}" '
-        f'role="img" aria-label="time per pass">'
-    ]
-    for i, p in enumerate(leaves):
-        y = i * row + 4
-        width = max(1.0, chart_w * p["seconds"] / top)
-        name = _esc(p["path"])
-        modified = "true" if p["modified"] else "false"
-        parts.append(
-            f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end">{name}</text>'
-            f'<rect class="bar modified-{modified}" data-pass="{name}" x="{label_w}" y="{y}" '
-            f'width="{width:.1f}" height="{row - 6}"><title>{name}: {p["seconds"]:.4f}s'
-            f"</title></rect>"
-            f'<text x="{label_w + width + 6:.1f}" y="{y + 14}">{p["seconds"] * 1000:.1f} ms</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
+def _notices_html(report: Mapping[str, Any]) -> list[str]:
+    """Under the verdict: each notice with its pass, after their count unless the
+    verdict's summary says it already."""
+    notices = report.get("notices") or []
+    if not notices:
+        return []
+    items = "".join(
+        f'<li class="notice {esc(n["kind"])}"><code>{esc(n["pass"])}</code>: {esc(n["text"])}</li>'
+        for n in notices
+    )
+    counted = report.get("notice_count") or "notices"
+    head = "" if counted in report["verdict"]["summary"] else f"<p>{esc(counted)}:</p>"
+    return [f'{head}<ul class="notices">{items}</ul>']
 
 
-def _node_line(leaves: Sequence[Mapping[str, Any]], start: int) -> str:
-    values = [start, *[p["nodes_after"] for p in leaves]]
-    labels = ["input", *[p["path"] for p in leaves]]
-    w, h, pad = 860, 220, 50
-    lo, hi = min(values), max(values)
-    span = (hi - lo) or 1
-    step = (w - 2 * pad) / max(1, len(values) - 1)
-
-    def xy(i: int, v: int) -> tuple[float, float]:
-        return pad + i * step, h - pad - (v - lo) * (h - 2 * pad) / span
-
-    points = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(i, v) for i, v in enumerate(values)))
-    parts = [
-        f'<svg class="chart nodes" width="{w}" height="{h + 90}" role="img" '
-        f'aria-label="node count across the pipeline">',
-        f'<text x="4" y="{pad - 20}">{hi} nodes</text><text x="4" y="{h - pad + 16}">{lo}</text>',
-        f'<polyline class="nodes" points="{points}"/>',
-    ]
-    for i, (v, label) in enumerate(zip(values, labels, strict=True)):
-        x, y = xy(i, v)
-        parts.append(
-            f'<circle class="node" cx="{x:.1f}" cy="{y:.1f}" r="3.5">'
-            f"<title>{_esc(label)}: {v} nodes</title></circle>"
-            f'<text class="axis" x="{x:.1f}" y="{h - pad + 14}" text-anchor="end" '
-            f'transform="rotate(-35 {x:.1f} {h - pad + 14})">{_esc(label)}</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _verdict_html(v: Mapping[str, Any] | None) -> list[str]:
-    """The first thing on the page: what happened, where, and what to run next."""
+def _verdict_html(report: Mapping[str, Any]) -> list[str]:
+    """The first thing on the page: what happened, where, what fell back, and what
+    to run next."""
+    v = report.get("verdict")
     if not v:
         return []
     cls = "shared" if v["status"] == "ok" else "diverged"
     out = [
-        f'<div class="verdict {cls}"><p><strong>{_esc(v["status"].upper())}</strong>: '
-        f"{_esc(v['summary'])}</p>"
+        f'<div class="verdict {cls}"><p><strong>{esc(v["status"].upper())}</strong>: '
+        f"{esc(v['summary'])}</p>"
     ]
     if v.get("pass"):
-        out.append(f"<p>pass <code>{_esc(v['pass'])}</code></p>")
-    if v.get("node"):
-        out.append(f"<p>first diverging node: <code>{_esc(v['node'])}</code></p>")
+        out.append(f"<p>pass <code>{esc(v['pass'])}</code></p>")
     if v.get("error"):
-        out.append(f"<p>error: <code>{_esc(v['error'])}</code></p>")
+        out.append(f"<p>error: <code>{esc(v['error'])}</code></p>")
     if v.get("traceback"):
-        out.append("<pre>" + "\n".join(_esc(line) for line in v["traceback"]) + "</pre>")
+        out.append("<pre>" + "\n".join(esc(line) for line in v["traceback"]) + "</pre>")
+    if v.get("node"):
+        out.append(f"<p>first diverging node: <code>{esc(v['node'])}</code></p>")
     if v.get("reproducer"):
-        out.append(f"<p>reproducer: <code>{_esc(v['reproducer'])}</code></p>")
+        out.append(f"<p>reproducer: <code>{esc(v['reproducer'])}</code></p>")
+    out += _notices_html(report)
     if v.get("next"):
-        out.append(f"<p>next: <code>{_esc(v['next'])}</code></p>")
+        out.append(f"<p>next: <code>{esc(v['next'])}</code></p>")
     out.append("</div>")
     return out
 
@@ -250,17 +190,17 @@ def render_html(report: Mapping[str, Any]) -> str:
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
         "<h1>epass report</h1>",
-        *_verdict_html(report.get("verdict")),
-        f'<p class="meta">pipeline <code>{_esc(report["pipeline"] or "(no text form)")}</code>'
-        f" &middot; input <code>{_esc(report['input'] or '-')}</code>"
-        f" &middot; output <code>{_esc(report['output'] or '-')}</code>"
-        f" &middot; torch {_esc(report['torch_version'])}"
-        f" &middot; epass {_esc(report['epass_version'])} &middot; {_esc(report['created'])}</p>",
-        f"<p>{_esc(report['count'])} in {report['seconds']:.2f} s; nodes "
+        *_verdict_html(report),
+        f'<p class="meta">pipeline <code>{esc(report["pipeline"] or "(no text form)")}</code>'
+        f" &middot; input <code>{esc(report['input'] or '-')}</code>"
+        f" &middot; output <code>{esc(report['output'] or '-')}</code>"
+        f" &middot; torch {esc(report['torch_version'])}"
+        f" &middot; epass {esc(report['epass_version'])} &middot; {esc(report['created'])}</p>",
+        f"<p>{esc(report['count'])} in {report['seconds']:.2f} s; nodes "
         f"{report['nodes_before']} &rarr; {report['nodes_after']}; output state "
-        f'<span class="badge {owners_cls}">{_esc(owners_label)}</span></p>',
+        f'<span class="badge {owners_cls}">{esc(owners_label)}</span></p>',
     ]
     numerics = report.get("numerics")
     if numerics:
@@ -269,8 +209,8 @@ def render_html(report: Mapping[str, Any]) -> str:
             f"<p>numerics: max abs diff {numerics.get('max_abs_diff', float('nan')):.3g} "
             f'<span class="badge {cls}">{"ok" if numerics.get("ok") else "FAILED"}</span></p>'
         )
-    out += ["<h2>Time per pass</h2>", _bar_chart(leaves)]
-    out += ["<h2>Node count across the pipeline</h2>", _node_line(leaves, report["nodes_before"])]
+    out += ["<h2>Time per pass</h2>", bar_chart(leaves)]
+    out += ["<h2>Node count across the pipeline</h2>", node_line(leaves, report["nodes_before"])]
     out += [
         "<h2>Passes and state sharing</h2>",
         f'<p class="legend">{_STATE_LEGEND}</p>',
@@ -298,20 +238,21 @@ def _pass_rows(everything: Sequence[Mapping[str, Any]]) -> list[str]:
     for i, p in enumerate(everything):
         cls, text = _state_status(p)
         name = (
-            "&nbsp;&nbsp;" * p["depth"] + f'<a href="#pass-{i}">{_esc(p["spec"] or p["name"])}</a>'
+            "&nbsp;&nbsp;" * p["depth"] + f'<a href="#pass-{i}">{esc(p["spec"] or p["name"])}</a>'
         )
         cells = [
             f'<td class="pass">{name}</td>',
             f'<td class="num">{p["step"]}</td>',
             f'<td class="num">{p["seconds"]:.4f}</td>',
             f'<td class="num">{p["nodes_before"]}&rarr;{p["nodes_after"]}</td>',
-            f'<td><span class="badge {cls}">{_esc(text)}</span></td>',
+            f'<td><span class="badge {cls}">{esc(text)}</span></td>',
         ]
         for field in ("added", "removed", "changed"):
             keys = _keys(p["link"], field)
-            shown = ", ".join(_esc(k) for k in keys[:8]) + (" &hellip;" if len(keys) > 8 else "")
+            shown = ", ".join(esc(k) for k in keys[:8]) + (" &hellip;" if len(keys) > 8 else "")
             cells.append(f'<td title="{len(keys)}">{len(keys) or ""} {shown}</td>')
-        cells.append(f'<td class="notes">{_notes_html(p.get("notes") or {})}</td>')
+        notes = _notes_html(p.get("notes") or {}, p.get("notices") or ())
+        cells.append(f'<td class="notes">{notes}</td>')
         out.append(f'<tr class="state {cls}">{"".join(cells)}</tr>')
     return out
 
@@ -325,7 +266,7 @@ def _delta_rows(leaves: Sequence[Mapping[str, Any]]) -> list[str]:
             any_delta = True
             sign = "plus" if delta > 0 else "minus"
             out.append(
-                f'<tr class="delta"><td>{_esc(p["path"])}</td><td><code>{_esc(op)}</code></td>'
+                f'<tr class="delta"><td>{esc(p["path"])}</td><td><code>{esc(op)}</code></td>'
                 f'<td class="num {sign}">{delta:+d}</td></tr>'
             )
     if not any_delta:
@@ -339,8 +280,8 @@ def _pass_sections(everything: Sequence[Mapping[str, Any]]) -> list[str]:
     out = []
     for i, p in enumerate(everything):
         delta = ", ".join(f"{op} {d:+d}" for op, d in sorted(p["op_delta"].items()))
-        head = f"{_esc(p['path'])} (step {p['step']})"
-        summary = f"{head}: {_esc(delta) if delta else 'no op count changed'}"
+        head = f"{esc(p['path'])} (step {p['step']})"
+        summary = f"{head}: {esc(delta) if delta else 'no op count changed'}"
         if p["skipped"]:
             summary = f"{head}: skipped"
         out.append(f'<details id="pass-{i}" class="pass-diff"><summary>{summary}</summary>')
@@ -356,12 +297,12 @@ def _pass_sections(everything: Sequence[Mapping[str, Any]]) -> list[str]:
             out.append(f"<h3>{side}</h3><ul>")
             for op, nodes in sorted(groups.items()):
                 items = "".join(
-                    f"<li><code>{sign} {_esc(n['node'])}</code>"
-                    + (f' <span class="src">{_esc(n["source"])}</span>' if n["source"] else "")
+                    f"<li><code>{sign} {esc(n['node'])}</code>"
+                    + (f' <span class="src">{esc(n["source"])}</span>' if n["source"] else "")
                     + "</li>"
                     for n in nodes
                 )
-                out.append(f"<li><code>{_esc(op)}</code> ({len(nodes)})<ul>{items}</ul></li>")
+                out.append(f"<li><code>{esc(op)}</code> ({len(nodes)})<ul>{items}</ul></li>")
             out.append("</ul>")
         if diff.get("capped"):
             out.append(f'<p class="meta">{diff["capped"]} more nodes not listed (capped).</p>')

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from epass._text import printable
 
-__all__ = ["LEGEND", "Out", "inputs_table", "pass_table", "printable"]
+__all__ = ["LEGEND", "Out", "inputs_table", "notices", "pass_table", "printable"]
 
 # The line under every pass table.
 LEGEND = (
@@ -123,3 +123,12 @@ def pass_table(out: Out, result: Any) -> None:
         )
     out.table(None, ["pass", "step", "seconds", "nodes", "ops", "state"], rows)
     out.line(LEGEND)
+
+
+def notices(out: Out, records: Sequence[Any]) -> None:
+    """A run's notices, when it has any: the count (``1 of 3 passes fell back``), then
+    one line ``<pass>: <text>`` each (:func:`epass.records.notice_lines`)."""
+    from epass.records import notice_lines
+
+    for line in notice_lines(records):
+        out.line(line)

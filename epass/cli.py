@@ -32,7 +32,7 @@ import attrs
 
 from epass import _cli_reduce, _paths, pipeline, registry
 from epass._terminal import Out as _Out
-from epass._terminal import inputs_table, printable
+from epass._terminal import inputs_table, notices, printable
 from epass._terminal import pass_table as _summary
 from epass._text import json_text
 from epass.errors import CliError, LoadError, PassError, PipelineError, RegistryError, SaveError
@@ -175,6 +175,7 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     with _collect_new_objects_only():
         result = pm(ep)
     _summary(out, result)
+    notices(out, result.records)
     prog = result.program
     out.line()
     out.line(f"state_dict shared: {prog.state_dict is ep.state_dict}")
@@ -400,6 +401,7 @@ def _show_run(
         f"state_dict shared: {'yes' if prog.state_dict is ep.state_dict else 'no'}, "
         f"constants shared: {'yes' if prog.constants is ep.constants else 'no'}"
     )
+    notices(out, result.records)
     check = tools.check
     if check is None:
         return

@@ -13,7 +13,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program, _snapshot, pipeline, registry
+from epass import _program, _snapshot, pipeline, protocol, registry
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -577,6 +577,7 @@ class PassManager:
             depth=info.depth,
             children=out.records if isinstance(p, PassManager) else (),
             notes=_notes(out),
+            notices=protocol.notices_of(out),
         )
         if run.dispatch:
             run.dispatch.call("after_pass", info, program, record, info=info)

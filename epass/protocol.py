@@ -28,6 +28,9 @@ into state             state in place that its input did not write and its
 return PassResult      the ``modified`` flag is trusted; so is that of any
                        result carrying a program and a ``modified`` flag
                        (ExecuTorch's ``ExportedProgramPassResult``)
+say what the user      the result's ``notices`` (:class:`Notice`: a fallback,
+should know            a cache that stepped aside) go into the pass's record;
+                       every view shows each one and counts the fallbacks
 =====================  =========================================================
 """
 
@@ -52,6 +55,7 @@ __all__ = [
     "CONTRACT",
     "FxPass",
     "NamedPass",
+    "Notice",
     "Pass",
     "PassModel",
     "PassResult",
@@ -59,16 +63,69 @@ __all__ = [
     "adapt",
     "check_ordering",
     "label",
+    "notices_of",
     "pass_name",
 ]
+
+FALLBACK = "fallback"  # the one kind of notice every view counts
+
+
+@attrs.frozen
+class Notice:
+    """Something about a pass's run that its user should see, beyond the program:
+    a pass result's ``notices`` are copied into its record, and the command line,
+    :meth:`~epass.PipelineResult.summary` and both reports show each one as
+    ``<pass>: <text>`` and count them.
+
+    Attributes:
+        kind: a short word. ``"fallback"``: the pass did not take the path it takes by
+            default (its fast path) and did its work another way; the views count
+            these ("1 of 3 passes fell back"). A path the user asked for is no
+            fallback. Any other word (``"cache"``) is a plain notice.
+        text: one line saying what happened and why (for a fallback, what the pass
+            did instead: ``"retraced: a mutating op (aten.add_.Tensor at add_)"``).
+
+    Example::
+
+        return PassResult(out, True, notices=[Notice("fallback", f"rewrote the graph: {why}")])
+    """
+
+    kind: str = attrs.field(validator=attrs.validators.matches_re(r"[a-z][a-z0-9_-]*"))
+    text: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+    @property
+    def fallback(self) -> bool:
+        """Whether this notice says the pass fell back."""
+        return self.kind == FALLBACK
+
+    def as_dict(self) -> dict[str, str]:
+        """JSON-ready form: ``{"kind", "text"}``."""
+        return {"kind": self.kind, "text": self.text}
 
 
 @attrs.frozen
 class PassResult:
-    """What a pass returns: the resulting program and whether it differs from the input."""
+    """What a pass returns: the resulting program, whether it differs from the input,
+    and what its user should know about the run (``notices``, keyword only)."""
 
     program: ExportedProgram = attrs.field(validator=attrs.validators.instance_of(ExportedProgram))
     modified: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    notices: tuple[Notice, ...] = attrs.field(
+        default=(),
+        kw_only=True,
+        converter=tuple,
+        validator=attrs.validators.deep_iterable(attrs.validators.instance_of(Notice)),
+    )
+
+
+def notices_of(out: Any) -> tuple[Notice, ...]:
+    """The :class:`Notice` values a pass's result carries (its ``notices``), if any:
+    a result of another framework that has none, or holds something else there,
+    has none."""
+    notices = getattr(out, "notices", None)
+    if isinstance(notices, (tuple, list)) and all(isinstance(n, Notice) for n in notices):
+        return tuple(notices)
+    return ()
 
 
 @runtime_checkable

@@ -10,8 +10,9 @@ from typing import Any
 import attrs
 from torch.export import ExportedProgram
 
+from epass._text import printable
 from epass.linker import LinkReport, Owner
-from epass.protocol import PassResult
+from epass.protocol import Notice, PassResult
 
 __all__ = [
     "OpDelta",
@@ -20,6 +21,10 @@ __all__ = [
     "PipelineResult",
     "flatten",
     "count_text",
+    "fallback_count",
+    "notice_lines",
+    "notice_text",
+    "noticed",
     "op_delta",
     "op_histogram",
     "op_name",
@@ -167,6 +172,8 @@ class PassRecord:
         children: records of a nested pipeline's passes.
         notes: JSON-ready facts the pass reported about its run (its result's
             ``notes``), such as which method it used.
+        notices: what the pass's result said its user should see (its
+            ``notices``): a fallback and why, a cache that stepped aside.
     """
 
     name: str
@@ -183,6 +190,12 @@ class PassRecord:
     depth: int = 0
     children: tuple[PassRecord, ...] = ()
     notes: Mapping[str, Any] = attrs.field(factory=dict)
+    notices: tuple[Notice, ...] = ()
+
+    @property
+    def fell_back(self) -> bool:
+        """Whether the pass said it fell back (a ``"fallback"`` notice)."""
+        return any(n.fallback for n in self.notices)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form with stable keys."""
@@ -201,6 +214,7 @@ class PassRecord:
             "depth": self.depth,
             "children": [c.as_dict() for c in self.children],
             "notes": dict(self.notes),
+            "notices": [n.as_dict() for n in self.notices],
         }
 
 
@@ -221,6 +235,46 @@ def count_text(records: Sequence[PassRecord]) -> str:
     if pipelines:
         text += f" ({pipelines} pipeline{'' if pipelines == 1 else 's'})"
     return text
+
+
+def noticed(records: Iterable[PassRecord], prefix: str = "") -> Iterator[tuple[str, Notice]]:
+    """Every notice of a run with the path of the pass that gave it (``lower/decompose``),
+    in run order, nested pipelines' after their own."""
+    for r in records:
+        path = f"{prefix}{r.name}"
+        for notice in r.notices:
+            yield path, notice
+        yield from noticed(r.children, f"{path}/")
+
+
+def fallback_count(records: Sequence[PassRecord]) -> int:
+    """How many rows of the records (as :func:`count_text` counts them) fell back."""
+    return sum(1 for r in flatten(records) if r.fell_back)
+
+
+def notice_text(records: Sequence[PassRecord]) -> str:
+    """The notices of a run, counted the one way every view counts them: ``1 of 6
+    passes fell back``, ``2 notices``, both (``1 of 6 passes fell back, 1 notice``), or
+    "" when no pass gave any."""
+    rows = len(list(flatten(records)))
+    fell_back = fallback_count(records)
+    others = sum(1 for _, n in noticed(records) if not n.fallback)
+    parts = []
+    if fell_back:
+        parts.append(f"{fell_back} of {rows} pass{'' if rows == 1 else 'es'} fell back")
+    if others:
+        parts.append(f"{others} notice{'' if others == 1 else 's'}")
+    return ", ".join(parts)
+
+
+def notice_lines(records: Sequence[PassRecord]) -> list[str]:
+    """What every text view prints for a run's notices: the count (:func:`notice_text`)
+    and one line ``<pass>: <text>`` for each notice, escaped (:mod:`epass._text`);
+    nothing when no pass gave any."""
+    counted = notice_text(records)
+    if not counted:
+        return []
+    return [f"{counted}:", *(printable(f"  {path}: {n.text}") for path, n in noticed(records))]
 
 
 @attrs.frozen
@@ -245,7 +299,8 @@ class PipelineResult(PassResult):
         return {"state_dict": "user", "constants": "user"}
 
     def summary(self) -> str:
-        """A plain-text table of the records, and a total line."""
+        """A plain-text table of the records, a total line, and the notices
+        (:func:`notice_lines`); every line escaped (:mod:`epass._text`)."""
         lines = [f"{'pass':<24} {'step':>4} {'seconds':>9} {'nodes':>13}  state"]
         for r in flatten(self.records):
             state = state_text(
@@ -256,4 +311,5 @@ class PipelineResult(PassResult):
             lines.append(f"{name:<24} {r.step:>4} {r.seconds:>9.4f} {nodes:>13}  {state}")
         seconds = sum(r.seconds for r in self.records)
         lines.append(f"{count_text(self.records)} in {seconds:.2f} s")
-        return "\n".join(lines)
+        lines += notice_lines(self.records)
+        return "\n".join(printable(line) for line in lines)

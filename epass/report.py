@@ -10,7 +10,10 @@ whether each of the output's dicts is the user's dict object or the output's own
 ``seconds`` (sum over top-level passes), ``nodes_before``, ``nodes_after``,
 ``numerics`` (null, or ``{"max_abs_diff", "ok", "atol", "rtol", "first_drift",
 "first_node"}``, where ``first_node`` is null or the first diverging node of the first
-drifting pass: ``{"node", "op", "source", "max_abs", "max_rel", "compared", "became"}``), and
+drifting pass: ``{"node", "op", "source", "max_abs", "max_rel", "compared", "became"}``),
+``fallbacks`` (how many passes fell back), ``notice_count`` (the notices counted:
+``"1 of 3 passes fell back"``, or ``""``), ``notices`` (every notice a pass gave,
+in run order: ``{"pass", "kind", "text"}``, ``pass`` its path), and
 ``passes``: one object per pass run, in order, with every key of
 :meth:`epass.PassRecord.as_dict` (``children`` nest the same way) plus ``path``
 (``"lower/dce"`` for nested passes), ``spec`` (the pass as pipeline text, or null),
@@ -53,7 +56,16 @@ from epass.io import atomic_write
 from epass.manager import PassManager
 from epass.pipeline import format_item
 from epass.protocol import PassModel
-from epass.records import PassInfo, PassRecord, PipelineResult, count_text, op_name
+from epass.records import (
+    PassInfo,
+    PassRecord,
+    PipelineResult,
+    count_text,
+    fallback_count,
+    notice_text,
+    noticed,
+    op_name,
+)
 from epass.registry import spec_of
 
 __all__ = [
@@ -177,7 +189,9 @@ def build_report(run: PipelineRun | PipelineResult) -> dict[str, Any]:
     if isinstance(run, PipelineResult):
         run = PipelineRun(run)
     result, records = run.result, run.result.records
-    outcome = run.outcome or verdict("ok", summary=f"{count_text(records)} ran")
+    counted = notice_text(records)
+    ran = f"{count_text(records)} ran" + (f"; {counted}" if counted else "")
+    outcome = run.outcome or verdict("ok", summary=ran)
     measured = _Memory(run.memory)
     models = run.manager.models if run.manager is not None else ()
     return {
@@ -197,6 +211,9 @@ def build_report(run: PipelineRun | PipelineResult) -> dict[str, Any]:
         "nodes_after": len(result.program.graph.nodes),
         "numerics": dict(run.numerics) if run.numerics is not None else None,
         "verdict": dict(outcome),
+        "fallbacks": fallback_count(records),
+        "notice_count": counted,
+        "notices": [{"pass": path, **n.as_dict()} for path, n in noticed(records)],
         "passes": [
             _record_dict(r, _model_at(models, r.index), "", measured, run.diffs) for r in records
         ],

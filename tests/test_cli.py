@@ -1244,3 +1244,78 @@ def test_the_pass_table_is_followed_by_a_legend_of_its_columns(
     lines = out.splitlines()
     assert lines[lines.index(LEGEND) - 1].startswith("dce ")  # the table's last row
     assert LEGEND.startswith("ops: op calls added + removed; state: whose dicts")
+
+
+# --- notices: a pass that fell back says so ----------------------------------------
+
+_NOTICING_PLUGIN = f"""
+import epass
+from epass import Notice, PassResult
+
+
+class SlowWay:
+    name = "slow-way"
+
+    def __call__(self, ep):
+        text = "took the slow way: " + {HOSTILE!r}
+        return PassResult(ep, False, notices=[Notice("fallback", text)])
+
+
+epass.register_pass("slow-way", SlowWay)
+"""
+
+
+@pytest.fixture(scope="module")
+def seed_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A program writing into a buffer, which Decompose's incremental path refuses,
+    and beside it a plugin whose pass says it fell back, in hostile words."""
+    root = tmp_path_factory.mktemp("seed")
+    _, ep, _ = export("seed")
+    torch.export.save(ep, root / "seed.pt2")
+    (root / "noticing_plugin.py").write_text(_NOTICING_PLUGIN)
+    return root / "seed.pt2"
+
+
+def test_run_prints_a_line_for_each_pass_that_fell_back_and_the_report_counts_them(
+    seed_program: Path, tmp_path: Path
+) -> None:
+    from epass.report import render_html
+
+    report_path = tmp_path / "r.json"
+    proc = _epass(
+        "run", str(seed_program), "-p", "lower, slow-way", "--report", str(report_path),
+        "--import", "noticing_plugin", path=seed_program.parent,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    count = lines.index("2 of 7 passes fell back:")
+    assert lines[count - 1].startswith("7 passes (1 pipeline) in ")
+    assert lines[count + 1].startswith("  lower/decompose: retraced: ")
+    assert lines[count + 2] == "  slow-way: took the slow way: " + printable(HOSTILE)
+    assert _raw_controls(proc.stdout + proc.stderr) == []
+    text = report_path.read_text()
+    assert _raw_controls(text) == [] and text.isascii()
+    report = json.loads(text)
+    assert report["fallbacks"] == 2 and report["notice_count"] == "2 of 7 passes fell back"
+    assert [(n["pass"], n["kind"]) for n in report["notices"]] == [
+        ("lower/decompose", "fallback"),
+        ("slow-way", "fallback"),
+    ]
+    assert report["notices"][1]["text"] == "took the slow way: " + HOSTILE
+    assert report["verdict"]["summary"] == "7 passes (1 pipeline) ran; 2 of 7 passes fell back"
+    page = render_html(report)
+    verdict = page[page.index('<div class="verdict') : page.index("</div>")]
+    assert (
+        "2 of 7 passes fell back" in verdict
+        and "<code>lower/decompose</code>: retraced: " in verdict
+    )
+    assert _raw_controls(page) == []
+
+
+def test_a_retrace_asked_for_is_no_fallback(
+    seed_program: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(capsys, "run", str(seed_program), "-p", 'decompose(method="retrace")')
+    assert code == 0
+    assert "fell back" not in out and "retraced" not in out
+    assert out.splitlines()[-1].startswith("1 pass in ")

@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORD_KEYS = {
     "name", "index", "step", "seconds", "modified", "nodes_before", "nodes_after", "op_delta",
     "link", "skipped", "skip_reason", "depth", "children", "path", "spec", "options", "memory",
-    "notes", "diff",
+    "notes", "notices", "diff",
 }  # fmt: skip
 TOP_KEYS = {
     "schema", "epass_version", "torch_version", "created", "pipeline", "input", "output",
     "modified", "shared", "owners", "seconds", "nodes_before", "nodes_after", "numerics", "passes",
-    "count", "verdict",
+    "count", "verdict", "fallbacks", "notice_count", "notices",
 }  # fmt: skip
 
 
@@ -255,9 +255,9 @@ def test_reports_say_which_decompose_path_ran_in_words_with_the_values_behind_a_
 def test_the_notes_column_breaks_no_word() -> None:
     """Words wrap whole in the notes column (it is the widest); a word breaks only
     where it alone is wider than its column."""
-    from epass._report_html import _CSS
+    from epass._page import CSS
 
-    assert "anywhere" not in _CSS and "break-all" not in _CSS
+    assert "anywhere" not in CSS and "break-all" not in CSS
     ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
     pm = PassManager([Decompose()])
     page = render_html(build_report(PipelineRun(pm(ep), manager=pm)))

@@ -24,7 +24,7 @@ from epass.errors import (
     IncrementalDecompositionError,
 )
 from epass.options import checked
-from epass.protocol import PassResult, RewriteCounter
+from epass.protocol import Notice, PassResult, RewriteCounter
 
 __all__ = ["Decompose", "DecomposeResult", "DecompositionError"]
 
@@ -111,6 +111,10 @@ class DecomposeResult(PassResult):
             alone, kept neither in memory for later runs nor on disk, and why (a
             decomposition of the table declares no cache identity; see
             docs/speed.md).
+        notices: made from the above: a ``"fallback"`` notice when the program was
+            retraced because the incremental path could not take it (not when
+            ``method="retrace"`` asked for it, nor when auto chose the retrace as
+            cheaper), and a ``"cache"`` notice when templates were kept nowhere.
     """
 
     method: str = "retrace"
@@ -120,6 +124,18 @@ class DecomposeResult(PassResult):
     decision: str | None = None
     cache: str | None = None
     counted: Mapping[str, Any] | None = None
+    notices: tuple[Notice, ...] = attrs.field(init=False)
+
+    @notices.default
+    def _notices(self) -> tuple[Notice, ...]:
+        notices = []
+        # When auto weighed the program and chose the retrace, ``fallback`` repeats
+        # its decision: a choice for speed, not a path that could not be taken.
+        if self.method == "retrace" and self.fallback and self.fallback != self.decision:
+            notices.append(Notice("fallback", f"retraced: {self.fallback}"))
+        if self.cache is not None:
+            notices.append(Notice("cache", self.cache))
+        return tuple(notices)
 
     @property
     def notes(self) -> dict[str, Any]:

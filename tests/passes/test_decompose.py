@@ -182,6 +182,34 @@ def test_retrace_method_forces_torch_path(monkeypatch):
     assert calls == []
 
 
+def test_only_a_retrace_the_incremental_path_could_not_avoid_is_a_fallback():
+    from epass import Notice
+    from epass.passes.decompose import DecomposeResult
+
+    _, ep, _ = models.export("seed")  # writes into a buffer: the incremental path refuses it
+    fell_back = Decompose()(ep)
+    assert fell_back.notices == (Notice("fallback", f"retraced: {fell_back.fallback}"),)
+    assert Decompose(method="retrace")(ep).notices == ()  # asked for
+    # Auto's choice of the cheaper path repeats its decision as the fallback: no notice.
+    why = "retrace: 40 templates to trace against a retrace of 90 nodes"
+    chosen = DecomposeResult(ep, True, method="retrace", fallback=why, decision=why)
+    assert chosen.notices == ()
+    kept = DecomposeResult(ep, True, method="incremental", cache="kept nowhere: f")
+    assert kept.notices == (Notice("cache", "kept nowhere: f"),)
+
+
+def test_templates_kept_nowhere_are_a_notice_of_the_pass_record():
+    def my_silu(x):
+        return aten.mul.Tensor(x, aten.sigmoid.default(x))
+
+    ep = torch.export.export(nn.SiLU(), (torch.randn(2, 3),))
+    (record,) = PassManager([Decompose(table={aten.silu.default: my_silu})])(ep).records
+    (notice,) = record.notices
+    assert notice.kind == "cache" and notice.text == record.notes["cache"]
+    assert "my_silu (aten.silu.default) declares no cache identity" in notice.text
+    assert not record.fell_back
+
+
 def test_incremental_method_raises_naming_the_reason():
     _, ep, _ = models.export("seed")
     with pytest.raises(IncrementalDecompositionError, match="add_"):
