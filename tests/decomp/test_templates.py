@@ -244,7 +244,7 @@ def test_auto_keeps_the_fallback_reason_of_a_program_it_cannot_rewrite(cache, mo
     monkeypatch.setattr(decompose_module, "_TRACE_SECONDS", 1000.0)
     result = Decompose()(ep)
     assert result.notes["method"] == "retrace"
-    assert "mutating op" in result.notes["fallback"]
+    assert "a write into input b_count" in result.notes["fallback"]
     assert "decision" not in result.notes  # nothing to weigh: the fallback says why
 
 
