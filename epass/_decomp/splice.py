@@ -88,6 +88,9 @@ class _Builder:
         self.sizes: dict[Any, torch.fx.Node] = {}
         self.decomposed = 0
         self.new_sizes = False
+        # Nodes computing a size an earlier node computes: the retrace's trace has
+        # them, its runtime-assertion pass replaces them after its DCE (``_drop_dead``).
+        self.merged: dict[torch.fx.Node, torch.fx.Node] = {}
         # The aliases of each tensor written in place so far (see ``_written``).
         self.chains: dict[torch.fx.Node, list[torch.fx.Node]] = {}
         self.views = views.Views(plan.views, self, self.emit_node)
@@ -153,9 +156,7 @@ class _Builder:
             ) and self._propagate(new, node.meta.get("val")):
                 self.changed.add(node)
             if node.target in table.SIZE_OPS or isinstance(new.meta.get("val"), torch.SymInt):
-                expr = self._expr(new.meta.get("val"))
-                if expr is not None:
-                    self.sizes.setdefault(expr, new)
+                self._bind(new)
         if node.op == "call_function" and "nn_module_stack" not in new.meta:
             # The retrace records the (empty) module stack of its tracer.
             new.meta["nn_module_stack"] = collections.OrderedDict()
@@ -228,18 +229,15 @@ class _Builder:
                 result = torch.fx.node.map_arg(t.args[0], lambda n: local[n])
             else:
                 val = t.meta.get("val")
-                # make_fx binds each symbolic value to the first node computing it;
-                # the retrace reuses the graph's node for an expression it already has.
-                if isinstance(val, torch.SymInt):
-                    existing = self.sizes.get(val.node.expr)
-                    if existing is None and t.target in table.SIZE_OPS:
-                        # A size query the graph has no node for: the retrace's
-                        # runtime-assertion pass re-binds it (after the placeholders,
-                        # or as arithmetic on sizes it has); decompose() runs that pass.
-                        self.new_sizes = True
-                    elif existing is not None:
-                        local[t] = existing
-                        continue
+                if (
+                    isinstance(val, torch.SymInt)
+                    and t.target in table.SIZE_OPS
+                    and val.node.expr not in self.sizes
+                ):
+                    # A size query the graph has no node for: the retrace's
+                    # runtime-assertion pass re-binds it (after the placeholders, or
+                    # as arithmetic on sizes it has); decompose() runs that pass.
+                    self.new_sizes = True
                 local[t] = new = self._emit_one(node, template, t, local, meta)
                 emitted.append(new)
         return result, emitted
@@ -267,8 +265,18 @@ class _Builder:
             new.meta["custom"] = {**meta.get("custom", {}), **t.meta["custom"]}
         new.meta["val"] = t.meta.get("val")
         if isinstance(new.meta.get("val"), torch.SymInt):
-            self.sizes.setdefault(new.meta["val"].node.expr, new)
+            self._bind(new)
         return new
+
+    def _bind(self, new: torch.fx.Node) -> None:
+        """Record the size ``new`` computes; the retrace merges it into an earlier
+        node computing the same expression (``_drop_dead``)."""
+        expr = self._expr(new.meta.get("val"))
+        if expr is None:
+            return
+        existing = self.sizes.setdefault(expr, new)
+        if existing is not new:
+            self.merged[new] = existing
 
     def _written(self, node: torch.fx.Node) -> list[torch.fx.Node]:
         """``node`` and, for an in-place node, every alias of what it writes (the
@@ -342,31 +350,13 @@ def _decompose(
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     for old_spec, new_spec in inputs:
         builder.placeholder(placeholders[old_spec.arg.name], new_spec.arg.name)
-    old_graph = ep.graph
-    for node in old_graph.nodes:
-        if node.op == "placeholder":
-            continue
-        if node.op == "output":
-            out = torch.fx.node.map_arg(node.args, lambda n: builder.env[n])
-            builder.graph.output(out[0])
-            continue
-        if node.op == "call_function" and node.target is operator.getitem:
-            src = node.args[0]
-            if (
-                isinstance(src, torch.fx.Node)
-                and src.op == "call_function"
-                and not isinstance(builder.env[src], torch.fx.Node)
-            ):
-                # The decomposed producer returned a tuple: index it directly.
-                builder.env[node] = builder.env[src][node.args[1]]
-                continue
-        builder.emit_node(node)
+    _walk(builder, ep.graph)
     graph = builder.graph
     out_node = graph.output_node()
     for leaf in _program.tree_leaves(out_node.args[0]):
         if not isinstance(leaf, torch.fx.Node):
             raise Fallback("an output became a constant")
-    graph.eliminate_dead_code()
+    _drop_dead(graph, builder.merged)
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     gm.meta.update(ep.graph_module.meta)
     if builder.new_sizes:
@@ -390,6 +380,42 @@ def _decompose(
     return out, builder.decomposed
 
 
+def _walk(builder: _Builder, old_graph: torch.fx.Graph) -> None:
+    """Copy every node after the placeholders into ``builder``, splicing templates in."""
+    for node in old_graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "output":
+            out = torch.fx.node.map_arg(node.args, lambda n: builder.env[n])
+            builder.graph.output(out[0])
+            continue
+        if node.op == "call_function" and node.target is operator.getitem:
+            src = node.args[0]
+            if (
+                isinstance(src, torch.fx.Node)
+                and src.op == "call_function"
+                and not isinstance(builder.env[src], torch.fx.Node)
+            ):
+                # The decomposed producer returned a tuple: index it directly.
+                builder.env[node] = builder.env[src][node.args[1]]
+                continue
+        builder.emit_node(node)
+
+
+def _drop_dead(graph: torch.fx.Graph, merged: dict[torch.fx.Node, torch.fx.Node]) -> None:
+    """Delete dead nodes as the retrace does. Its trace loses every dead node without
+    effects (the DCE after tracing); its runtime-assertion pass then replaces each node
+    computing a size an earlier node computes (``merged``) by that node, and deletes
+    nothing more: what only the replaced node read stays, dead (a step of size
+    arithmetic, say)."""
+    graph.eliminate_dead_code()
+    live = set(graph.nodes)
+    for node, existing in merged.items():
+        if node in live:
+            node.replace_all_uses_with(existing)
+            graph.erase_node(node)
+
+
 def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
     """Run the retrace's runtime-assertion pass, which binds every size query to a
     node of its own: after the placeholders, or as arithmetic on sizes it has."""
@@ -411,5 +437,5 @@ def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
         functools.partial(_node_metadata_hook, metadata={"stack_trace": RUNTIME_ASSERT_TRACE}),
     ):
         insert_deferred_runtime_asserts(gm, shape_env, "decomposed program", export=True)
-    gm.graph.eliminate_dead_code()
+    # No DCE after it: the retrace runs none either, and keeps what it leaves dead.
     gm.recompile()
