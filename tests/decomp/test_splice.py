@@ -153,6 +153,33 @@ def test_new_size_queries_are_bound_as_the_retrace_binds_them(module, shape, dim
     torch.testing.assert_close(result.program.module()(other), module()(other))
 
 
+class _SameSizeTwice(nn.Module):
+    """The second linear's decomposition computes ``(b*2)*2``, a size the first one's
+    computed as ``4*b``: the retrace merges it and keeps ``b*2``, dead (ConvNeXt's
+    blocks do this at every stage)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = self.a(x)
+        return self.b(y.view(y.shape[0], 2, 2, 16))
+
+
+def test_a_size_computed_twice_is_merged_as_the_retrace_merges_it():
+    torch.manual_seed(0)
+    module, x = _SameSizeTwice(), torch.randn(3, 4, 8)
+    ep = torch.export.export(module, (x,), dynamic_shapes=({0: Dim("b", min=2, max=64)},))
+    result = assert_same_as_torch(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"] is True
+    dead = [n for n in result.program.graph.nodes if n.op == "call_function" and not n.users]
+    assert [n.target for n in dead] == [operator.mul]  # as in torch's program
+    other = torch.randn(5, 4, 8)
+    torch.testing.assert_close(result.program.module()(other), module(other))
+
+
 def test_nodes_without_module_stack_get_the_retraces_empty_one():
     from epass.passes import CastDtype
 
