@@ -12,7 +12,17 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _program
-from epass._decomp import keys, safety, signature, state, store, table, templates, views
+from epass._decomp import (
+    keys,
+    safety,
+    signature,
+    state,
+    store,
+    table,
+    templates,
+    tracing,
+    views,
+)
 from epass._decomp.safety import Fallback
 
 __all__ = ["RUNTIME_ASSERT_TRACE", "decompose"]
@@ -103,9 +113,20 @@ class _Builder:
         return node
 
     def _propagate(self, node: torch.fx.Node, old: Any) -> bool:
-        """Recompute ``node``'s value from its inputs; True when its metadata changed."""
-        with self.fake_mode:
+        """Recompute ``node``'s value from its inputs as the retrace's trace computes it
+        (``tracing.as_traced``); True when its metadata changed.
+
+        Raises:
+            Fallback: when computing it taught the program's shape environment a guard
+                (a size made static): the retrace learns none there.
+        """
+        shape_env = self.fake_mode.shape_env
+        guards = 0 if shape_env is None else len(shape_env.guards)
+        with tracing.as_traced(self.fake_mode):
             new = node.target(*keys.values_of(node.args), **keys.values_of(node.kwargs))  # type: ignore[operator]
+        if shape_env is not None and len(shape_env.guards) > guards:
+            added = ", ".join(str(g.expr) for g in shape_env.guards[guards:])
+            raise Fallback(f"the value of {node.name} guards on a size ({added})")
         if old is not None and _same_meta(new, old):
             node.meta["val"] = old
             return False

@@ -4,7 +4,7 @@ from the node it replaces."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -176,6 +176,18 @@ def capture(
             record_module_stack=True,
             pre_dispatch=False,
         )(*fakes)
+
+
+@contextlib.contextmanager
+def as_traced(fake_mode: Any) -> Iterator[None]:
+    """Compute fake values as a template trace (and the retrace) computes them: in the
+    program's fake mode, with the Python dispatcher on (a kept operator runs torch's
+    Python kernel, which keeps sizes symbolic, where its C++ kernel reads them as
+    integers and guards on them), mkldnn, nnpack and cudnn off and grad off."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    with fake_mode, state.backend_decomps_off(), torch.no_grad(), enable_python_dispatcher():
+        yield
 
 
 def check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> None:
