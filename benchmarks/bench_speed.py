@@ -330,6 +330,60 @@ def bench_fallbacks(quick: bool) -> list[Row]:
     return rows
 
 
+def bench_vision(repeats: int, quick: bool) -> list[Row]:
+    """The coverage test's corpus (tests/vision_models.py: torchvision and timm
+    architectures, random weights): which programs ``Decompose()`` takes incrementally,
+    and the warm ``Decompose`` against ``run_decompositions`` on each static program
+    it takes, interleaved (the median and the worst ratio over the corpus)."""
+    import vision_models
+
+    names = [n for n in vision_models.CORPUS if vision_models.available(n)]
+    if quick:
+        names = names[:4]
+    if not names:
+        return [("vision corpus: torchvision and timm are not installed", 0.0, 0.0, "skipped")]
+    decompose = Decompose()
+    taken, fell_back, speedups = 0, {}, {}
+    cases = [(n, d) for n in names for d in (False, True)]
+    for name, dynamic in cases:
+        ep = vision_models.export(name, dynamic=dynamic)[1]
+        (record,) = PassManager([decompose])(ep).records
+        fallbacks = [n.text for n in record.notices if n.fallback]
+        if record.notes.get("method") == "incremental":
+            taken += 1
+        elif fallbacks:
+            fell_back[vision_models.label(name, dynamic)] = "; ".join(fallbacks)
+        if dynamic or record.notes.get("method") != "incremental":
+            continue
+        times = interleaved(
+            {"bare": lambda ep=ep: ep.run_decompositions(), "fast": lambda ep=ep: decompose(ep)},
+            repeats,
+        )
+        speedups[name] = statistics.median(times["bare"]) / statistics.median(times["fast"])
+    rows: list[Row] = [
+        (f"vision corpus: Decompose() took {taken} of {len(cases)} programs incrementally",
+         (len(cases) - taken) / len(cases), 0.0,
+         f"{len(fell_back)} fell back; static and dynamic batch"),
+    ]  # fmt: skip
+    rows += [(f"  fell back: {label}", 1.0, 0.0, why) for label, why in fell_back.items()]
+    if speedups:
+        median = statistics.median(speedups.values())
+        worst = min(speedups, key=speedups.__getitem__)
+        rows.append(
+            ("warm Decompose / run_decompositions, vision corpus static (median)",
+             1 / median, 1 / 10.0, f"{median:.1f}x faster over {len(speedups)} programs (>= 10x)")
+        )  # fmt: skip
+        rows.append(
+            ("  the worst program", 1 / speedups[worst], 1 / 5.0,
+             f"{speedups[worst]:.1f}x faster: {worst} (>= 5x)")
+        )  # fmt: skip
+        rows += [
+            (f"  {name}", 1 / ratio, float("inf"), f"{ratio:.1f}x faster")
+            for name, ratio in sorted(speedups.items(), key=lambda kv: kv[1])
+        ]
+    return rows
+
+
 def bench_overhead(repeats: int) -> list[Row]:
     import hf_models
     import models as small
@@ -899,9 +953,10 @@ def main() -> None:
     parser.add_argument("--first-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument(
         "--only",
-        choices=["first-run", "auto", "incremental", "fallbacks", "io", "overhead"],
+        choices=["first-run", "auto", "incremental", "fallbacks", "vision", "io", "overhead"],
         help="one group: first-run, auto (auto's first run on many programs), incremental, "
-        "fallbacks (the zoo's fallback rate), io (load, save, end to end) or overhead",
+        "fallbacks (the zoo's fallback rate), vision (the torchvision and timm corpus: "
+        "fallbacks and warm speed-ups), io (load, save, end to end) or overhead",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)  # tracing is Python-bound; idle OpenMP threads only add noise
@@ -927,6 +982,9 @@ def main() -> None:
     if args.only == "fallbacks":
         print_table(bench_fallbacks(quick=args.quick))
         return
+    if args.only == "vision":
+        print_table(bench_vision(repeats=3 if args.quick else 5, quick=args.quick))
+        return
     quick = args.quick
     if args.only == "io":
         rows = bench_io(repeats=3 if quick else 11, layers=4 if quick else 12)
@@ -945,6 +1003,7 @@ def main() -> None:
     rows += bench_patchable_walk(repeats=9)
     rows += bench_incremental(repeats=3 if quick else 7, quick=quick)
     rows += bench_fallbacks(quick=quick)
+    rows += bench_vision(repeats=3 if quick else 5, quick=quick)
     rows += bench_overhead(repeats=2 if quick else 5)
     rows += bench_guards(repeats=5 if quick else 20)
     rows += bench_memory(layers=4 if quick else 16, width=4096)

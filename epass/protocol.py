@@ -83,7 +83,7 @@ class Notice:
             these ("1 of 3 passes fell back"). A path the user asked for is no
             fallback. Any other word (``"cache"``) is a plain notice.
         text: one line saying what happened and why (for a fallback, what the pass
-            did instead: ``"retraced: a mutating op (aten.add_.Tensor at add_)"``).
+            did instead: ``"retraced: a write into input b_count (aten.add_.Tensor at add_)"``).
 
     Example::
 

@@ -17,6 +17,7 @@ One concept a module, each importing only from those listed before it
 - ``batch``: one trace for many templates.
 - ``templates``: finding a template (memory, disk, batch, trace), the caches' public
   ``cache_info`` / ``clear_cache``, and what a program still needs traced.
+- ``signature``: the retrace's inputs, in its order and under its names.
 - ``splice``: ``decompose``, the engine itself.
 - ``check``: check mode, ``first_difference`` from torch's program.
 
@@ -71,4 +72,7 @@ INTERNALS = (
     "torch._ops.OpOverload._dispatch_cache",
     "torch._subclasses.fake_impls.op_implementations_dict",
     "torch._subclasses.fake_impls.op_implementations_checks",
+    "torch.library._impls",  # the Python registrations of ATen kernels (identity)
+    "torch._export.utils._rename_without_collisions",  # the retrace's placeholder names
+    "torch._export.utils.placeholder_prefixes",
 )

@@ -3,8 +3,11 @@ retrace sees of the program's state."""
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
@@ -12,7 +15,17 @@ from torch.export.graph_signature import InputKind, OutputKind
 from epass import _program
 from epass._decomp import table
 
-__all__ = ["Fallback", "is_plain_call", "retrace_grads", "unsafe_reason"]
+__all__ = [
+    "Fallback",
+    "Plan",
+    "View",
+    "argument",
+    "check",
+    "is_plain_call",
+    "retrace_grads",
+    "unsafe_reason",
+    "written_argument",
+]
 
 
 class Fallback(Exception):
@@ -44,11 +57,60 @@ def is_plain_call(target: Any) -> bool:
     return module in ("_operator", "operator", "math", "builtins") or target in _SYM_FUNCTIONS
 
 
+@attrs.frozen
+class View:
+    """A view of a tensor written in place.
+
+    Attributes:
+        owner: the tensor written in place.
+        start: what its chain of views starts from (the tensor, or an in-place result
+            aliasing it).
+        chain: the views from ``start`` to this one, this one last.
+    """
+
+    owner: torch.fx.Node
+    start: torch.fx.Node
+    chain: tuple[torch.fx.Node, ...]
+
+
+@attrs.frozen
+class Plan:
+    """What one walk over a program found.
+
+    Attributes:
+        reason: why the incremental path cannot promise torch's result (None: it can).
+        no_write: in-place nodes the path takes only if their decomposition writes
+            nothing (a CompositeImplicitAutograd op such as ``dropout_`` in eval
+            mode, through a view or into an input), each with the reason to give
+            when it does write.
+        views: every view of a tensor written in place (see :class:`View`).
+            Functionalization regenerates such a view from the tensor's current value
+            where it is read after a write (see ``views``).
+    """
+
+    reason: str | None
+    no_write: Mapping[torch.fx.Node, str] = attrs.field(factory=dict)
+    views: Mapping[torch.fx.Node, View] = attrs.field(factory=dict)
+
+
 def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
     """Why the incremental path cannot promise torch's result for ``ep`` (or None).
 
     One walk over the nodes, no tracing.
     """
+    return check(ep, tables).reason
+
+
+def check(ep: ExportedProgram, tables: table.Tables) -> Plan:
+    """:func:`unsafe_reason` and what the splice must watch for (see :class:`Plan`)."""
+    aliases = _Aliases(ep.graph)
+    reason = _reason(ep, tables, aliases)
+    if reason is None:
+        reason = aliases.finish()
+    return Plan(reason, aliases.no_write, aliases.regenerated())
+
+
+def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str | None:
     if ep.dialect not in ("ATEN", "TRAINING"):
         return f"dialect {ep.dialect!r}"
     sig = ep.graph_signature
@@ -57,10 +119,6 @@ def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
     for spec in sig.input_specs:
         if spec.kind in (InputKind.TOKEN, InputKind.CUSTOM_OBJ):
             return f"a {spec.kind.name.lower()} input ({spec.arg.name})"
-        if spec.kind == InputKind.CONSTANT_TENSOR:
-            # The retrace registers constants as buffers and lifts them again, in
-            # an order of its own (by module, then by use).
-            return f"a lifted constant input ({spec.arg.name}); the retrace re-orders them"
     problem = _state_problem(ep)
     if problem is not None:
         return problem
@@ -86,9 +144,10 @@ def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
         if node.op != "call_function":
             continue
         target = node.target
+        problem = aliases.see(node)
+        if problem is not None:
+            return problem
         if _program.is_op_overload(target):
-            if _program.is_mutable_op(target):
-                return f"a mutating op ({target} at {node.name})"
             if target.namespace != "aten":
                 return f"a non-ATen op ({target} at {node.name})"
         elif _program.is_higher_order(target):
@@ -98,6 +157,155 @@ def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
         if "val" not in node.meta and not _returns_nothing(target):
             return f"node {node.name} carries no value"
     return None
+
+
+def written_argument(op: Any) -> int | None:
+    """The position of the one argument an in-place operator writes into and returns
+    (``relu_``'s ``self``), or None: ``op`` writes nothing, or writes otherwise (an
+    ``out=`` argument, several arguments, a list, or returns something else)."""
+    schema = _program.op_schema(op)
+    if schema is None:
+        return None
+    writes = [
+        i
+        for i, arg in enumerate(schema.arguments)
+        if arg.alias_info is not None and arg.alias_info.is_write
+    ]
+    if len(writes) != 1:
+        return None
+    arg = schema.arguments[writes[0]]
+    returns = schema.returns
+    if (
+        arg.kwarg_only
+        or not isinstance(arg.type, torch.TensorType)
+        or len(returns) != 1
+        or returns[0].alias_info is None
+        or returns[0].alias_info.before_set != arg.alias_info.before_set
+    ):
+        return None
+    return writes[0]
+
+
+def argument(node: torch.fx.Node, position: int) -> Any:
+    """The value ``node`` passes for its operator's argument at ``position``."""
+    if position < len(node.args):
+        return node.args[position]
+    schema = _program.op_schema(node.target)
+    assert schema is not None
+    name = schema.arguments[position].name
+    return node.kwargs.get(name, schema.arguments[position].default_value)
+
+
+def _view_of(node: torch.fx.Node) -> Any:
+    """The node whose storage ``node``'s value is a view of (None: its own storage)."""
+    target = node.target
+    if target is operator.getitem:
+        # An item of a multi-output op: a view where that op returns views (split).
+        producer = node.args[0]
+        if not isinstance(producer, torch.fx.Node) or not _program.is_op_overload(producer.target):
+            return None
+        node = producer
+        target = producer.target
+    schema = _program.op_schema(target)
+    if schema is None or not any(r.alias_info is not None for r in schema.returns):
+        return None
+    # A view's schema marks the argument it aliases (``Tensor(a) self``, and
+    # ``Tensor(a -> *) self`` where it returns a list of views: split, unbind).
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and not arg.alias_info.is_write:
+            base = argument(node, i)
+            return base if isinstance(base, torch.fx.Node) else None
+    return None
+
+
+class _Aliases:
+    """The writes of in-place operators the incremental path takes as the retrace's
+    functionalization does: into an intermediate value (not a program input), not
+    through a view, with no view of it read after the write. A walk in program order
+    (``see`` each node in turn)."""
+
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        self.position = {n: i for i, n in enumerate(graph.nodes)}
+        self.root: dict[torch.fx.Node, torch.fx.Node] = {}  # alias -> its storage's owner
+        self.views: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # owner -> its views
+        self.base: dict[torch.fx.Node, torch.fx.Node] = {}  # view -> what it views
+        self.written: set[torch.fx.Node] = set()  # in-place results
+        self.owners: set[torch.fx.Node] = set()  # tensors written in place
+        self.no_write: dict[torch.fx.Node, str] = {}  # see Plan
+
+    def see(self, node: torch.fx.Node) -> str | None:
+        """Record ``node``; why the incremental path cannot take it (None: it can)."""
+        target = node.target
+        if not (_program.is_op_overload(target) and _program.is_mutable_op(target)):
+            base = _view_of(node)
+            if base is not None:
+                owner = self.root.get(base, base)
+                self.root[node] = owner
+                self.base[node] = base
+                self.views.setdefault(owner, []).append(node)
+            return None
+        at = written_argument(target)
+        if at is None:
+            return f"a mutating op ({target} at {node.name})"
+        written = argument(node, at)
+        if not isinstance(written, torch.fx.Node):
+            return f"a mutating op ({target} at {node.name}) writing into a constant"
+        owner = self.root.get(written, written)
+        problem = self._problem(node, written, owner)
+        if problem is not None:
+            if not table.is_cia(target):
+                return problem
+            # Decomposed before functionalization: it may write nothing at all
+            # (dropout_ in eval mode), which the splice checks; its result is then
+            # the tensor itself.
+            self.no_write[node] = problem
+            self.root[node] = owner
+            self.views.setdefault(owner, []).append(node)
+            return None
+        self.root[node] = owner
+        self.written.add(node)
+        self.owners.add(owner)
+        return None
+
+    def finish(self) -> str | None:
+        """Why a view of a tensor written in place cannot be regenerated as the
+        retrace regenerates it (None: each can): an item of a multi-output view
+        (``split``), or a view the program returns."""
+        for owner in self.owners:
+            for view in self.views.get(owner, ()):
+                if view in self.no_write:
+                    continue
+                if view.target is operator.getitem:
+                    return (
+                        f"an item of a multi-output view ({view.name}) of {owner.name}, "
+                        "which is written in place"
+                    )
+                if any(user.op == "output" for user in view.users):
+                    return f"a view of {owner.name} written in place, returned ({view.name})"
+        return None
+
+    def regenerated(self) -> dict[torch.fx.Node, View]:
+        """Each view of a tensor written in place."""
+        found = {}
+        for owner in self.owners:
+            for view in self.views.get(owner, ()):
+                if view in self.no_write:
+                    continue
+                chain = [view]
+                while self.base[chain[-1]] in self.base:
+                    chain.append(self.base[chain[-1]])
+                found[view] = View(owner, self.base[chain[-1]], tuple(reversed(chain)))
+        return found
+
+    def _problem(
+        self, node: torch.fx.Node, written: torch.fx.Node, owner: torch.fx.Node
+    ) -> str | None:
+        target = node.target
+        if written in self.root and written not in self.written:
+            return f"a write through a view ({target} at {node.name}, into {written.name})"
+        if owner.op != "call_function":
+            return f"a write into input {owner.name} ({target} at {node.name})"
+        return None
 
 
 def _state_problem(ep: ExportedProgram) -> str | None:

@@ -10,17 +10,19 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import (
-    ConstantArgument,
-    CustomObjArgument,
-    ExportGraphSignature,
-    OutputSpec,
-    SymIntArgument,
-    TensorArgument,
-)
 
 from epass import _program
-from epass._decomp import keys, safety, state, store, table, templates
+from epass._decomp import (
+    keys,
+    safety,
+    signature,
+    state,
+    store,
+    table,
+    templates,
+    tracing,
+    views,
+)
 from epass._decomp.safety import Fallback
 
 __all__ = ["RUNTIME_ASSERT_TRACE", "decompose"]
@@ -77,8 +79,17 @@ def _symbolic(v: Any) -> bool:
 class _Builder:
     """Copies the graph node by node, splicing templates in and re-propagating values."""
 
-    def __init__(self, tables: table.Tables, fake_mode: Any, session: templates.Session) -> None:
+    def __init__(
+        self,
+        tables: table.Tables,
+        fake_mode: Any,
+        session: templates.Session,
+        plan: safety.Plan,
+        limit: int | None = None,
+    ) -> None:
         self.tables = tables
+        self.no_write = plan.no_write
+        self.limit = limit
         self.fake_mode = fake_mode
         self.session = session
         self.graph = torch.fx.Graph()
@@ -87,6 +98,12 @@ class _Builder:
         self.sizes: dict[Any, torch.fx.Node] = {}
         self.decomposed = 0
         self.new_sizes = False
+        # Nodes computing a size an earlier node computes: the retrace's trace has
+        # them, its runtime-assertion pass replaces them after its DCE (``_drop_dead``).
+        self.merged: dict[torch.fx.Node, torch.fx.Node] = {}
+        # The aliases of each tensor written in place so far (see ``_written``).
+        self.chains: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+        self.views = views.Views(plan.views, self, self.emit_node)
 
     def _emit(
         self, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]
@@ -96,16 +113,39 @@ class _Builder:
         return node
 
     def _propagate(self, node: torch.fx.Node, old: Any) -> bool:
-        """Recompute ``node``'s value from its inputs; True when its metadata changed."""
-        with self.fake_mode:
+        """Recompute ``node``'s value from its inputs as the retrace's trace computes it
+        (``tracing.as_traced``); True when its metadata changed.
+
+        Raises:
+            Fallback: when computing it taught the program's shape environment a guard
+                (a size made static): the retrace learns none there.
+        """
+        shape_env = self.fake_mode.shape_env
+        guards = 0 if shape_env is None else len(shape_env.guards)
+        with tracing.as_traced(self.fake_mode):
             new = node.target(*keys.values_of(node.args), **keys.values_of(node.kwargs))  # type: ignore[operator]
+        if shape_env is not None and len(shape_env.guards) > guards:
+            added = ", ".join(str(g.expr) for g in shape_env.guards[guards:])
+            raise Fallback(f"the value of {node.name} guards on a size ({added})")
         if old is not None and _same_meta(new, old):
             node.meta["val"] = old
             return False
         node.meta["val"] = new
         return True
 
+    def emit_node(self, node: torch.fx.Node) -> None:
+        """Copy ``node``, or splice in its decomposition where the table rewrites it."""
+        if table.splices(node, self.tables) and (
+            self.limit is None or self.decomposed < self.limit
+        ):
+            self.splice(node)
+        else:
+            self.copy(node)
+        if node in self.views.views:
+            self.views.created(node)
+
     def copy(self, node: torch.fx.Node) -> None:
+        self.views.refresh(node)
         target = node.target
         if _program.is_op_overload(target) and target not in table.SIZE_OPS:
             # The retrace names each node after its operator, as make_fx does.
@@ -137,22 +177,25 @@ class _Builder:
             ) and self._propagate(new, node.meta.get("val")):
                 self.changed.add(node)
             if node.target in table.SIZE_OPS or isinstance(new.meta.get("val"), torch.SymInt):
-                expr = self._expr(new.meta.get("val"))
-                if expr is not None:
-                    self.sizes.setdefault(expr, new)
-        elif node.op == "placeholder":
-            if new.name != node.name:
-                # fx renames names that shadow builtins (``input``); the signature
-                # names the placeholders as export made them.
-                _program.keep_node_name(self.graph, new, node.name)
-            v = node.meta.get("val")
-            if isinstance(v, torch.SymInt):
-                expr = self._expr(v)
-                if expr is not None:
-                    self.sizes.setdefault(expr, new)
+                self._bind(new)
         if node.op == "call_function" and "nn_module_stack" not in new.meta:
             # The retrace records the (empty) module stack of its tracer.
             new.meta["nn_module_stack"] = collections.OrderedDict()
+        self.env[node] = new
+
+    def placeholder(self, node: torch.fx.Node, name: str) -> None:
+        """Copy the placeholder ``node`` under the name the retrace gives it."""
+        new = self.graph.placeholder(name, type_expr=node.type)
+        if new.name != name:
+            # fx renames names that shadow builtins (``input``); the signature names
+            # the placeholders as the retrace does.
+            _program.keep_node_name(self.graph, new, name)
+        new.meta = copy.copy(node.meta)
+        v = node.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            expr = self._expr(v)
+            if expr is not None:
+                self.sizes.setdefault(expr, new)
         self.env[node] = new
 
     @staticmethod
@@ -163,6 +206,7 @@ class _Builder:
 
     def splice(self, node: torch.fx.Node) -> None:
         op = node.target
+        regenerated = self.views.refresh(node)
         # Decompositions see the values as they are now, after upstream rewrites (a
         # decomposition may return other strides than the fused kernel did).
         mapped = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
@@ -170,52 +214,117 @@ class _Builder:
         template, inputs = templates.find(
             op, args, kwargs, self.tables, self.fake_mode, self.session
         )
+        if node in self.no_write and not _returns_its_input(template, inputs, args, op):
+            raise Fallback(self.no_write[node])
+        result, emitted = self._emit_template(node, template, inputs)
+        for fresh in regenerated:
+            # A view regenerated for this node is made where its decomposition first
+            # reads it.
+            first = next((n for n in emitted if fresh.value in n.all_input_nodes), None)
+            if first is not None:
+                fresh.move_before(first)
+        self.decomposed += 1
+        new_val = keys.values_of(result) if result is not None else None
+        for alias in self._written(node):
+            # Every later read of the tensor an in-place node wrote (the tensor, and
+            # the earlier in-place results aliasing it) reads the new value, as
+            # functionalization makes it; earlier reads were copied already.
+            self.env[alias] = result
+            if not _same_meta(new_val, alias.meta.get("val")):
+                self.changed.add(alias)
+
+    def _emit_template(
+        self, node: torch.fx.Node, template: Any, inputs: list[torch.fx.Node]
+    ) -> tuple[Any, list[torch.fx.Node]]:
+        """Emit ``template`` for ``node`` on ``inputs``: its result, and the nodes made."""
         meta = {k: node.meta[k] for k in _CARRIED_META if k in node.meta}
         meta.setdefault("nn_module_stack", collections.OrderedDict())
         local: dict[torch.fx.Node, Any] = {}
         phs = iter(inputs)
         result: Any = None
+        emitted = []
         for t in template.graph.nodes:
             if t.op == "placeholder":
                 local[t] = next(phs)
             elif t.op == "output":
                 result = torch.fx.node.map_arg(t.args[0], lambda n: local[n])
             else:
-                args_t = torch.fx.node.map_arg(t.args, lambda n: local[n])
-                kwargs_t = torch.fx.node.map_arg(t.kwargs, lambda n: local[n])
                 val = t.meta.get("val")
-                # make_fx binds each symbolic value to the first node computing it;
-                # the retrace reuses the graph's node for an expression it already has.
-                if isinstance(val, torch.SymInt):
-                    existing = self.sizes.get(val.node.expr)
-                    if existing is None and t.target in table.SIZE_OPS:
-                        # A size query the graph has no node for: the retrace's
-                        # runtime-assertion pass re-binds it (after the placeholders,
-                        # or as arithmetic on sizes it has); decompose() runs that pass.
-                        self.new_sizes = True
-                    elif existing is not None:
-                        local[t] = existing
-                        continue
-                new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
-                for field in template.inherited[t]:
-                    if field in node.meta:
-                        new.meta[field] = node.meta[field]
-                for field, value in template.own[t].items():
-                    new.meta[field] = value if field == "original_aten" else copy.copy(value)
-                if t.meta.get("custom"):
-                    # Annotations made while the decomposition ran (torch's dynamo
-                    # guard on a decomposition records itself here).
-                    new.meta["custom"] = {**meta.get("custom", {}), **t.meta["custom"]}
-                new.meta["val"] = val
-                if isinstance(new.meta.get("val"), torch.SymInt):
-                    self.sizes.setdefault(new.meta["val"].node.expr, new)
-                local[t] = new
-        self.decomposed += 1
-        self.env[node] = result
-        old = node.meta.get("val")
-        new_val = keys.values_of(result) if result is not None else None
-        if not _same_meta(new_val, old):
-            self.changed.add(node)
+                if (
+                    isinstance(val, torch.SymInt)
+                    and t.target in table.SIZE_OPS
+                    and val.node.expr not in self.sizes
+                ):
+                    # A size query the graph has no node for: the retrace's
+                    # runtime-assertion pass re-binds it (after the placeholders, or
+                    # as arithmetic on sizes it has); decompose() runs that pass.
+                    self.new_sizes = True
+                local[t] = new = self._emit_one(node, template, t, local, meta)
+                emitted.append(new)
+        return result, emitted
+
+    def _emit_one(
+        self,
+        node: torch.fx.Node,
+        template: Any,
+        t: torch.fx.Node,
+        local: dict[torch.fx.Node, Any],
+        meta: dict[str, Any],
+    ) -> torch.fx.Node:
+        """One node of a template, with the meta of the node it rewrites."""
+        args_t = torch.fx.node.map_arg(t.args, lambda n: local[n])
+        kwargs_t = torch.fx.node.map_arg(t.kwargs, lambda n: local[n])
+        new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
+        for field in template.inherited[t]:
+            if field in node.meta:
+                new.meta[field] = node.meta[field]
+        for field, value in template.own[t].items():
+            new.meta[field] = value if field == "original_aten" else copy.copy(value)
+        if t.meta.get("custom"):
+            # Annotations made while the decomposition ran (torch's dynamo
+            # guard on a decomposition records itself here).
+            new.meta["custom"] = {**meta.get("custom", {}), **t.meta["custom"]}
+        new.meta["val"] = t.meta.get("val")
+        if isinstance(new.meta.get("val"), torch.SymInt):
+            self._bind(new)
+        return new
+
+    def _bind(self, new: torch.fx.Node) -> None:
+        """Record the size ``new`` computes; the retrace merges it into an earlier
+        node computing the same expression (``_drop_dead``)."""
+        expr = self._expr(new.meta.get("val"))
+        if expr is None:
+            return
+        existing = self.sizes.setdefault(expr, new)
+        if existing is not new:
+            self.merged[new] = existing
+
+    def _written(self, node: torch.fx.Node) -> list[torch.fx.Node]:
+        """``node`` and, for an in-place node, every alias of what it writes (the
+        tensor and the in-place results before it): ``safety.unsafe_reason`` took
+        only writes into intermediates that no view reads afterwards."""
+        at = safety.written_argument(node.target)
+        if at is None:
+            return [node]
+        written = safety.argument(node, at)
+        chain = [*self.chains.get(written, [written]), node]
+        for alias in chain:
+            self.chains[alias] = chain
+        self.views.written(chain[0])
+        return chain
+
+
+def _returns_its_input(template: Any, inputs: list[torch.fx.Node], args: Any, op: Any) -> bool:
+    """Whether an in-place operator's template writes nothing: it returns the tensor
+    it was to write, untouched."""
+    at = safety.written_argument(op)
+    if at is None or at >= len(args):
+        return False
+    placeholders = [n for n in template.graph.nodes if n.op == "placeholder"]
+    result = template.graph.output_node().args[0]
+    return any(
+        ph is result and node is args[at] for ph, node in zip(placeholders, inputs, strict=True)
+    )
 
 
 def decompose(
@@ -251,15 +360,52 @@ def _decompose(
 ) -> tuple[ExportedProgram, int]:
     from torch.export.exported_program import _get_updated_module_call_graph
 
-    reason = safety.unsafe_reason(ep, tables)
-    if reason is not None:
-        raise Fallback(reason)
+    plan = safety.check(ep, tables)
+    if plan.reason is not None:
+        raise Fallback(plan.reason)
     fake_mode = keys.fake_mode_of(ep)
     session.program = ep
     session.grads = safety.retrace_grads(ep)
-    builder = _Builder(tables, fake_mode, session)
-    old_graph = ep.graph
+    builder = _Builder(tables, fake_mode, session, plan, limit)
+    inputs = signature.retrace_inputs(ep)
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    for old_spec, new_spec in inputs:
+        builder.placeholder(placeholders[old_spec.arg.name], new_spec.arg.name)
+    _walk(builder, ep.graph)
+    graph = builder.graph
+    out_node = graph.output_node()
+    for leaf in _program.tree_leaves(out_node.args[0]):
+        if not isinstance(leaf, torch.fx.Node):
+            raise Fallback("an output became a constant")
+    _drop_dead(graph, builder.merged)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm.meta.update(ep.graph_module.meta)
+    if builder.new_sizes:
+        _rebind_sizes(gm, fake_mode)
+    new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
+    with _program.quiet_leaf_specs():  # it deep-copies the call graph
+        module_call_graph = _get_updated_module_call_graph(
+            ep.graph_module, ep.graph_signature, gm, new_signature, ep.module_call_graph
+        )
+    # A retrace's program: a new state_dict over the same tensors, the constants
+    # dict itself, and the ATEN dialect's verifier.
+    out = _program.new_program(
+        ep,
+        gm,
+        new_signature,
+        dict(ep.state_dict),
+        ep.constants,
+        module_call_graph=module_call_graph,
+        keep_dialect=False,
+    )
+    return out, builder.decomposed
+
+
+def _walk(builder: _Builder, old_graph: torch.fx.Graph) -> None:
+    """Copy every node after the placeholders into ``builder``, splicing templates in."""
     for node in old_graph.nodes:
+        if node.op == "placeholder":
+            continue
         if node.op == "output":
             out = torch.fx.node.map_arg(node.args, lambda n: builder.env[n])
             builder.graph.output(out[0])
@@ -274,37 +420,21 @@ def _decompose(
                 # The decomposed producer returned a tuple: index it directly.
                 builder.env[node] = builder.env[src][node.args[1]]
                 continue
-        if table.splices(node, tables) and (limit is None or builder.decomposed < limit):
-            builder.splice(node)
-            continue
-        builder.copy(node)
-    graph = builder.graph
-    out_node = graph.output_node()
-    for leaf in _program.tree_leaves(out_node.args[0]):
-        if not isinstance(leaf, torch.fx.Node):
-            raise Fallback("an output became a constant")
+        builder.emit_node(node)
+
+
+def _drop_dead(graph: torch.fx.Graph, merged: dict[torch.fx.Node, torch.fx.Node]) -> None:
+    """Delete dead nodes as the retrace does. Its trace loses every dead node without
+    effects (the DCE after tracing); its runtime-assertion pass then replaces each node
+    computing a size an earlier node computes (``merged``) by that node, and deletes
+    nothing more: what only the replaced node read stays, dead (a step of size
+    arithmetic, say)."""
     graph.eliminate_dead_code()
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    gm.meta.update(ep.graph_module.meta)
-    if builder.new_sizes:
-        _rebind_sizes(gm, fake_mode)
-    signature = _signature(ep.graph_signature, gm)
-    with _program.quiet_leaf_specs():  # it deep-copies the call graph
-        module_call_graph = _get_updated_module_call_graph(
-            ep.graph_module, ep.graph_signature, gm, signature, ep.module_call_graph
-        )
-    # A retrace's program: a new state_dict over the same tensors, the constants
-    # dict itself, and the ATEN dialect's verifier.
-    out = _program.new_program(
-        ep,
-        gm,
-        signature,
-        dict(ep.state_dict),
-        ep.constants,
-        module_call_graph=module_call_graph,
-        keep_dialect=False,
-    )
-    return out, builder.decomposed
+    live = set(graph.nodes)
+    for node, existing in merged.items():
+        if node in live:
+            node.replace_all_uses_with(existing)
+            graph.erase_node(node)
 
 
 def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
@@ -328,22 +458,5 @@ def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
         functools.partial(_node_metadata_hook, metadata={"stack_trace": RUNTIME_ASSERT_TRACE}),
     ):
         insert_deferred_runtime_asserts(gm, shape_env, "decomposed program", export=True)
-    gm.graph.eliminate_dead_code()
+    # No DCE after it: the retrace runs none either, and keeps what it leaves dead.
     gm.recompile()
-
-
-def _signature(old: ExportGraphSignature, gm: torch.fx.GraphModule) -> ExportGraphSignature:
-    outputs = _program.tree_leaves(gm.graph.output_node().args[0])
-    new_outputs = []
-    for spec, node in zip(old.output_specs, outputs, strict=True):
-        arg = spec.arg
-        if isinstance(arg, TensorArgument):
-            arg = TensorArgument(name=node.name)
-        elif isinstance(arg, SymIntArgument):
-            arg = SymIntArgument(name=node.name)
-        elif not isinstance(arg, (ConstantArgument, CustomObjArgument)):
-            raise Fallback(f"an output of kind {type(arg).__name__}")
-        new_outputs.append(OutputSpec(spec.kind, arg, spec.target))
-    return ExportGraphSignature(
-        input_specs=copy.deepcopy(old.input_specs), output_specs=new_outputs
-    )

@@ -18,6 +18,7 @@ from epass._decomp import state
 __all__ = [
     "DefaultSide",
     "DefaultSplit",
+    "FUNCTIONALIZED",
     "SIZE_OPS",
     "SPLITS",
     "Tables",
@@ -274,20 +275,34 @@ def has_packet_keys(tables: Tables) -> bool:
     return any(_program.is_op_packet(k) for k in python)
 
 
+# The operators that write nothing and return no view, which functionalization still
+# replaces by a kernel of its own (a test pins this list against torch's Functionalize
+# registrations; ``_to_copy`` has one too, and keeps the operator).
+FUNCTIONALIZED = frozenset(
+    (
+        torch.ops.aten.lift.default,
+        torch.ops.aten.lift_fresh_copy.default,
+        torch.ops.aten._unsafe_view.default,
+    )
+)
+
+
 def rewrites(op: Any, tables: Tables) -> bool:
     """Whether a retrace with ``tables`` replaces the operator overload ``op``.
 
     The one answer: ``Decompose.skip_reason`` skips a program only when this is
     False for every op in it, and the engine splices exactly the nodes it is True
-    for. Functionalization replaces a mutating op; the Python table rewrites its
-    ops (a packet key stands for every overload); a CompositeImplicitAutograd op is
-    decomposed unless the table preserves it (torch's split marks the preserved).
+    for. Functionalization replaces a mutating op, and the few others it has a
+    kernel of its own for (``lift_fresh_copy`` becomes ``clone``); the Python table
+    rewrites its ops (a packet key stands for every overload); a
+    CompositeImplicitAutograd op is decomposed unless the table preserves it (torch's
+    split marks the preserved).
     """
     from torch.export.exported_program import _special_op_to_preserve_cia
 
     if op in SIZE_OPS:
         return False
-    if _program.is_mutable_op(op):
+    if _program.is_mutable_op(op) or op in FUNCTIONALIZED:
         return True
     if op in tables.python or op.overloadpacket in tables.python:
         return True

@@ -4,7 +4,7 @@ from the node it replaces."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -112,7 +112,10 @@ def blank_node() -> torch.fx.Node:
 
 def call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.fx.Node) -> Any:
     """Run ``op`` on the traced inputs ``xs`` (the tensor leaves of ``flat``),
-    functionalized as export does; raise :class:`safety.Fallback` when it mutates one."""
+    functionalized as export does, and return its result (for an in-place operator,
+    the new value of the tensor it writes, which its result aliases). Raise
+    :class:`safety.Fallback` when it mutates anything else, or changes the metadata of
+    what it writes."""
     from torch._functorch._aot_autograd.functional_utils import (
         from_fun,
         has_data_mutation,
@@ -125,13 +128,17 @@ def call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.fx
     it = iter(funs)
     filled = [next(it) if isinstance(a, torch.fx.Node) else a for a in flat]
     a, k = pytree.tree_unflatten(filled, spec)
+    at = safety.written_argument(op)
+    written = None if at is None or at >= len(a) else a[at]
     # The retrace runs each node under that node's meta (the interpreter's
     # set_current_meta), which drops annotations of the tracer's own frames.
     with torch.fx.traceback.set_current_meta(blank):
         out = op(*a, **k)
     for f, x in zip(funs, xs, strict=True):
-        if isinstance(f, torch.Tensor) and (
-            has_data_mutation(f) or has_metadata_mutation(f, x, check_only_storage_mutation=False)
+        if not isinstance(f, torch.Tensor):
+            continue
+        if has_metadata_mutation(f, x, check_only_storage_mutation=False) or (
+            f is not written and has_data_mutation(f)
         ):
             raise Fallback(f"the decomposition of {op} mutates an input")
     return pytree.tree_map(from_fun, out)
@@ -169,6 +176,18 @@ def capture(
             record_module_stack=True,
             pre_dispatch=False,
         )(*fakes)
+
+
+@contextlib.contextmanager
+def as_traced(fake_mode: Any) -> Iterator[None]:
+    """Compute fake values as a template trace (and the retrace) computes them: in the
+    program's fake mode, with the Python dispatcher on (a kept operator runs torch's
+    Python kernel, which keeps sizes symbolic, where its C++ kernel reads them as
+    integers and guards on them), mkldnn, nnpack and cudnn off and grad off."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    with fake_mode, state.backend_decomps_off(), torch.no_grad(), enable_python_dispatcher():
+        yield
 
 
 def check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> None:

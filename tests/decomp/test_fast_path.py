@@ -28,7 +28,7 @@ FAST_PATH = ("bert", "gpt2", "llama", "resnet")
 
 # Zoo programs that retrace by design (matching torch there is not promised), with
 # the reason Decompose gives.
-BY_DESIGN = {"cond": "get_attr", "running_mean": "mutat"}
+BY_DESIGN = {"cond": "get_attr", "running_mean": "a write into input"}
 
 # A torch release that cannot take the fast path for a program class is named here:
 # (torch "major.minor", zoo name, dynamic) -> the reason Decompose gives. Every tested

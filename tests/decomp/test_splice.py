@@ -153,6 +153,63 @@ def test_new_size_queries_are_bound_as_the_retrace_binds_them(module, shape, dim
     torch.testing.assert_close(result.program.module()(other), module()(other))
 
 
+class _SameSizeTwice(nn.Module):
+    """The second linear's decomposition computes ``(b*2)*2``, a size the first one's
+    computed as ``4*b``: the retrace merges it and keeps ``b*2``, dead (ConvNeXt's
+    blocks do this at every stage)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = self.a(x)
+        return self.b(y.view(y.shape[0], 2, 2, 16))
+
+
+def test_a_size_computed_twice_is_merged_as_the_retrace_merges_it():
+    torch.manual_seed(0)
+    module, x = _SameSizeTwice(), torch.randn(3, 4, 8)
+    ep = torch.export.export(module, (x,), dynamic_shapes=({0: Dim("b", min=2, max=64)},))
+    result = assert_same_as_torch(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"] is True
+    dead = [n for n in result.program.graph.nodes if n.op == "call_function" and not n.users]
+    assert [n.target for n in dead] == [operator.mul]  # as in torch's program
+    other = torch.randn(5, 4, 8)
+    torch.testing.assert_close(result.program.module()(other), module(other))
+
+
+class _UpsampleAfterConv(nn.Module):
+    """A kept operator (``upsample_bilinear2d.vec``) whose input changed: its value is
+    computed again, and its C++ kernel would read the batch as an integer."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = nn.functional.interpolate(self.conv(x), size=(8, 8), mode="bilinear")
+        return torch.relu_(y)
+
+
+def test_a_kept_operators_value_is_computed_without_guarding_on_a_size():
+    torch.manual_seed(0)
+    module = _UpsampleAfterConv().eval()
+    ep = torch.export.export(
+        module, (torch.randn(2, 3, 4, 4),), dynamic_shapes=({0: Dim("b", min=1, max=64)},)
+    )
+    shape_env = ep.graph.find_nodes(op="placeholder")[-1].meta["val"].fake_mode.shape_env
+    constraints = {str(k): str(v) for k, v in ep.range_constraints.items()}
+    result = assert_same_as_torch(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"] is True
+    # The batch stays dynamic: no guard in the user's shape environment, none in the result.
+    assert shape_env.guards == []
+    assert {str(k): str(v) for k, v in result.program.range_constraints.items()} == constraints
+    other = torch.randn(5, 3, 4, 4)
+    torch.testing.assert_close(result.program.module()(other), module(other))
+
+
 def test_nodes_without_module_stack_get_the_retraces_empty_one():
     from epass.passes import CastDtype
 

@@ -68,7 +68,11 @@ _ZOO_SCRIPT = textwrap.dedent(
 
 def _check_zoo(names: str, cache: Path) -> None:
     cold = run_script(_ZOO_SCRIPT, cache, names)
-    assert cold["disk"]["writes"] > 0 and cold["disk"]["hits"] == 0
+    # The directory starts empty: what the cold run loads, a program before it wrote
+    # (templates in memory belong to one program's fake mode; a lifted constant's
+    # static template serves the dynamic program too).
+    assert cold["disk"]["writes"] > 0 and cold["disk"]["hits"] < cold["disk"]["writes"]
+    assert cold["disk"]["rejected"] == 0
     warm = run_script(_ZOO_SCRIPT, cache, names)
     assert warm["disk"]["hits"] > 0 and warm["disk"]["rejected"] == 0
     for key, (method, difference, code) in warm["programs"].items():
@@ -244,7 +248,7 @@ def test_auto_keeps_the_fallback_reason_of_a_program_it_cannot_rewrite(cache, mo
     monkeypatch.setattr(decompose_module, "_TRACE_SECONDS", 1000.0)
     result = Decompose()(ep)
     assert result.notes["method"] == "retrace"
-    assert "mutating op" in result.notes["fallback"]
+    assert "a write into input b_count" in result.notes["fallback"]
     assert "decision" not in result.notes  # nothing to weigh: the fallback says why
 
 

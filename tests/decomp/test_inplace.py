@@ -1,0 +1,258 @@
+"""In-place writes on the incremental path: a write into an intermediate becomes what
+the retrace's functionalization makes of it, node for node; writes it cannot prove
+the same keep the retrace and say why."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from epass import Decompose
+from epass._decomp import check
+
+aten = torch.ops.aten
+
+
+class _Write(nn.Module):
+    """``h = x * 2``, an in-place write into ``h``, then a read of ``h``."""
+
+    def __init__(self, write: Callable[[torch.Tensor], object]) -> None:
+        super().__init__()
+        self.write = write
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        self.write(h)
+        return h + 1
+
+
+_WRITES: dict[str, Callable[[torch.Tensor], object]] = {
+    "relu_": torch.relu_,
+    "hardtanh_": lambda h: F.hardtanh(h, inplace=True),
+    "relu6_ (CompositeImplicitAutograd)": lambda h: F.relu6(h, inplace=True),
+    "hardswish_": lambda h: F.hardswish(h, inplace=True),
+    "hardsigmoid_": lambda h: F.hardsigmoid(h, inplace=True),
+    "silu_": lambda h: F.silu(h, inplace=True),
+    "mish_": lambda h: F.mish(h, inplace=True),
+    "sigmoid_": torch.sigmoid_,
+    "tanh_": torch.tanh_,
+    "leaky_relu_": lambda h: F.leaky_relu(h, 0.2, inplace=True),
+    "elu_": lambda h: F.elu(h, inplace=True),
+    "threshold_": lambda h: F.threshold(h, 0.1, 0.0, inplace=True),
+    "dropout_ in eval": lambda h: F.dropout(h, 0.5, training=False, inplace=True),
+    "add_": lambda h: h.add_(h * 3, alpha=2),
+    "add_ scalar": lambda h: h.add_(3.0),
+    "sub_": lambda h: h.sub_(1),
+    "mul_": lambda h: h.mul_(h),
+    "div_": lambda h: h.div_(7),
+    "pow_": lambda h: h.pow_(2),
+    "clamp_": lambda h: h.clamp_(-1, 1),
+    "clamp_min_": lambda h: h.clamp_min_(0),
+    "clamp_max_": lambda h: h.clamp_max_(0.5),
+    "fill_": lambda h: h.fill_(3.0),
+    "zero_": lambda h: h.zero_(),
+    "masked_fill_": lambda h: h.masked_fill_(h > 0, 0.5),
+    "addcmul_": lambda h: h.addcmul_(h, h, value=0.5),
+    "copy_": lambda h: h.copy_(h.flip(0)),
+    "a chain": lambda h: h.add_(3).clamp_(0, 6).div_(6),
+}
+
+
+def _incremental(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """The incremental path's program, checked against the retrace by Decompose."""
+    result = Decompose(method="incremental", check=True)(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"]
+    return result.program
+
+
+@pytest.mark.parametrize("write", list(_WRITES))
+def test_a_write_into_an_intermediate_becomes_the_retraces_functional_graph(write):
+    ep = torch.export.export(_Write(_WRITES[write]), (torch.randn(3, 4),))
+    out = _incremental(ep)
+    assert not any(
+        isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+        for n in out.graph.nodes
+    )
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(out.module()(x), ep.module()(x))
+
+
+class _Reads(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = x * 2
+        before = h * 3  # reads the value before the write
+        view = h.view(-1)  # a view read only before the write
+        first = view.sum()
+        written = h.relu_()
+        h.add_(1)  # the earlier in-place result now holds this value too
+        return before, first, written, h
+
+
+def test_reads_before_a_write_see_the_old_value_and_every_later_read_the_new():
+    ep = torch.export.export(_Reads(), (torch.randn(3, 4),))
+    out = _incremental(ep)
+    x = torch.randn(3, 4)
+    for got, want in zip(out.module()(x), _Reads()(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+class _Residual(nn.Module):
+    """A torchvision-style residual block: in-place add into a batch norm's output,
+    then an in-place relu of the sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn(self.conv(x))
+        out += x
+        return self.relu(out)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_residual_block_with_inplace_add_and_relu(dynamic):
+    shapes = ({0: torch.export.Dim("batch", min=2, max=16)},) if dynamic else None
+    ep = torch.export.export(_Residual().eval(), (torch.randn(2, 4, 6, 6),), dynamic_shapes=shapes)
+    out = _incremental(ep)
+    assert [n.target for n in out.graph.nodes if n.op == "call_function"][-2:] == [
+        aten.add.Tensor,
+        aten.relu.default,
+    ]
+
+
+class _IntoInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.relu_()
+        return x * 2
+
+
+class _IntoBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)
+        return x + self.count
+
+
+class _ThroughView(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        h.view(-1).relu_()
+        return h + 1
+
+
+class _ViewReturned(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        h.relu_()
+        return h.view(-1)
+
+
+class _SplitReadAfter(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        a, b = h.split(2)
+        h.relu_()
+        return a + b
+
+
+@pytest.mark.parametrize(
+    ("module", "why"),
+    [
+        (_IntoInput, "a write into input x (aten.relu_.default at relu_)"),
+        (_IntoBuffer, "a write into input b_count (aten.add_.Tensor at add_)"),
+        (_ThroughView, "a write through a view (aten.relu_.default at relu_, into view)"),
+        (_ViewReturned, "a view of mul written in place, returned (view)"),
+        (_SplitReadAfter, "an item of a multi-output view (getitem) of mul"),
+    ],
+    ids=["user input", "buffer", "through a view", "view returned", "split read after"],
+)
+def test_writes_the_incremental_path_cannot_prove_keep_the_retrace_and_say_why(module, why):
+    ep = torch.export.export(module(), (torch.randn(4, 4),))
+    result = Decompose()(ep)
+    assert result.notes["method"] == "retrace"
+    assert result.notes["fallback"].startswith(why), result.notes["fallback"]
+    reference = ep.run_decompositions()
+    assert check.first_difference(result.program, reference) is None
+
+
+class _Flatten(nn.Module):
+    """An in-place activation, then a view read by a linear layer of another module:
+    the retrace makes the view again inside the linear's decomposition, with the
+    linear's module stack (GhostNet's and many classifiers' head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU(inplace=True)
+        self.flat = nn.Flatten()
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.flat(self.act(x * 3)))
+
+
+_VIEWS: dict[str, Callable[[torch.Tensor], object]] = {
+    "made after the write": lambda x: (x * 3).relu_().flatten(1) * 2,
+    "read after another read": lambda x: _two_reads(x * 3),
+    "a chain of views": lambda x: _chain(x * 3),
+    "made before the write, read after it": lambda x: _before(x * 3),
+    "read across a second write": lambda x: _across(x * 3),
+    "permuted": lambda x: (x * 3).relu_().permute(0, 2, 3, 1) * 2,
+}
+
+
+def _two_reads(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    h.relu_()
+    y = h.flatten(1)
+    return y * 2, h * 1, y + 1
+
+
+def _chain(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    h.relu_()
+    y = h.flatten(1).view(2, 4, 4)
+    return y * 2, y + 1
+
+
+def _before(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = h.view(2, -1)
+    first = y.sum()
+    h.relu_()
+    return first, y + 1, h * 2
+
+
+def _across(h: torch.Tensor) -> torch.Tensor:
+    h.relu_()
+    y = h.flatten(1)
+    h.add_(1)
+    return y * 2
+
+
+class _Views(nn.Module):
+    def __init__(self, case: Callable[[torch.Tensor], object]) -> None:
+        super().__init__()
+        self.case = case
+
+    def forward(self, x: torch.Tensor) -> object:
+        return self.case(x)
+
+
+@pytest.mark.parametrize("case", [*_VIEWS, "a linear of another module"])
+def test_views_of_a_written_tensor_are_made_again_where_the_retrace_makes_them(case):
+    module = _Flatten() if case not in _VIEWS else _Views(_VIEWS[case])
+    ep = torch.export.export(module, (torch.randn(2, 4, 2, 2),))
+    out = _incremental(ep)
+    x = torch.randn(2, 4, 2, 2)
+    got, want = out.module()(x), module(x)
+    for a, b in zip(
+        torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True
+    ):
+        torch.testing.assert_close(a, b)
