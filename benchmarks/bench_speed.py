@@ -344,6 +344,7 @@ def bench_vision(repeats: int, quick: bool) -> list[Row]:
         return [("vision corpus: torchvision and timm are not installed", 0.0, 0.0, "skipped")]
     decompose = Decompose()
     taken, fell_back, speedups = 0, {}, {}
+    chose: list[str] = []
     cases = [(n, d) for n in names for d in (False, True)]
     for name, dynamic in cases:
         ep = vision_models.export(name, dynamic=dynamic)[1]
@@ -353,6 +354,8 @@ def bench_vision(repeats: int, quick: bool) -> list[Row]:
             taken += 1
         elif fallbacks:
             fell_back[vision_models.label(name, dynamic)] = "; ".join(fallbacks)
+        else:
+            chose.append(vision_models.label(name, dynamic))
         if dynamic or record.notes.get("method") != "incremental":
             continue
         times = interleaved(
@@ -363,7 +366,8 @@ def bench_vision(repeats: int, quick: bool) -> list[Row]:
     rows: list[Row] = [
         (f"vision corpus: Decompose() took {taken} of {len(cases)} programs incrementally",
          (len(cases) - taken) / len(cases), 0.0,
-         f"{len(fell_back)} fell back; static and dynamic batch"),
+         f"{len(fell_back)} fell back, {len(chose)} retraced by auto's choice"
+         + (f" ({', '.join(chose)})" if chose else "") + "; static and dynamic batch"),
     ]  # fmt: skip
     rows += [(f"  fell back: {label}", 1.0, 0.0, why) for label, why in fell_back.items()]
     if speedups:
