@@ -426,15 +426,22 @@ def _walk(builder: _Builder, old_graph: torch.fx.Graph) -> None:
 def _drop_dead(graph: torch.fx.Graph, merged: dict[torch.fx.Node, torch.fx.Node]) -> None:
     """Delete dead nodes as the retrace does. Its trace loses every dead node without
     effects (the DCE after tracing); its runtime-assertion pass then replaces each node
-    computing a size an earlier node computes (``merged``) by that node, and deletes
-    nothing more: what only the replaced node read stays, dead (a step of size
+    computing a size an earlier live node computes (``merged``) by that node, and
+    deletes nothing more: what only the replaced node read stays, dead (a step of size
     arithmetic, say)."""
     graph.eliminate_dead_code()
     live = set(graph.nodes)
-    for node, existing in merged.items():
-        if node in live:
+    bound: dict[torch.fx.Node, torch.fx.Node] = {}  # first binding -> the live node now
+    for node in list(graph.nodes):  # in order, as the pass walks the graph
+        first = merged.get(node)
+        if first is None:
+            continue
+        existing = bound.get(first, first)
+        if existing in live:
             node.replace_all_uses_with(existing)
             graph.erase_node(node)
+        else:  # the first node computing it was dead and went with the DCE
+            bound[first] = node
 
 
 def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:

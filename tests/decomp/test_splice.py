@@ -180,6 +180,32 @@ def test_a_size_computed_twice_is_merged_as_the_retrace_merges_it():
     torch.testing.assert_close(result.program.module()(other), module(other))
 
 
+class _HardswishPoolFlatten(nn.Module):
+    """The first node computing the batch size is dead (a decomposition's size query
+    nothing reads); a later one computing the same size is read (timm's LCNet and
+    MobileNetV3 heads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = nn.functional.hardswish(self.conv(x), inplace=True)
+        y = nn.functional.hardswish(nn.functional.adaptive_avg_pool2d(y, 1), inplace=True)
+        return self.fc(y.flatten(1))
+
+
+def test_a_size_whose_first_node_is_dead_is_bound_to_the_next_one():
+    torch.manual_seed(0)
+    module, x = _HardswishPoolFlatten().eval(), torch.randn(2, 3, 4, 4)
+    ep = torch.export.export(module, (x,), dynamic_shapes=({0: Dim("b", min=1, max=64)},))
+    result = assert_same_as_torch(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"] is True
+    other = torch.randn(5, 3, 4, 4)
+    torch.testing.assert_close(result.program.module()(other), module(other))
+
+
 class _UpsampleAfterConv(nn.Module):
     """A kept operator (``upsample_bilinear2d.vec``) whose input changed: its value is
     computed again, and its C++ kernel would read the batch as an integer."""
