@@ -16,6 +16,7 @@ from epass import _program
 from epass._decomp import table
 
 __all__ = [
+    "INVERSES",
     "Fallback",
     "Plan",
     "View",
@@ -86,11 +87,15 @@ class Plan:
         views: every view of a tensor written in place (see :class:`View`).
             Functionalization regenerates such a view from the tensor's current value
             where it is read after a write (see ``views``).
+        through: in-place nodes that write through a view of an intermediate, each
+            with that view (an ``alias`` or a ``slice`` of the tensor itself), which
+            functionalization writes back with the view's inverse (see ``INVERSES``).
     """
 
     reason: str | None
     no_write: Mapping[torch.fx.Node, str] = attrs.field(factory=dict)
     views: Mapping[torch.fx.Node, View] = attrs.field(factory=dict)
+    through: Mapping[torch.fx.Node, torch.fx.Node] = attrs.field(factory=dict)
 
 
 def unsafe_reason(ep: ExportedProgram, tables: table.Tables) -> str | None:
@@ -107,7 +112,7 @@ def check(ep: ExportedProgram, tables: table.Tables) -> Plan:
     reason = _reason(ep, tables, aliases)
     if reason is None:
         reason = aliases.finish()
-    return Plan(reason, aliases.no_write, aliases.regenerated())
+    return Plan(reason, aliases.no_write, aliases.regenerated(), aliases.through)
 
 
 def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str | None:
@@ -218,6 +223,14 @@ def _view_of(node: torch.fx.Node) -> Any:
     return None
 
 
+# The views a write may go through, and the operator functionalization writes the
+# result back into the viewed tensor with (``alias``: the result itself, aliased).
+INVERSES: dict[Any, Any] = {
+    torch.ops.aten.alias.default: torch.ops.aten.alias.default,
+    torch.ops.aten.slice.Tensor: torch.ops.aten.slice_scatter.default,
+}
+
+
 class _Aliases:
     """The writes of in-place operators the incremental path takes as the retrace's
     functionalization does: into an intermediate value (not a program input), not
@@ -232,6 +245,8 @@ class _Aliases:
         self.written: set[torch.fx.Node] = set()  # in-place results
         self.owners: set[torch.fx.Node] = set()  # tensors written in place
         self.no_write: dict[torch.fx.Node, str] = {}  # see Plan
+        self.through: dict[torch.fx.Node, torch.fx.Node] = {}  # see Plan
+        self.writes: dict[torch.fx.Node, int] = {}  # owner -> in-place writes into it
 
     def see(self, node: torch.fx.Node) -> str | None:
         """Record ``node``; why the incremental path cannot take it (None: it can)."""
@@ -263,14 +278,25 @@ class _Aliases:
             self.views.setdefault(owner, []).append(node)
             return None
         self.root[node] = owner
-        self.written.add(node)
         self.owners.add(owner)
+        self.writes[owner] = self.writes.get(owner, 0) + 1
+        if written in self.root and written not in self.written:
+            self.through[node] = written  # checked by _problem: one view deep
+        else:
+            self.written.add(node)
         return None
 
     def finish(self) -> str | None:
         """Why a view of a tensor written in place cannot be regenerated as the
         retrace regenerates it (None: each can): an item of a multi-output view
         (``split``), or a view the program returns."""
+        for node, view in self.through.items():
+            owner = self.root[node]
+            if self.writes[owner] > 1:
+                return (
+                    f"a write through a view ({node.target} at {node.name}, into "
+                    f"{view.name}) of {owner.name}, which is written more than once"
+                )
         for owner in self.owners:
             for view in self.views.get(owner, ()):
                 if view in self.no_write:
@@ -301,7 +327,16 @@ class _Aliases:
         self, node: torch.fx.Node, written: torch.fx.Node, owner: torch.fx.Node
     ) -> str | None:
         target = node.target
-        if written in self.root and written not in self.written:
+        if (
+            written in self.root
+            and written not in self.written
+            and not (
+                written.target in INVERSES
+                and owner.op == "call_function"
+                and self.base.get(written) is owner
+                and not table.is_cia(target)
+            )
+        ):
             return f"a write through a view ({target} at {node.name}, into {written.name})"
         if owner.op != "call_function":
             return f"a write into input {owner.name} ({target} at {node.name})"

@@ -89,6 +89,7 @@ class _Builder:
     ) -> None:
         self.tables = tables
         self.no_write = plan.no_write
+        self.through = plan.through
         self.limit = limit
         self.fake_mode = fake_mode
         self.session = session
@@ -224,6 +225,9 @@ class _Builder:
             if first is not None:
                 fresh.move_before(first)
         self.decomposed += 1
+        if node in self.through:
+            self._write_back(node, result)
+            return
         new_val = keys.values_of(result) if result is not None else None
         for alias in self._written(node):
             # Every later read of the tensor an in-place node wrote (the tensor, and
@@ -232,6 +236,35 @@ class _Builder:
             self.env[alias] = result
             if not _same_meta(new_val, alias.meta.get("val")):
                 self.changed.add(alias)
+
+    def _write_back(self, node: torch.fx.Node, result: torch.fx.Node) -> None:
+        """``node`` wrote ``result`` through a view of an intermediate: as
+        functionalization, the view's inverse writes it back into the tensor, and the
+        view (the node's result) is made again on the tensor's new value, both with
+        ``node``'s meta. Other views of the tensor are made again where next read."""
+        view = self.through[node]
+        owner = self.views.views[view].owner
+        rest = tuple(self.env[view].args[1:])  # the view's own arguments, normalized
+        inverse = safety.INVERSES[view.target]
+        args = (result,) if inverse is view.target else (self.env[owner], result, *rest)
+        back = self._emit_like(node, inverse, args)
+        again = self._emit_like(node, view.target, (back, *rest))
+        self.env[view] = self.env[node] = again
+        self.env[owner] = back
+        self.views.written(owner)
+        self.views.synced_now(view)
+
+    def _emit_like(self, node: torch.fx.Node, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
+        """A view operator (or its inverse) emitted with ``node``'s meta, as the trace
+        records one it makes while running ``node``."""
+        meta = {
+            k: node.meta[k] for k in (*tracing.INHERITED_META, *_CARRIED_META) if k in node.meta
+        }
+        meta["original_aten"] = target
+        new = self._emit(target, args, {}, target.overloadpacket.__name__, meta)
+        with tracing.as_traced(self.fake_mode):
+            new.meta["val"] = target(*keys.values_of(args))
+        return new
 
     def _emit_template(
         self, node: torch.fx.Node, template: Any, inputs: list[torch.fx.Node]

@@ -68,6 +68,11 @@ class Views:
         """A write into ``owner``: its views hold the value before it."""
         self.generation[owner] = self.generation.get(owner, 0) + 1
 
+    def synced_now(self, view: torch.fx.Node) -> None:
+        """``view`` was just made again on its tensor's current value."""
+        info = self.views[view]
+        self.synced[view] = self.generation.get(info.owner, 0)
+
     def created(self, view: torch.fx.Node) -> None:
         """``view`` was just copied or spliced where the program makes it."""
         info = self.views[view]

@@ -256,3 +256,91 @@ def test_views_of_a_written_tensor_are_made_again_where_the_retrace_makes_them(c
         torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True
     ):
         torch.testing.assert_close(a, b)
+
+
+class _IntoSliceOfCat(nn.Module):
+    """GhostNet's block: ``x += shortcut`` into the first channels of a ``cat`` (an
+    ``alias`` when they are all of them, a ``slice`` otherwise)."""
+
+    def __init__(self, keep: int) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.cat([x * 2, x + 1], 1)[:, : self.keep]
+        out += x.repeat(1, 2, 1, 1)[:, : self.keep]
+        return torch.relu(out)
+
+
+class _SiblingReadAfter(nn.Module):
+    """A write through one slice of a tensor; another slice of it and the tensor itself
+    are read after the write."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.cat([x * 2, x + 1], 1)
+        head, tail = out[:, :4], out[:, 4:]
+        head += x
+        return torch.relu(tail) + out.sum(1, keepdim=True)
+
+
+class _BaseReturned(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x * 2
+        view = out[:, :]
+        view += 1
+        return out
+
+
+_THROUGH = {
+    "alias (all channels)": lambda: _IntoSliceOfCat(8),
+    "slice": lambda: _IntoSliceOfCat(3),
+    "sibling and base read after": _SiblingReadAfter,
+    "base returned": _BaseReturned,
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("case", list(_THROUGH))
+def test_a_write_through_a_view_is_written_back_as_the_retrace_writes_it(case, dynamic):
+    # The view's inverse (slice_scatter, alias) writes the result into the tensor, the
+    # view is made again on its new value, and other views are made again where read.
+    module = _THROUGH[case]().eval()
+    shapes = ({0: torch.export.Dim("batch", min=1, max=8)},) if dynamic else None
+    ep = torch.export.export(module, (torch.randn(2, 4, 3, 3),), dynamic_shapes=shapes)
+    out = _incremental(ep)
+    other = torch.randn(3 if dynamic else 2, 4, 3, 3)
+    torch.testing.assert_close(out.module()(other), module(other))
+
+
+class _TwoWritesThroughViews(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.cat([x * 2, x + 1], 1)
+        head, tail = out[:, :4], out[:, 4:]
+        head += x
+        tail += x
+        return out
+
+
+class _TwoViewsDeep(nn.Module):
+    """Swin-T's shifted-window mask is written three slices deep."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x * 2
+        out[:, :2, :1] += 1
+        return out.relu()
+
+
+@pytest.mark.parametrize(
+    ("module", "why"),
+    [
+        (_TwoWritesThroughViews, "a write through a view (aten.add_.Tensor at add_, into slice"),
+        (_TwoViewsDeep, "a write through a view (aten.add_.Tensor at add_, into slice_"),
+    ],
+    ids=["two writes into one tensor", "two views deep"],
+)
+def test_writes_through_views_it_cannot_write_back_keep_the_retrace(module, why):
+    ep = torch.export.export(module(), (torch.randn(2, 4, 3, 3),))
+    result = Decompose()(ep)
+    assert result.notes["method"] == "retrace"
+    assert result.notes["fallback"].startswith(why), result.notes["fallback"]
+    assert check.first_difference(result.program, ep.run_decompositions()) is None
