@@ -244,7 +244,10 @@ class _Builder:
         ``node``'s meta. Other views of the tensor are made again where next read."""
         view = self.through[node]
         owner = self.views.views[view].owner
-        rest = tuple(self.env[view].args[1:])  # the view's own arguments, normalized
+        made = self.env[view]
+        if not isinstance(made, torch.fx.Node) or made.target is not view.target:
+            raise Fallback(f"a write through a view the table rewrites ({view.name})")
+        rest = tuple(made.args[1:])  # the view's own arguments, normalized
         inverse = safety.INVERSES[view.target]
         args = (result,) if inverse is view.target else (self.env[owner], result, *rest)
         back = self._emit_like(node, inverse, args)

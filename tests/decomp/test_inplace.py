@@ -344,3 +344,16 @@ def test_writes_through_views_it_cannot_write_back_keep_the_retrace(module, why)
     assert result.notes["method"] == "retrace"
     assert result.notes["fallback"].startswith(why), result.notes["fallback"]
     assert check.first_difference(result.program, ep.run_decompositions()) is None
+
+
+def test_a_write_through_a_view_the_table_rewrites_keeps_the_retrace():
+    def alias_as_view(x):
+        return aten.view.default(x, list(x.shape))
+
+    module = _IntoSliceOfCat(8)
+    ep = torch.export.export(module, (torch.randn(2, 4, 3, 3),))
+    result = Decompose(table={aten.alias.default: alias_as_view})(ep)
+    assert result.notes["method"] == "retrace"
+    assert result.notes["fallback"] == "a write through a view the table rewrites (alias)"
+    x = torch.randn(2, 4, 3, 3)
+    torch.testing.assert_close(result.program.module()(x), module(x))
