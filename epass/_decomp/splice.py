@@ -15,6 +15,7 @@ from epass import _program
 from epass._decomp import (
     keys,
     safety,
+    shapes,
     signature,
     state,
     store,
@@ -93,6 +94,8 @@ class _Builder:
         self.limit = limit
         self.fake_mode = fake_mode
         self.session = session
+        # The program's shape environment, from here to the end of the decomposition.
+        self.watch = session.watching(fake_mode)
         self.graph = torch.fx.Graph()
         self.env: dict[torch.fx.Node, Any] = {}
         self.changed: set[torch.fx.Node] = set()
@@ -113,21 +116,31 @@ class _Builder:
         node.meta.update(meta)
         return node
 
-    def _propagate(self, node: torch.fx.Node, old: Any) -> bool:
-        """Recompute ``node``'s value from its inputs as the retrace's trace computes it
-        (``tracing.as_traced``); True when its metadata changed.
+    def _value(self, name: str, compute: Any) -> Any:
+        """``compute()`` as the retrace's trace computes the value of ``name``
+        (``shapes.as_traced``), which may teach the shape environment what the trace
+        teaches it.
 
         Raises:
-            Fallback: when computing it taught the program's shape environment a guard
-                (a size made static): the retrace learns none there.
+            Fallback: when it taught the shape environment a guard (a size made
+                static): the retrace learns none there.
         """
         shape_env = self.fake_mode.shape_env
         guards = 0 if shape_env is None else len(shape_env.guards)
-        with tracing.as_traced(self.fake_mode):
-            new = node.target(*keys.values_of(node.args), **keys.values_of(node.kwargs))  # type: ignore[operator]
+        with self.watch.retrace(f"the value of {name}"), shapes.as_traced(self.fake_mode):
+            value = compute()
         if shape_env is not None and len(shape_env.guards) > guards:
             added = ", ".join(str(g.expr) for g in shape_env.guards[guards:])
-            raise Fallback(f"the value of {node.name} guards on a size ({added})")
+            raise Fallback(f"the value of {name} guards on a size ({added})")
+        return value
+
+    def _propagate(self, node: torch.fx.Node, old: Any) -> bool:
+        """Recompute ``node``'s value from its inputs (``_value``); True when its
+        metadata changed."""
+        new = self._value(
+            node.name,
+            lambda: node.target(*keys.values_of(node.args), **keys.values_of(node.kwargs)),  # type: ignore[operator]
+        )
         if old is not None and _same_meta(new, old):
             node.meta["val"] = old
             return False
@@ -265,8 +278,7 @@ class _Builder:
         }
         meta["original_aten"] = target
         new = self._emit(target, args, {}, target.overloadpacket.__name__, meta)
-        with tracing.as_traced(self.fake_mode):
-            new.meta["val"] = target(*keys.values_of(args))
+        new.meta["val"] = self._value(new.name, lambda: target(*keys.values_of(args)))
         return new
 
     def _emit_template(
@@ -385,7 +397,10 @@ def decompose(
     with state.LOCK:
         session = templates.Session(tables, deadline)
         try:
-            return _decompose(ep, tables, session, limit)
+            result = _decompose(ep, tables, session, limit)
+            if session.watch is not None:  # made as the build began
+                session.watch.verify("the decomposition")
+            return result
         finally:
             session.close()
             store.prune_soon()
@@ -417,7 +432,8 @@ def _decompose(
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     gm.meta.update(ep.graph_module.meta)
     if builder.new_sizes:
-        _rebind_sizes(gm, fake_mode)
+        with builder.watch.retrace("the runtime-assertion pass"):
+            _rebind_sizes(gm, fake_mode)
     new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
     with _program.quiet_leaf_specs():  # it deep-copies the call graph
         module_call_graph = _get_updated_module_call_graph(
