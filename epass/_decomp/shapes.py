@@ -23,6 +23,7 @@ __all__ = [
     "describe",
     "difference",
     "facts",
+    "static",
     "renaming",
     "snapshot",
 ]
@@ -92,6 +93,23 @@ def as_traced(fake_mode: Any, *, suppress: bool = False) -> Iterator[None]:
             stack.enter_context(shape_env.suppress_guards())
         stack.enter_context(fake_mode)
         yield
+
+
+def static(shape_env: Any) -> set[str]:
+    """The symbols the shape environment holds to one value, each as ``s = value``."""
+    if shape_env is None:
+        return set()
+    held = {
+        f"{sym} = {value}"
+        for sym, value in shape_env.replacements.items()
+        if not value.free_symbols
+    }
+    held |= {
+        f"{sym} = {r.lower}"
+        for sym, r in shape_env.var_to_range.items()
+        if r.is_singleton() and sym not in shape_env.replacements
+    }
+    return held
 
 
 class Changed(Fallback):

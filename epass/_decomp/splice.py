@@ -118,20 +118,20 @@ class _Builder:
 
     def _value(self, name: str, compute: Any) -> Any:
         """``compute()`` as the retrace's trace computes the value of ``name``
-        (``shapes.as_traced``), which may teach the shape environment what the trace
-        teaches it.
+        (``shapes.as_traced``). What it teaches the shape environment (a size is not
+        1, say), the retrace's trace of the same value teaches it too.
 
         Raises:
-            Fallback: when it taught the shape environment a guard (a size made
-                static): the retrace learns none there.
+            Fallback: when it made a size static: computed as the trace computes it,
+                no value the retrace keeps symbolic does that, so the retrace runs.
         """
         shape_env = self.fake_mode.shape_env
-        guards = 0 if shape_env is None else len(shape_env.guards)
+        before = shapes.static(shape_env)
         with self.watch.retrace(f"the value of {name}"), shapes.as_traced(self.fake_mode):
             value = compute()
-        if shape_env is not None and len(shape_env.guards) > guards:
-            added = ", ".join(str(g.expr) for g in shape_env.guards[guards:])
-            raise Fallback(f"the value of {name} guards on a size ({added})")
+        static = ", ".join(sorted(shapes.static(shape_env) - before))
+        if static:
+            raise Fallback(f"the value of {name} makes a size static ({static})")
         return value
 
     def _propagate(self, node: torch.fx.Node, old: Any) -> bool:
@@ -183,6 +183,11 @@ class _Builder:
                 new.args, new.kwargs = keys.normalize(node.target, new.args, dict(new.kwargs))
                 if node.target in table.SIZE_OPS:
                     new.meta.pop("original_aten", None)  # the retrace records none
+                    # The retrace's runtime-assertion pass binds the size again, its
+                    # metadata hook taking ``custom`` from the first input (a program
+                    # read from a file keeps no empty ``custom``).
+                    first = new.all_input_nodes[0].meta if new.all_input_nodes else {}
+                    new.meta.setdefault("custom", first.get("custom", {}))
                 else:
                     new.meta["original_aten"] = node.target
             inputs = node.all_input_nodes

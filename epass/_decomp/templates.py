@@ -358,10 +358,12 @@ def _storable(template: tracing.Template, tables: table.Tables) -> bool:
     for node in template.graph.nodes:
         target = node.target
         # A kept CompositeImplicitAutograd op's value depends on the override that
-        # was active when it was computed: traced ones only.
+        # was active when it was computed: traced ones only. A size query's value is
+        # the size, whatever the override.
         if (
             node.op == "call_function"
             and isinstance(target, torch._ops.OpOverload)
+            and target not in table.SIZE_OPS
             and (table.is_cia(target) or table.rewrites(target, tables))
         ):
             return False
