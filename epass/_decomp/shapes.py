@@ -23,9 +23,11 @@ __all__ = [
     "describe",
     "difference",
     "facts",
+    "lesson",
     "static",
     "renaming",
     "snapshot",
+    "teach",
 ]
 
 
@@ -265,6 +267,62 @@ def facts(shape_env: Any, names: Renaming) -> dict[str, Any] | None:
         "known": sorted(known),
         "settings": repr(shape_env.settings),
     }
+
+
+def lesson(before: Snapshot | None, after: Snapshot | None, names: Renaming) -> Any:
+    """What the shape environment learnt between two snapshots, as JSON data with the
+    symbols by position: the guards added, in order, and the ranges and replacements
+    they changed. None when it learnt anything else (a runtime assertion, a new
+    symbol, a divisibility fact) or about a symbol outside ``names``.
+    """
+    if before is None or after is None:
+        return None
+    if before[3:] != after[3:]:
+        return None
+    try:
+        guards = [names.text(g.expr) for g in after[0][len(before[0]) :]]
+        if tuple(after[0][: len(before[0])]) != tuple(before[0]):
+            return None
+        changed: dict[str, list[str]] = {}
+        for label, old, now in (("range", before[1], after[1]), ("replace", before[2], after[2])):
+            for sym in set(old) | set(now):
+                if old.get(sym) != now.get(sym):
+                    value = now.get(sym)
+                    shown = names.text(value) if label == "replace" else str(value)
+                    changed.setdefault(label, []).append(f"{names.text(sym)}: {shown}")
+    except ValueError:  # a symbol outside the key
+        return None
+    return {"guards": guards, **{k: sorted(v) for k, v in changed.items()}}
+
+
+def teach(shape_env: Any, taught: Any, names: Renaming) -> None:
+    """Teach ``shape_env`` the guards of a ``lesson``, as the trace that learnt them
+    did, and require that it learns exactly that lesson.
+
+    Raises:
+        ValueError: for a guard that does not hold for the program's example sizes
+            (before anything is taught), or a lesson other than ``taught``.
+    """
+    import sympy
+
+    if not isinstance(taught, dict) or not isinstance(taught.get("guards"), list):
+        raise ValueError("holds a malformed lesson")
+    local = {f"_symbol{i}": s for i, s in enumerate(names.symbols)}
+    hints = {s: shape_env.backed_var_to_val[s] for s in names.symbols}
+    exprs = []
+    for text in taught["guards"]:
+        if not isinstance(text, str):
+            raise ValueError("holds a malformed lesson")
+        expr = sympy.sympify(re.sub(r"\$(\d+)", r"_symbol\1", text), locals=local)
+        if expr.free_symbols - set(names.symbols) or expr.xreplace(hints) is not sympy.true:
+            raise ValueError(f"teaches {text}, which the program's example does not meet")
+        exprs.append(expr)
+    before = snapshot(shape_env)
+    for expr in exprs:
+        shape_env.evaluate_expr(expr)
+    learnt = lesson(before, snapshot(shape_env), names)
+    if learnt != taught:
+        raise Changed(f"a stored lesson taught {learnt} where it says {taught}")
 
 
 def describe(value: Any, names: Renaming | None) -> Any:

@@ -230,8 +230,17 @@ class _Builder:
         # decomposition may return other strides than the fused kernel did).
         mapped = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
         args, kwargs = keys.normalize(op, mapped[0], dict(mapped[1]))
+        # The node's own value is the operator's on these arguments while none of
+        # them changed (a template read from disk must return its like).
+        same = not regenerated and not any(i in self.changed for i in node.all_input_nodes)
         template, inputs = templates.find(
-            op, args, kwargs, self.tables, self.fake_mode, self.session
+            op,
+            args,
+            kwargs,
+            self.tables,
+            self.fake_mode,
+            self.session,
+            node.meta.get("val") if same else None,
         )
         if node in self.no_write and not _returns_its_input(template, inputs, args, op):
             raise Fallback(self.no_write[node])

@@ -261,7 +261,12 @@ def find(
     tables: table.Tables,
     fake_mode: Any,
     session: Session,
+    expected: Any = None,
 ) -> tuple[tracing.Template, list[torch.fx.Node]]:
+    """The template decomposing ``op`` on ``args``, from memory, disk, a batched trace
+    or its own trace, and the argument nodes its placeholders stand for. ``expected``:
+    the operator's value on these arguments where the caller has it (a template read
+    from disk must return its like; it is computed otherwise)."""
     spec, parts, inputs, flags = keys.template_key(op, args, kwargs, session.grads)
     values = [a.meta["val"] for a in inputs]
     key = keys.memory_key(op, spec, parts, session.name, fake_mode)
@@ -276,7 +281,9 @@ def find(
     watch = session.watching(fake_mode)
     disk_key = _disk_key(op, spec, parts, session.name, fake_mode)
     template = (
-        None if disk_key is None else _load(disk_key, (op, args, kwargs), flags, tables, watch)
+        None
+        if disk_key is None
+        else _load(disk_key, (op, args, kwargs), flags, tables, watch, expected)
     )
     if template is None:
         if session.deadline is not None and time.perf_counter() > session.deadline:
@@ -372,9 +379,17 @@ def _storable(template: tracing.Template, tables: table.Tables) -> bool:
 
 def _store(key: keys.DiskKey, template: tracing.Template, tables: table.Tables) -> None:
     # A template whose trace taught the shape environment something is the retrace's
-    # only together with that lesson, which a later process would not learn.
-    if template.guarded or not _storable(template, tables):
+    # only together with that lesson: it is stored with it, for a later process to
+    # learn, or not at all.
+    if not _storable(template, tables):
         return
+    taught = None
+    if template.taught is not None:
+        if key.names is None:
+            return
+        taught = shapes.lesson(*template.taught, key.names)
+        if taught is None:
+            return
     try:
         values = {
             n: shapes.describe(n.meta.get("val"), key.names)
@@ -384,6 +399,8 @@ def _store(key: keys.DiskKey, template: tracing.Template, tables: table.Tables) 
         body = encoding.encode(template.graph, template.inherited, template.own, values)
     except (encoding.Unrepresentable, ValueError):
         return
+    if taught is not None:
+        body["lesson"] = taught
     store.store(key.data, body)
 
 
@@ -393,6 +410,7 @@ def _load(
     grads: list[bool],
     tables: table.Tables,
     watch: shapes.Watch,
+    expected: Any = None,
 ) -> tracing.Template | None:
     body = store.load(key.data)
     if body is None:
@@ -401,8 +419,16 @@ def _load(
     try:
         # Values no trace computes: in the trace's context, guards suppressed, and
         # the shape environment must come out as it went in.
+        taught = body.pop("lesson", None) if isinstance(body, dict) else None
         with watch.frozen(f"reading the template of {op} from disk"):
-            template = _rebuild(body, key, call, grads, tables, watch.fake_mode)
+            template = _rebuild(body, key, call, grads, tables, watch.fake_mode, expected)
+        if taught is not None:
+            if key.names is None:
+                raise ValueError("holds a lesson without symbols")
+            # What its trace taught the shape environment, the retrace's trace of
+            # the same call teaches it too.
+            with watch.retrace(f"the lesson of the template of {op}"):
+                shapes.teach(watch.shape_env, taught, key.names)
     except shapes.Changed:
         store.reject(key.data, "changed the shape environment")
         raise
@@ -419,9 +445,11 @@ def _rebuild(
     grads: list[bool],
     tables: table.Tables,
     fake_mode: Any,
+    expected: Any = None,
 ) -> tracing.Template:
     """The template a disk entry describes, its values recomputed on fresh fake inputs
-    and checked against the stored ones and the operator's own result.
+    and checked against the stored ones and the operator's own result (``expected``,
+    or computed).
 
     Raises:
         ValueError: for an entry that does not describe this call's template.
@@ -448,7 +476,8 @@ def _rebuild(
             raise ValueError(f"recomputes another value at {node.name} than it stored")
     # An entry the checks above accept can still describe another computation;
     # one that does not even return what the operator returns is caught here.
-    expected = op(*keys.values_of(args), **keys.values_of(kwargs))
+    if expected is None:
+        expected = op(*keys.values_of(args), **keys.values_of(kwargs))
     problem = _result_mismatch(graph, expected)
     if problem:
         raise ValueError(problem)

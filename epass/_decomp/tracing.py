@@ -69,15 +69,16 @@ _MARKERS = {f: _Inherited(f) for f in INHERITED_META}
 class Template:
     """A traced decomposition. ``inherited`` maps each node to the meta fields it takes
     from the node being rewritten; ``own`` to the fields the tracer set itself.
-    ``guarded``: tracing it taught the program's shape environment something (a guard,
-    a range): the retrace teaches it the same, but another process tracing it would
-    too, so it is never written to disk."""
+    ``taught``: the program's shape environment before and after the trace, when
+    tracing it taught the environment something (a guard, a narrower range): the
+    retrace teaches it the same, and a process reading the template from disk must
+    too (``shapes.lesson``)."""
 
     graph: torch.fx.Graph
     n_inputs: int
     inherited: Mapping[torch.fx.Node, tuple[str, ...]]
     own: Mapping[torch.fx.Node, Mapping[str, Any]]
-    guarded: bool = False
+    taught: tuple[shapes.Snapshot | None, shapes.Snapshot | None] | None = None
 
 
 def split_meta(
@@ -222,5 +223,6 @@ def trace(
     if shape_env is not None and symbol_count(shape_env) != before:
         raise Fallback(f"the decomposition of {op} creates new symbols")
     check_template(gm.graph, op, tables)
-    guarded = shapes.snapshot(shape_env) != known
-    return Template(gm.graph, len(inputs), *split_meta(gm.graph), guarded=guarded)
+    after = shapes.snapshot(shape_env)
+    taught = None if after == known else (known, after)
+    return Template(gm.graph, len(inputs), *split_meta(gm.graph), taught=taught)

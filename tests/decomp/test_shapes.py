@@ -213,6 +213,48 @@ def test_a_tampered_stored_value_is_rejected_and_the_template_traced_again(cache
     assert json.loads(path.read_text())["template"] != entry["template"]  # rebuilt
 
 
+def test_a_template_whose_trace_taught_a_guard_is_stored_with_its_lesson(cache):
+    # Read from a file, the program's shape environment knows no guard: the trace of
+    # the convolution teaches it that the batch is not 1, as the retrace's does. The
+    # entry carries that lesson; a process reading it learns the same, and a lesson
+    # the program's example does not meet is refused before it is taught.
+    batch = Dim("batch", min=1, max=64)
+    exported = torch.export.export(
+        models.build("convbn"), (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: batch},)
+    )
+    cold = _loaded(exported)
+    cold_env = keys.fake_mode_of(cold).shape_env
+    Decompose(method="incremental")(cold)
+    taught = [g.expr for g in cold_env.guards]
+    assert taught
+    lessons = [
+        (p, e)
+        for p in entry_paths(cache)
+        for e in [json.loads(p.read_text())]
+        if "lesson" in e["template"]
+    ]
+    assert lessons
+    templates.clear_memory()
+    warm = _loaded(exported)
+    hits = store.info()["hits"]
+    result = Decompose(method="incremental", check=True)(warm)
+    assert result.notes["method"] == "incremental" and store.info()["hits"] > hits
+    assert [g.expr for g in keys.fake_mode_of(warm).shape_env.guards] == taught
+
+    path, entry = lessons[0]
+    entry["template"]["lesson"]["guards"] = ["Eq($0, 7)"]
+    body = json.dumps(entry["template"], sort_keys=True, separators=(",", ":"))
+    entry["sha256"] = hashlib.sha256(body.encode()).hexdigest()
+    path.write_text(json.dumps(entry))
+    templates.clear_memory()
+    tampered = _loaded(exported)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = Decompose(method="incremental", check=True)(tampered)
+    assert [w for w in caught if "does not meet" in str(w.message)]
+    assert [g.expr for g in keys.fake_mode_of(tampered).shape_env.guards] == taught
+
+
 def _guard_on_the_batch(ep: torch.export.ExportedProgram) -> None:
     """What fake convolution did outside a trace: guard that the batch is below 16."""
     shape_env = keys.fake_mode_of(ep).shape_env
