@@ -20,12 +20,16 @@ __all__ = [
     "Snapshot",
     "Watch",
     "as_traced",
+    "carriers",
     "describe",
     "difference",
     "facts",
     "lesson",
     "static",
     "renaming",
+    "same_symint",
+    "size_nodes",
+    "size_of",
     "snapshot",
     "teach",
 ]
@@ -359,3 +363,56 @@ def describe(value: Any, names: Renaming | None) -> Any:
     if isinstance(value, (list, tuple)):
         return {"list": [describe(v, names) for v in value]}
     return size(value)
+
+
+def size_of(value: Any, dim: int) -> Any:
+    """Size ``dim`` of a tensor value, or None."""
+    if isinstance(value, torch.Tensor) and dim < value.dim():
+        return value.shape[dim]
+    return None
+
+
+def same_symint(s: Any, wanted: torch.SymInt) -> bool:
+    """Whether ``s`` is the very SymInt ``wanted`` is (its node, not its expression)."""
+    return isinstance(s, torch.SymInt) and s.node is wanted.node
+
+
+def size_nodes(value: Any) -> set[Any]:
+    """The SymNodes a value (a tensor, or tensors in a tuple or list) holds as a size,
+    stride, storage offset or element count."""
+    tensors = value if isinstance(value, (list, tuple)) else [value]
+    return {
+        s.node
+        for t in tensors
+        if isinstance(t, torch.Tensor)
+        for s in (*t.shape, *t.stride(), t.storage_offset(), t.numel())
+        if isinstance(s, torch.SymInt)
+    }
+
+
+def carriers(inp: torch.fx.Node, expr: Any) -> list[torch.fx.Node]:
+    """``inp`` and its ancestors whose value holds ``expr`` (a size, stride, offset or
+    element count), linked to ``inp`` through such values, in graph order."""
+
+    def holds(n: torch.fx.Node) -> bool:
+        v = n.meta.get("val")
+        tensors = v if isinstance(v, (list, tuple)) else [v]
+        return any(
+            isinstance(t, torch.Tensor)
+            and any(
+                isinstance(s, torch.SymInt) and s.node.expr == expr
+                for s in (*t.shape, *t.stride(), t.storage_offset(), t.numel())
+            )
+            for t in tensors
+        )
+
+    seen = {inp}
+    todo = [inp]
+    while todo:
+        n = todo.pop()
+        for a in n.all_input_nodes:
+            if a not in seen and a.op != "placeholder" and holds(a):
+                seen.add(a)
+                todo.append(a)
+    order = {n: i for i, n in enumerate(inp.graph.nodes)}
+    return sorted(seen, key=order.__getitem__)

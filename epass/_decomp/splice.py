@@ -105,6 +105,13 @@ class _Builder:
         # Nodes computing a size an earlier node computes: the retrace's trace has
         # them, its runtime-assertion pass replaces them after its DCE (``_drop_dead``).
         self.merged: dict[torch.fx.Node, torch.fx.Node] = {}
+        # Size queries put after the node whose result first holds the size, with
+        # that node and the dimension (``_place_size``).
+        self.placed: dict[torch.fx.Node, tuple[torch.fx.Node, int]] = {}
+        # The nodes copied from the program: operators the retrace's functionalization
+        # sees one by one, as it sees those a CompositeImplicitAutograd decomposition
+        # calls but not those inside a Python decomposition.
+        self.copied: set[torch.fx.Node] = set()
         # The aliases of each tensor written in place so far (see ``_written``).
         self.chains: dict[torch.fx.Node, list[torch.fx.Node]] = {}
         self.views = views.Views(plan.views, self, self.emit_node)
@@ -200,6 +207,7 @@ class _Builder:
         if node.op == "call_function" and "nn_module_stack" not in new.meta:
             # The retrace records the (empty) module stack of its tracer.
             new.meta["nn_module_stack"] = collections.OrderedDict()
+        self.copied.add(new)
         self.env[node] = new
 
     def placeholder(self, node: torch.fx.Node, name: str) -> None:
@@ -321,7 +329,11 @@ class _Builder:
                     # runtime-assertion pass re-binds it (after the placeholders, or
                     # as arithmetic on sizes it has); decompose() runs that pass.
                     self.new_sizes = True
-                local[t] = new = self._emit_one(node, template, t, local, meta)
+                    local[t] = new = self._emit_one(node, template, t, local, meta)
+                    if t.args[0].op == "placeholder":  # a size of a value made before
+                        self._place_size(new)
+                else:
+                    local[t] = new = self._emit_one(node, template, t, local, meta)
                 emitted.append(new)
         return result, emitted
 
@@ -350,6 +362,84 @@ class _Builder:
         if isinstance(new.meta.get("val"), torch.SymInt):
             self._bind(new)
         return new
+
+    def _place_size(self, new: torch.fx.Node) -> None:
+        """Put a template's query of a new size of an intermediate where the retrace's
+        trace makes it: make_fx gives each symbolic size of an operator's result a
+        lazy ``sym_size`` node, and wrapping the result as a functional tensor compares
+        its sizes (its contiguity), which makes that node at once, after the operator
+        and with its meta. A decomposition reading the size later reads that node; the
+        runtime-assertion pass turns it into arithmetic on the inputs' sizes there.
+
+        Raises:
+            Fallback: where the node making the size is not certain.
+        """
+        if new.target is not torch.ops.aten.sym_size.int:
+            return
+        inp, dim = new.args
+        if not isinstance(inp, torch.fx.Node) or inp.op == "placeholder":
+            return
+        found = self._origin(inp, dim, new.name)  # type: ignore[arg-type]
+        if found is None:
+            return
+        origin, dim = found
+        new.args = (origin, dim)  # the trace asks the node that made the size
+        after = origin
+        while after.next in self.placed and self.placed[after.next][0] is origin:
+            placed_dim = self.placed[after.next][1]
+            if placed_dim < dim:  # the comparisons run from the last dimension
+                break
+            after = after.next
+        after.append(new)
+        self.placed[new] = (origin, dim)
+        meta = {k: origin.meta[k] for k in _CARRIED_META if k in origin.meta}
+        for k in _CARRIED_META:
+            new.meta.pop(k, None)
+        new.meta.update(meta)
+
+    def _origin(self, inp: torch.fx.Node, dim: int, name: str) -> tuple[torch.fx.Node, int] | None:
+        """The node whose result first holds the very SymInt that is size ``dim`` of
+        ``inp``'s value (meta functions pass a size on by identity, or compute it
+        anew), and the last dimension holding it there (the first compared): the
+        operators from the first ancestor holding its expression to ``inp`` run
+        again as the retrace runs them."""
+        expr = self._expr(shapes.size_of(inp.meta.get("val"), dim))
+        if expr is None or expr.is_Symbol:
+            # The runtime-assertion pass binds a symbol after the placeholders,
+            # wherever its query was.
+            return None
+        chain = shapes.carriers(inp, expr)
+        again: dict[torch.fx.Node, Any] = {}
+        for n in chain:
+            if not (n.op == "call_function" and callable(n.target)):
+                raise Fallback(f"the size {expr} of {inp.name} comes from {n.name}")
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: again.get(a, a))
+            again[n] = self._value(
+                name,
+                lambda n=n, args=args, kwargs=kwargs: n.target(  # type: ignore[misc, operator]
+                    *keys.values_of(args), **keys.values_of(kwargs)
+                ),
+            )
+        wanted = shapes.size_of(again[inp], dim)
+        for n in chain:
+            value = again[n]
+            if wanted.node not in shapes.size_nodes(value):
+                continue
+            if (
+                n not in self.copied
+                or n.target is operator.getitem
+                or not isinstance(value, torch.Tensor)
+                or not value.is_contiguous()
+            ):
+                raise Fallback(
+                    f"the size {expr} of {inp.name} is first held by {n.name}, "
+                    "whose trace may not make its node at once"
+                )
+            dims = [d for d, s in enumerate(value.shape) if shapes.same_symint(s, wanted)]
+            if not dims:
+                raise Fallback(f"the size {expr} of {inp.name} is not a size of {n.name}")
+            return n, dims[-1]
+        raise Fallback(f"the size {expr} of {inp.name} is held by no node before it")
 
     def _bind(self, new: torch.fx.Node) -> None:
         """Record the size ``new`` computes; the retrace merges it into an earlier

@@ -206,6 +206,64 @@ def test_a_size_whose_first_node_is_dead_is_bound_to_the_next_one():
     torch.testing.assert_close(result.program.module()(other), module(other))
 
 
+class _ViewThenLinear(nn.Module):
+    """A linear reads the batch a ``view(-1, ...)`` made (``16*b``): the retrace binds
+    it after the view, with the view's meta."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(x.view(-1, 16, 16))
+
+
+class _WindowPartition(nn.Module):
+    """Swin's window partition: the size ``16*b`` is made by the first ``view(-1, ...)``
+    and passed on by the second, whose linear reads it; the output view computes it
+    again."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        b = x.shape[0]
+        y = x.view(b, 4, 4, 4, 4, 16).transpose(2, 3).contiguous()
+        z = self.fc(y.view(-1, 4, 4, 16).view(-1, 16, 16))
+        return z.view(16 * b, 16, -1, 8)
+
+
+class _TwoViewsOfTheBatch(nn.Module):
+    """Two views make ``16*b`` each; the linear reads the second one's, which the
+    retrace binds after that view, not after the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x, w):
+        a = (x * 3).view(-1, 16, 16)
+        return self.fc(torch.relu(w.view(-1, 16, 16))) + a.sum()
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize(
+    "module", [_ViewThenLinear, _WindowPartition, _TwoViewsOfTheBatch], ids=lambda m: m.__name__
+)
+def test_a_size_an_operator_made_is_bound_after_that_operator(module, dynamic):
+    torch.manual_seed(0)
+    mod = module()
+    inputs = 2 if module is _TwoViewsOfTheBatch else 1
+    args = tuple(torch.randn(2, 256, 16) for _ in range(inputs))
+    dims = tuple({0: Dim("b", min=1, max=8)} for _ in range(inputs)) if dynamic else None
+    ep = torch.export.export(mod, args, dynamic_shapes=dims)
+    result = assert_same_as_torch(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"] is True
+    other = tuple(torch.randn(3, 256, 16) for _ in range(inputs)) if dynamic else args
+    torch.testing.assert_close(result.program.module()(*other), mod(*other))
+
+
 class _UpsampleAfterConv(nn.Module):
     """A kept operator (``upsample_bilinear2d.vec``) whose input changed: its value is
     computed again, and its C++ kernel would read the batch as an integer."""
