@@ -63,6 +63,7 @@ class Views:
         self.emit = emit
         self.generation: dict[torch.fx.Node, int] = {}  # owner -> writes so far
         self.synced: dict[torch.fx.Node, int] = {}  # view -> generation it holds
+        self.copies: set[torch.fx.Node] = set()  # "views" whose nodes copy (reshape)
 
     def written(self, owner: torch.fx.Node) -> None:
         """A write into ``owner``: its views hold the value before it."""
@@ -76,8 +77,10 @@ class Views:
     def created(self, view: torch.fx.Node) -> None:
         """``view`` was just copied or spliced where the program makes it."""
         info = self.views[view]
-        if not self._is_view(view, info):
-            self.synced.pop(view, None)  # a copy (a reshape that copies): never stale
+        if any(w in self.copies for w in info.chain[:-1]) or not self._is_view(view, info):
+            # A copy (a reshape that copies), or a view of one: never stale.
+            self.copies.add(view)
+            self.synced.pop(view, None)
             return
         generation = self.generation.get(info.owner, 0)
         # Made after a write, a view is regenerated at its first read.

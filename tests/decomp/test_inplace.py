@@ -207,7 +207,15 @@ _VIEWS: dict[str, Callable[[torch.Tensor], object]] = {
     "made before the write, read after it": lambda x: _before(x * 3),
     "read across a second write": lambda x: _across(x * 3),
     "permuted": lambda x: (x * 3).relu_().permute(0, 2, 3, 1) * 2,
+    "views of a reshape that copies": lambda x: _of_a_copy(x * 3),
 }
+
+
+def _of_a_copy(h: torch.Tensor) -> torch.Tensor:
+    # The reshape of a permuted tensor copies: its views are never stale.
+    h.relu_()
+    y = h.permute(0, 2, 3, 1).reshape(2, -1)
+    return y.unsqueeze(1) - y.unsqueeze(2)
 
 
 def _two_reads(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
