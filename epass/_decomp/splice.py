@@ -104,7 +104,7 @@ class _Builder:
         self.merged: dict[torch.fx.Node, torch.fx.Node] = {}
         # The aliases of each tensor written in place so far (see ``_written``).
         self.chains: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-        self.views = views.Views(plan.views, self, self.emit_node)
+        self.views = views.Views(plan.views, plan.through, self, self.emit_node)
 
     def _emit(
         self, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]
@@ -238,24 +238,53 @@ class _Builder:
                 self.changed.add(alias)
 
     def _write_back(self, node: torch.fx.Node, result: torch.fx.Node) -> None:
-        """``node`` wrote ``result`` through a view of an intermediate: as
-        functionalization, the view's inverse writes it back into the tensor, and the
-        view (the node's result) is made again on the tensor's new value, both with
+        """``node`` wrote ``result`` through a chain of views of an intermediate: as
+        functionalization, the views above the last are made again on the tensor's
+        value, each view's inverse writes the result back into the one below, down to
+        the tensor, and the chain is made again on the tensor's new value, all with
         ``node``'s meta. Other views of the tensor are made again where next read."""
         view = self.through[node]
-        owner = self.views.views[view].owner
-        made = self.env[view]
-        if not isinstance(made, torch.fx.Node) or made.target is not view.target:
-            raise Fallback(f"a write through a view the table rewrites ({view.name})")
-        rest = tuple(made.args[1:])  # the view's own arguments, normalized
-        inverse = safety.INVERSES[view.target]
-        args = (result,) if inverse is view.target else (self.env[owner], result, *rest)
-        back = self._emit_like(node, inverse, args)
-        again = self._emit_like(node, view.target, (back, *rest))
+        info = self.views.views[view]
+        owner = info.owner
+        steps = []  # each view of the chain: its operator and its own arguments
+        for link in info.chain:
+            made = self.env[link]
+            if not isinstance(made, torch.fx.Node) or made.target is not link.target:
+                raise Fallback(f"a write through a view the table rewrites ({link.name})")
+            steps.append((link.target, tuple(made.args[1:])))  # normalized
+        under = [self.env[owner]]
+        for target, rest in steps[:-1]:
+            under.append(self._emit_like(node, target, (under[-1], *rest)))
+        back = result
+        for (target, rest), below in zip(reversed(steps), reversed(under), strict=True):
+            inverse = safety.INVERSES[target]
+            args = (back,) if inverse is target else (below, back, *rest)
+            back = self._emit_inverse(node, inverse, args)
+        again = back
+        for target, rest in steps:
+            again = self._emit_like(node, target, (again, *rest))
         self.env[view] = self.env[node] = again
-        self.env[owner] = back
+        for alias in self.chains.get(owner, [owner]):
+            # The tensor and the in-place results aliasing it read the new value.
+            self.env[alias] = back
+            if not _same_meta(back.meta["val"], alias.meta.get("val")):
+                self.changed.add(alias)
         self.views.written(owner)
-        self.views.synced_now(view)
+        self.views.synced_now(view, node)
+
+    def _emit_inverse(self, node: torch.fx.Node, inverse: Any, args: tuple[Any, ...]) -> Any:
+        """A view's inverse for ``node``'s write-back, or its decomposition where the
+        table rewrites it (``select_scatter`` in torch's default table)."""
+        if not table.rewrites(inverse, self.tables):
+            return self._emit_like(node, inverse, args)
+        args, kwargs = keys.normalize(inverse, args, {})
+        template, inputs = templates.find(
+            inverse, args, kwargs, self.tables, self.fake_mode, self.session
+        )
+        result, _ = self._emit_template(node, template, inputs)
+        if not isinstance(result, torch.fx.Node):
+            raise Fallback(f"the decomposition of {inverse} returned no node of its own")
+        return result
 
     def _emit_like(self, node: torch.fx.Node, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
         """A view operator (or its inverse) emitted with ``node``'s meta, as the trace

@@ -299,11 +299,112 @@ class _BaseReturned(nn.Module):
         return out
 
 
+class _TwoWritesThroughViews(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.cat([x * 2, x + 1], 1)
+        head, tail = out[:, :4], out[:, 4:]
+        head += x
+        tail += x
+        return out
+
+
+class _TwoViewsDeep(nn.Module):
+    """``out[:, :2, :1] += 1``: an ``add_`` into a slice of a slice, then a ``copy_``
+    of its result into a second such chain."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x * 2
+        out[:, :2, :1] += 1
+        return out.relu()
+
+
+class _Mask(nn.Module):
+    """Two ``fill_`` writes, each through a slice of a slice of a ``new_zeros``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.new_zeros(1, 8, 8, 1)
+        m[:, 0:4, 0:4, :] = 1
+        m[:, 4:, 0:4, :] = 2
+        return x + m.sum()
+
+
+class _ShiftedWindowMask(nn.Module):
+    """Swin's attention mask for shifted windows: nine writes through slices of a
+    ``new_zeros``, then windows of it (a ``reshape`` that copies, and views of that)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        img = x.new_zeros((1, 8, 8, 1))
+        count = 0
+        for h in (slice(0, -4), slice(-4, -2), slice(-2, None)):
+            for w in (slice(0, -4), slice(-4, -2), slice(-2, None)):
+                img[:, h, w, :] = count
+                count += 1
+        windows = img.view(1, 2, 4, 2, 4, 1).permute(0, 1, 3, 2, 4, 5).reshape(-1, 16)
+        mask = windows.unsqueeze(1) - windows.unsqueeze(2)
+        mask = mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
+        return x.sum() + mask
+
+
+class _Selects(nn.Module):
+    """Writes through ``select`` (whose inverse, ``select_scatter``, torch's table
+    decomposes) and through a ``select`` of a ``slice``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x * 2
+        out[:, 0] = 5
+        out[1, :, 2] += 1
+        out[0][:, 1:3] = 7
+        return out.relu()
+
+
+class _Diagonal(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x * 2
+        out[0, 0].diagonal().add_(1)
+        return out + 1
+
+
+class _AfterADirectWrite(nn.Module):
+    """A write through a slice of ``relu_``'s result, the tensor itself; that result
+    read after it."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = x * 2
+        r = h.relu_()
+        h[:, :2] += 1
+        return r * 2, h.sum()
+
+
+class _ReadAfterAnotherWrite(nn.Module):
+    """The view written through and the one below it, read after other writes into
+    the tensor: each is made again on its new value where read, the first with the
+    write's stack trace, the other with its own."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = x * 2
+        below = h[:, 1:3]
+        v = below[:, :, 1]
+        v.add_(1)
+        h[:, 2:].mul_(2)
+        first = below + 1
+        second = v * 2
+        h.mul_(3)
+        return first, second, v + 1, h[:, 1:3] + 1, h
+
+
 _THROUGH = {
     "alias (all channels)": lambda: _IntoSliceOfCat(8),
     "slice": lambda: _IntoSliceOfCat(3),
     "sibling and base read after": _SiblingReadAfter,
     "base returned": _BaseReturned,
+    "two writes into one tensor": _TwoWritesThroughViews,
+    "two views deep": _TwoViewsDeep,
+    "a mask filled through slices of slices": _Mask,
+    "a shifted-window mask": _ShiftedWindowMask,
+    "select": _Selects,
+    "diagonal": _Diagonal,
+    "after a direct write": _AfterADirectWrite,
+    "read after another write": _ReadAfterAnotherWrite,
 }
 
 
@@ -317,34 +418,62 @@ def test_a_write_through_a_view_is_written_back_as_the_retrace_writes_it(case, d
     ep = torch.export.export(module, (torch.randn(2, 4, 3, 3),), dynamic_shapes=shapes)
     out = _incremental(ep)
     other = torch.randn(3 if dynamic else 2, 4, 3, 3)
-    torch.testing.assert_close(out.module()(other), module(other))
+    got, want = out.module()(other), module(other)
+    for a, b in zip(
+        torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True
+    ):
+        torch.testing.assert_close(a, b)
 
 
-class _TwoWritesThroughViews(nn.Module):
+def test_a_write_two_slices_deep_replays_the_outer_slice_and_nests_the_inverses():
+    # base' = slice_scatter(base, slice_scatter(slice(base), new, ...), ...)
+    ep = torch.export.export(_Mask(), (torch.randn(2, 3),))
+    out = _incremental(ep)
+    calls = [n for n in out.graph.nodes if n.op == "call_function"]
+    first = [n.target for n in calls][2:8]
+    assert first == [
+        aten.slice.Tensor,
+        aten.slice.Tensor,
+        aten.copy.default,
+        aten.slice.Tensor,
+        aten.slice_scatter.default,
+        aten.slice_scatter.default,
+    ]
+    inner, outer = calls[6], calls[7]
+    assert inner.args[0] is calls[5] and calls[5].args[0] is calls[0]  # slice(full)
+    assert outer.args[:2] == (calls[0], inner)
+
+
+class _ReturnedAfterAnotherWrite(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.cat([x * 2, x + 1], 1)
-        head, tail = out[:, :4], out[:, 4:]
-        head += x
-        tail += x
-        return out
+        h = x * 2
+        r = h[:, :2].add_(1)
+        h.mul_(2)
+        return r
 
 
-class _TwoViewsDeep(nn.Module):
-    """Swin-T's shifted-window mask is written three slices deep."""
-
+class _ThroughAsStrided(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = x * 2
-        out[:, :2, :1] += 1
-        return out.relu()
+        h = x * 2
+        h.as_strided((2, 2), (1, 2)).add_(1)
+        return h + 1
+
+
+class _ThroughTranspose(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        h.transpose(0, 1)[:, 0].add_(1)
+        return h + 1
 
 
 @pytest.mark.parametrize(
     ("module", "why"),
     [
-        (_TwoWritesThroughViews, "a write through a view (aten.add_.Tensor at add_, into slice"),
-        (_TwoViewsDeep, "a write through a view (aten.add_.Tensor at add_, into slice_"),
+        (_ReturnedAfterAnotherWrite, "a view of mul written in place, returned (add_, written"),
+        (_ThroughAsStrided, "a write through a view (aten.add_.Tensor at add_, into as_strided)"),
+        (_ThroughTranspose, "a write through a view (aten.add_.Tensor at add_, into select)"),
     ],
-    ids=["two writes into one tensor", "two views deep"],
+    ids=["returned after another write", "as_strided", "a transpose"],
 )
 def test_writes_through_views_it_cannot_write_back_keep_the_retrace(module, why):
     ep = torch.export.export(module(), (torch.randn(2, 4, 3, 3),))
