@@ -203,15 +203,15 @@ def argument(node: torch.fx.Node, position: int) -> Any:
 
 
 def _view_of(node: torch.fx.Node) -> Any:
-    """The node whose storage ``node``'s value is a view of (None: its own storage)."""
+    """The node whose storage ``node``'s value is a view of (None: its own storage); for
+    an item of a multi-output view (``split``), that view."""
     target = node.target
     if target is operator.getitem:
         # An item of a multi-output op: a view where that op returns views (split).
         producer = node.args[0]
         if not isinstance(producer, torch.fx.Node) or not _program.is_op_overload(producer.target):
             return None
-        node = producer
-        target = producer.target
+        return producer if _view_of(producer) is not None else None
     schema = _program.op_schema(target)
     if schema is None or not any(r.alias_info is not None for r in schema.returns):
         return None
@@ -294,8 +294,8 @@ class _Aliases:
 
     def finish(self) -> str | None:
         """Why a view of a tensor written in place cannot be regenerated as the
-        retrace regenerates it (None: each can): an item of a multi-output view
-        (``split``), a view the program returns, what a write through a view returned
+        retrace regenerates it (None: each can): a view the program returns, what a
+        write through a view returned
         when the program returns it after another write into the tensor, or a view of
         what a write through a view returned, where the tensor is written more than
         once."""
@@ -317,11 +317,6 @@ class _Aliases:
                     return (
                         f"a view ({view.name}) of what a write through a view returned "
                         f"({start.name}), and {owner.name} is written more than once"
-                    )
-                if view.target is operator.getitem:
-                    return (
-                        f"an item of a multi-output view ({view.name}) of {owner.name}, "
-                        "which is written in place"
                     )
                 if any(user.op == "output" for user in view.users):
                     return f"a view of {owner.name} written in place, returned ({view.name})"

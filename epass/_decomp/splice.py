@@ -483,6 +483,11 @@ def _walk(builder: _Builder, old_graph: torch.fx.Graph) -> None:
                 and not isinstance(builder.env[src], torch.fx.Node)
             ):
                 # The decomposed producer returned a tuple: index it directly.
+                if node in builder.views.views:
+                    raise Fallback(
+                        f"an item ({node.name}) of a multi-output view the table "
+                        "rewrites, of a tensor written in place"
+                    )
                 builder.env[node] = builder.env[src][node.args[1]]
                 continue
         builder.emit_node(node)

@@ -14,6 +14,7 @@ view operator as ``original_aten``.
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -120,7 +121,10 @@ class Views:
         target = env.get(base)
         node = env.get(view)
         while isinstance(node, torch.fx.Node) and node is not target:
-            if node.op != "call_function" or not _aliases(node.target):
+            # An item of a split is a view where the split is one.
+            if node.op != "call_function" or not (
+                node.target is operator.getitem or _aliases(node.target)
+            ):
                 return False
             node = node.args[0] if node.args else None
         return node is target

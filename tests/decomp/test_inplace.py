@@ -172,7 +172,10 @@ class _SplitReadAfter(nn.Module):
         (_IntoBuffer, "a write into input b_count (aten.add_.Tensor at add_)"),
         (_ThroughView, "a write through a view (aten.relu_.default at relu_, into view)"),
         (_ViewReturned, "a view of mul written in place, returned (view)"),
-        (_SplitReadAfter, "an item of a multi-output view (getitem) of mul"),
+        (
+            _SplitReadAfter,
+            "an item (getitem) of a multi-output view the table rewrites, of a tensor written",
+        ),
     ],
     ids=["user input", "buffer", "through a view", "view returned", "split read after"],
 )
@@ -208,7 +211,23 @@ _VIEWS: dict[str, Callable[[torch.Tensor], object]] = {
     "read across a second write": lambda x: _across(x * 3),
     "permuted": lambda x: (x * 3).relu_().permute(0, 2, 3, 1) * 2,
     "views of a reshape that copies": lambda x: _of_a_copy(x * 3),
+    "items of a split": lambda x: _split_after(x * 3),
+    "items of a split made before the write": lambda x: _split_before(x * 3),
 }
+
+
+def _split_after(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # MixNet's mixed convolution: each item is made again, split and all, where read.
+    h.relu_()
+    a, b = h.split([1, 3], 1)
+    return a * 2, b + 1
+
+
+def _split_before(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    a, b = h.split([1, 3], 1)
+    first = a.sum()
+    h.relu_()
+    return first, a * 2, b + 1, h
 
 
 def _of_a_copy(h: torch.Tensor) -> torch.Tensor:
@@ -466,14 +485,28 @@ class _ThroughTranspose(nn.Module):
         return h + 1
 
 
+class _ThroughSplitItem(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        a, _ = h.split([1, 3], 1)
+        a.add_(1)
+        return h + 1
+
+
 @pytest.mark.parametrize(
     ("module", "why"),
     [
+        (_ThroughSplitItem, "a write through a view (aten.add_.Tensor at add_, into getitem)"),
         (_ReturnedAfterAnotherWrite, "a view of mul written in place, returned (add_, written"),
         (_ThroughAsStrided, "a write through a view (aten.add_.Tensor at add_, into as_strided)"),
         (_ThroughTranspose, "a write through a view (aten.add_.Tensor at add_, into select)"),
     ],
-    ids=["returned after another write", "as_strided", "a transpose"],
+    ids=[
+        "an item of a split",
+        "returned after another write",
+        "as_strided",
+        "a transpose",
+    ],
 )
 def test_writes_through_views_it_cannot_write_back_keep_the_retrace(module, why):
     ep = torch.export.export(module(), (torch.randn(2, 4, 3, 3),))
