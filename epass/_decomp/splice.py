@@ -217,6 +217,8 @@ class _Builder:
         )
         if node in self.no_write and not _returns_its_input(template, inputs, args, op):
             raise Fallback(self.no_write[node])
+        if node not in self.no_write and node not in self.through:
+            _check_not_a_view(node, args)
         result, emitted = self._emit_template(node, template, inputs)
         for fresh in regenerated:
             # A view regenerated for this node is made where its decomposition first
@@ -377,6 +379,24 @@ class _Builder:
             self.chains[alias] = chain
         self.views.written(chain[0])
         return chain
+
+
+def _check_not_a_view(node: torch.fx.Node, args: Any) -> None:
+    """Raise Fallback where the tensor an in-place ``node`` writes into is a view in
+    the new graph (``linear``'s decomposition ends in a ``view`` of its ``addmm``):
+    functionalization writes such a write back into the view's base."""
+    at = safety.written_argument(node.target)
+    if at is None or at >= len(args):
+        return
+    written = args[at]
+    if not isinstance(written, torch.fx.Node) or written.op != "call_function":
+        return
+    schema = _program.op_schema(written.target)
+    if schema is not None and any(r.alias_info is not None for r in schema.returns):
+        raise Fallback(
+            f"a write ({node.target} at {node.name}) into a tensor its decomposition "
+            f"makes a view ({written.target})"
+        )
 
 
 def _returns_its_input(template: Any, inputs: list[torch.fx.Node], args: Any, op: Any) -> bool:

@@ -493,15 +493,33 @@ class _ThroughSplitItem(nn.Module):
         return h + 1
 
 
+class _IntoALinearsView(nn.Module):
+    """An in-place relu of a linear layer's output, which its decomposition makes a
+    ``view`` of an ``addmm`` (torchvision's Swin V2 position-bias MLP)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 5)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x)) * 2
+
+
 @pytest.mark.parametrize(
     ("module", "why"),
     [
+        (
+            _IntoALinearsView,
+            "a write (aten.relu_.default at relu_) into a tensor its decomposition makes a view",
+        ),
         (_ThroughSplitItem, "a write through a view (aten.add_.Tensor at add_, into getitem)"),
         (_ReturnedAfterAnotherWrite, "a view of mul written in place, returned (add_, written"),
         (_ThroughAsStrided, "a write through a view (aten.add_.Tensor at add_, into as_strided)"),
         (_ThroughTranspose, "a write through a view (aten.add_.Tensor at add_, into select)"),
     ],
     ids=[
+        "into a linear's view",
         "an item of a split",
         "returned after another write",
         "as_strided",
