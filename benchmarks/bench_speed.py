@@ -742,14 +742,27 @@ def bench_first_run(repeats: int, quick: bool) -> list[Row]:
     earlier process filled."""
     import tempfile
 
+    import models
+
     from epass.cli import _demo_program
 
     torch.manual_seed(0)
-    programs = {"demo model": _demo_program}
+    programs = {
+        "demo model": _demo_program,
+        # Symbolic templates on disk: a dynamic batch, and a dynamic batch and sequence.
+        "CNN, dynamic batch": lambda: models.export_dynamic("cnn")[1],
+        "decoder, dynamic batch and sequence": lambda: models.export_dynamic("decoder")[1],
+    }
     if not quick:
         programs["12-layer encoder"] = lambda: torch.export.export(
             bench_core.encoder(12).eval(), (torch.randn(2, 16, 256),)
         )
+        if importlib.util.find_spec("torchvision") is not None:
+            import vision_models
+
+            programs["torchvision ResNet-18, dynamic batch"] = lambda: vision_models.export(
+                "tv_resnet18", dynamic=True
+            )[1]
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, make in programs.items():

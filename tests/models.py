@@ -149,3 +149,91 @@ def export(
 def fresh_eager(name: str, seed: int = 0) -> nn.Module:
     """A second eager copy with the same initial state (for modules that mutate buffers)."""
     return build(name, seed)
+
+
+class InplaceCNN(nn.Module):
+    """A small CNN as torchvision writes them: BatchNorm, in-place ReLU, a residual
+    ``+=`` and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True)
+        )
+        self.conv = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.bn(self.conv(x))
+        y += x
+        y = self.relu(y)
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+class CausalDecoder(nn.Module):
+    """A small decoder-only language model: token and position embeddings, pre-norm
+    blocks of causal self-attention (written out, with a mask made from the sequence
+    length) and a GELU MLP, and a head."""
+
+    def __init__(self, vocab: int = 64, d_model: int = 32, heads: int = 4, layers: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(vocab, d_model)
+        self.position = nn.Embedding(64, d_model)
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "norm1": nn.LayerNorm(d_model),
+                    "qkv": nn.Linear(d_model, 3 * d_model),
+                    "out": nn.Linear(d_model, d_model),
+                    "norm2": nn.LayerNorm(d_model),
+                    "up": nn.Linear(d_model, 4 * d_model),
+                    "down": nn.Linear(4 * d_model, d_model),
+                }
+            )
+            for _ in range(layers)
+        )
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        batch, seq = ids.shape
+        x = self.embed(ids) + self.position(torch.arange(seq, device=ids.device))
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=ids.device).tril()
+        for block in self.blocks:
+            q, k, v = block["qkv"](block["norm1"](x)).chunk(3, dim=-1)
+            q, k, v = (t.view(batch, seq, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+            scores = (q @ k.transpose(-2, -1)) / (q.shape[-1] ** 0.5)
+            attention = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+            x = x + block["out"](attention.transpose(1, 2).reshape(batch, seq, -1))
+            x = x + block["down"](nn.functional.gelu(block["up"](block["norm2"](x))))
+        return self.head(self.norm(x))  # type: ignore[no-any-return]
+
+
+# Dynamic programs as users lower them: a CNN with a dynamic batch, and a decoder
+# with a dynamic batch and sequence length.
+DYNAMIC: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]], Any]] = {
+    "cnn": (InplaceCNN, _randn(2, 3, 16, 16), lambda: ({0: Dim("batch", min=2, max=64)},)),
+    "decoder": (
+        CausalDecoder,
+        lambda: (torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0)),),
+        lambda: ({0: Dim("batch", min=1, max=8), 1: Dim("seq", min=2, max=64)},),
+    ),
+}
+
+
+def export_dynamic(name: str, seed: int = 0) -> tuple[nn.Module, ExportedProgram, tuple[Any, ...]]:
+    """Export a program of ``DYNAMIC`` with its dynamic dimensions (eval mode,
+    deterministic weights); returns the module, the program and the example inputs."""
+    make, inputs, dims = DYNAMIC[name]
+    torch.manual_seed(seed)
+    module = make().eval()
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):  # non-trivial statistics
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    args = inputs()
+    return module, torch.export.export(module, args, dynamic_shapes=dims()), args

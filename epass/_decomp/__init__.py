@@ -12,6 +12,8 @@ One concept a module, each importing only from those listed before it
   ``rewrites``, the one answer to "does this table rewrite op X".
 - ``identity``: the names of decomposition functions and tables in cache keys.
 - ``safety``: what the incremental path can take (``unsafe_reason``, ``Fallback``).
+- ``shapes``: the program's shape environment: the context fake values are computed
+  in, the watch over it through a decomposition, symbols by position for disk keys.
 - ``keys``: arguments as the dispatcher passes them, template keys, fresh fakes.
 - ``tracing``: tracing one decomposition into a template.
 - ``batch``: one trace for many templates.
@@ -62,7 +64,10 @@ INTERNALS = (
     "torch._dispatch.python.enable_python_dispatcher",
     "torch.fx.traceback.preserve_node_meta",
     "torch.fx.traceback.set_current_meta",
-    "torch.fx.experimental.symbolic_shapes.ShapeEnv",  # var_to_range, unbacked_symint_counter
+    # its guards, var_to_range, replacements, deferred_runtime_asserts,
+    # unbacked_symint_counter, divisible, backed_var_to_val, settings, suppress_guards
+    "torch.fx.experimental.symbolic_shapes.ShapeEnv",
+    "torch.export.exported_program.ExportedProgram._guards_code",
     "torch.fx.passes.runtime_assert.insert_deferred_runtime_asserts",
     "torch._export.passes._node_metadata_hook._set_node_metadata_hook",
     "torch._export.passes._node_metadata_hook._node_metadata_hook",

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import torch
 
-from epass._decomp import keys, table, tracing
+from epass._decomp import keys, shapes, table, tracing
 from epass._decomp.safety import Fallback
 from epass._program import pytree
 
@@ -22,7 +22,7 @@ class Pending:
     """A template decomposing a program needs, neither in memory nor on disk."""
 
     key: Any
-    disk_key: dict[str, Any] | None
+    disk_key: keys.DiskKey | None
     op: Any
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
@@ -48,15 +48,17 @@ def trace_batch(
     """
     bounds: list[tuple[int, int]] = []
     shape_env = fake_mode.shape_env
-    before = tracing.symbol_count(shape_env)
-    fakes = keys.fresh_fakes(
-        fake_mode, (v for c in calls for v in c.values), (g for c in calls for g in c.grads)
-    )
+    known = shapes.snapshot(shape_env)
+    with shapes.as_traced(fake_mode, suppress=False):
+        fakes = keys.fresh_fakes(
+            fake_mode, (v for c in calls for v in c.values), (g for c in calls for g in c.grads)
+        )
     try:
         gm = tracing.capture(_run_each(calls, bounds), fakes, tables, fake_mode, overrides)
     except Exception:  # each call's own trace raises (or not) as it always did
         return {}
-    if shape_env is not None and tracing.symbol_count(shape_env) != before:
+    if shapes.snapshot(shape_env) != known:
+        # New symbols, or a guard one of the calls would have taught alone.
         return {}
     return _split(list(gm.graph.nodes), len(fakes), calls, bounds, tables)
 

@@ -35,8 +35,8 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
 
     Compares the op sequence and arguments (node references by position), each
     node's value shape, strides and dtype, the meta in ``COMPARED_META``, the
-    signature modulo numeric name suffixes, range constraints and the module call
-    graph's structure.
+    signature modulo numeric name suffixes, range constraints, the guards torch
+    carries (``_guards_code``) and the module call graph's structure.
     """
     a_nodes, b_nodes = list(fast.graph.nodes), list(ref.graph.nodes)
     a_pos = {n: i for i, n in enumerate(a_nodes)}
@@ -76,6 +76,10 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
     rb = {str(k): str(v) for k, v in ref.range_constraints.items()}
     if ra != rb:
         return f"range constraints {ra} / torch: {rb}"
+    # The guards of the shape environment when each program was made (a guard added
+    # to it outside a trace shows here, in every program made after it).
+    if fast._guards_code != ref._guards_code:
+        return f"guards {fast._guards_code} / torch: {ref._guards_code}"
     ca = [e.fqn for e in fast.module_call_graph]
     cb = [e.fqn for e in ref.module_call_graph]
     if ca != cb:

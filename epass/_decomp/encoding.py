@@ -207,8 +207,10 @@ def _decode_value(data: Any, nodes: list[Any], depth: int = 0) -> Any:
     raise ValueError(f"has a value tagged {tag!r:.40}")
 
 
-def encode(graph: Any, inherited: Any, own: Any) -> dict[str, Any]:
-    """A template graph as JSON data.
+def encode(graph: Any, inherited: Any, own: Any, values: Any) -> dict[str, Any]:
+    """A template graph as JSON data; ``values`` holds each node's value as JSON data
+    (a description: :func:`decode` recomputes the value and hands the description back
+    for the caller to compare).
 
     Raises:
         Unrepresentable: for a target or value that data cannot name exactly.
@@ -246,6 +248,7 @@ def encode(graph: Any, inherited: Any, own: Any) -> dict[str, Any]:
                     "custom": (
                         {k: _encode_value(v, index) for k, v in custom.items()} if custom else None
                     ),
+                    "value": values[node],
                 }
             )
             index[node] = len(index)
@@ -256,9 +259,10 @@ def encode(graph: Any, inherited: Any, own: Any) -> dict[str, Any]:
 
 def decode(
     body: Any, input_values: list[Any], fake_mode: Any, inherited_fields: tuple[str, ...]
-) -> tuple[Any, dict[Any, tuple[str, ...]], dict[Any, dict[str, Any]]]:
+) -> tuple[Any, dict[Any, tuple[str, ...]], dict[Any, dict[str, Any]], dict[Any, Any]]:
     """The template graph ``body`` describes, its values recomputed from fresh fake
-    inputs under ``fake_mode`` (the values of the program being rewritten).
+    inputs under ``fake_mode`` (the values of the program being rewritten), and each
+    node's stored value description (data, for the caller to compare with the value).
 
     Raises:
         ValueError: for anything that is not a template this module wrote.
@@ -276,13 +280,15 @@ def decode(
     nodes = _decode_inputs(graph, names, input_values)
     inherited: dict[Any, tuple[str, ...]] = {}
     own: dict[Any, dict[str, Any]] = {}
+    stored: dict[Any, Any] = {}
     for entry in entries:
         node, inherited[node], own[node] = _decode_node(
             graph, entry, nodes, fake_mode, inherited_fields
         )
+        stored[node] = entry["value"]
         nodes.append(node)
     graph.output(_decode_value(body["output"], nodes))
-    return graph, inherited, own
+    return graph, inherited, own, stored
 
 
 def _decode_inputs(graph: Any, names: list[Any], input_values: list[Any]) -> list[Any]:
@@ -297,7 +303,7 @@ def _decode_inputs(graph: Any, names: list[Any], input_values: list[Any]) -> lis
     return nodes
 
 
-_NODE_FIELDS = {"name", "target", "args", "kwargs", "inherited", "own", "custom"}
+_NODE_FIELDS = {"name", "target", "args", "kwargs", "inherited", "own", "custom", "value"}
 
 
 def _decode_node(

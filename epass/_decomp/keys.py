@@ -7,15 +7,17 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+import attrs
 import torch
 from torch.export import ExportedProgram
 
 from epass import _program
-from epass._decomp import identity
+from epass._decomp import identity, shapes
 from epass._decomp.safety import Fallback
 from epass._program import pytree
 
 __all__ = [
+    "DiskKey",
     "const_key",
     "describe_val",
     "detected_fake_mode",
@@ -199,6 +201,15 @@ def memory_key(
     # the mode is part of the key (last), and the cache keeps it alive while the
     # entry lives.
     return (op, spec, parts, name.table, name.settings, fake_mode)
+
+
+@attrs.frozen(eq=False)
+class DiskKey:
+    """A template's key on disk (JSON data) and, for a symbolic template, its symbols
+    by position, which its stored values are written in."""
+
+    data: dict[str, Any]
+    names: shapes.Renaming | None = None
 
 
 def values_of(arg: Any) -> Any:

@@ -15,6 +15,7 @@ from epass import _program
 from epass._decomp import (
     keys,
     safety,
+    shapes,
     signature,
     state,
     store,
@@ -93,6 +94,8 @@ class _Builder:
         self.limit = limit
         self.fake_mode = fake_mode
         self.session = session
+        # The program's shape environment, from here to the end of the decomposition.
+        self.watch = session.watching(fake_mode)
         self.graph = torch.fx.Graph()
         self.env: dict[torch.fx.Node, Any] = {}
         self.changed: set[torch.fx.Node] = set()
@@ -113,21 +116,31 @@ class _Builder:
         node.meta.update(meta)
         return node
 
-    def _propagate(self, node: torch.fx.Node, old: Any) -> bool:
-        """Recompute ``node``'s value from its inputs as the retrace's trace computes it
-        (``tracing.as_traced``); True when its metadata changed.
+    def _value(self, name: str, compute: Any) -> Any:
+        """``compute()`` as the retrace's trace computes the value of ``name``
+        (``shapes.as_traced``). What it teaches the shape environment (a size is not
+        1, say), the retrace's trace of the same value teaches it too.
 
         Raises:
-            Fallback: when computing it taught the program's shape environment a guard
-                (a size made static): the retrace learns none there.
+            Fallback: when it made a size static: computed as the trace computes it,
+                no value the retrace keeps symbolic does that, so the retrace runs.
         """
         shape_env = self.fake_mode.shape_env
-        guards = 0 if shape_env is None else len(shape_env.guards)
-        with tracing.as_traced(self.fake_mode):
-            new = node.target(*keys.values_of(node.args), **keys.values_of(node.kwargs))  # type: ignore[operator]
-        if shape_env is not None and len(shape_env.guards) > guards:
-            added = ", ".join(str(g.expr) for g in shape_env.guards[guards:])
-            raise Fallback(f"the value of {node.name} guards on a size ({added})")
+        before = shapes.static(shape_env)
+        with self.watch.retrace(f"the value of {name}"), shapes.as_traced(self.fake_mode):
+            value = compute()
+        static = ", ".join(sorted(shapes.static(shape_env) - before))
+        if static:
+            raise Fallback(f"the value of {name} makes a size static ({static})")
+        return value
+
+    def _propagate(self, node: torch.fx.Node, old: Any) -> bool:
+        """Recompute ``node``'s value from its inputs (``_value``); True when its
+        metadata changed."""
+        new = self._value(
+            node.name,
+            lambda: node.target(*keys.values_of(node.args), **keys.values_of(node.kwargs)),  # type: ignore[operator]
+        )
         if old is not None and _same_meta(new, old):
             node.meta["val"] = old
             return False
@@ -170,6 +183,11 @@ class _Builder:
                 new.args, new.kwargs = keys.normalize(node.target, new.args, dict(new.kwargs))
                 if node.target in table.SIZE_OPS:
                     new.meta.pop("original_aten", None)  # the retrace records none
+                    # The retrace's runtime-assertion pass binds the size again, its
+                    # metadata hook taking ``custom`` from the first input (a program
+                    # read from a file keeps no empty ``custom``).
+                    first = new.all_input_nodes[0].meta if new.all_input_nodes else {}
+                    new.meta.setdefault("custom", first.get("custom", {}))
                 else:
                     new.meta["original_aten"] = node.target
             inputs = node.all_input_nodes
@@ -212,8 +230,17 @@ class _Builder:
         # decomposition may return other strides than the fused kernel did).
         mapped = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
         args, kwargs = keys.normalize(op, mapped[0], dict(mapped[1]))
+        # The node's own value is the operator's on these arguments while none of
+        # them changed (a template read from disk must return its like).
+        same = not regenerated and not any(i in self.changed for i in node.all_input_nodes)
         template, inputs = templates.find(
-            op, args, kwargs, self.tables, self.fake_mode, self.session
+            op,
+            args,
+            kwargs,
+            self.tables,
+            self.fake_mode,
+            self.session,
+            node.meta.get("val") if same else None,
         )
         if node in self.no_write and not _returns_its_input(template, inputs, args, op):
             raise Fallback(self.no_write[node])
@@ -296,8 +323,7 @@ class _Builder:
         }
         meta["original_aten"] = target
         new = self._emit(target, args, {}, target.overloadpacket.__name__, meta)
-        with tracing.as_traced(self.fake_mode):
-            new.meta["val"] = target(*keys.values_of(args))
+        new.meta["val"] = self._value(new.name, lambda: target(*keys.values_of(args)))
         return new
 
     def _emit_template(
@@ -434,7 +460,10 @@ def decompose(
     with state.LOCK:
         session = templates.Session(tables, deadline)
         try:
-            return _decompose(ep, tables, session, limit)
+            result = _decompose(ep, tables, session, limit)
+            if session.watch is not None:  # made as the build began
+                session.watch.verify("the decomposition")
+            return result
         finally:
             session.close()
             store.prune_soon()
@@ -466,7 +495,8 @@ def _decompose(
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     gm.meta.update(ep.graph_module.meta)
     if builder.new_sizes:
-        _rebind_sizes(gm, fake_mode)
+        with builder.watch.retrace("the runtime-assertion pass"):
+            _rebind_sizes(gm, fake_mode)
     new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
     with _program.quiet_leaf_specs():  # it deep-copies the call graph
         module_call_graph = _get_updated_module_call_graph(

@@ -50,7 +50,9 @@ __all__ = [
 
 DIR_ENV = "EPASS_CACHE_DIR"
 SIZE_ENV = "EPASS_CACHE_SIZE"
-FORMAT = 1
+# 2: each node holds a description of its value, and symbolic templates are kept
+# (their symbols by position, with what the shape environment knows of them).
+FORMAT = 2
 # A version folder: a later format lives beside this one and never reads its files.
 _SUBDIR = f"templates-v{FORMAT}"
 _DEFAULT_LIMIT = 64 * 1024 * 1024

@@ -13,7 +13,18 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _program
-from epass._decomp import batch, encoding, identity, keys, safety, state, store, table, tracing
+from epass._decomp import (
+    batch,
+    encoding,
+    identity,
+    keys,
+    safety,
+    shapes,
+    state,
+    store,
+    table,
+    tracing,
+)
 from epass._decomp.safety import Fallback
 from epass._program import pytree
 
@@ -89,6 +100,8 @@ class Session:
         self.program: ExportedProgram | None = None
         self.traced = 0
         self.batched: dict[Any, tracing.Template] = {}
+        # The program's shape environment through the decomposition (see shapes.Watch).
+        self.watch: shapes.Watch | None = None
         self._stack = contextlib.ExitStack()
         self._entered = False
         self._batch_done = False
@@ -99,8 +112,15 @@ class Session:
         for the walk that collects them)."""
         if self.program is not None and not self._batch_done:
             self._batch_done = True
-            _prefill(self.program, fake_mode, self)
+            with self.watching(fake_mode).retrace("a batched trace"):
+                _prefill(self.program, fake_mode, self)
         return self.batched.pop(key, None)
+
+    def watching(self, fake_mode: Any) -> shapes.Watch:
+        """The watch over the program's shape environment (made at the first use)."""
+        if self.watch is None:
+            self.watch = shapes.Watch(fake_mode)
+        return self.watch
 
     def cache(
         self,
@@ -172,8 +192,8 @@ def pending_calls(
         with state.LOCK:
             if key in cache:
                 continue
-        disk_key = _disk_key(node.target, spec, parts, session.name)
-        if disk_key is None or not store.exists(disk_key):
+        disk_key = _disk_key(node.target, spec, parts, session.name, fake_mode)
+        if disk_key is None or not store.exists(disk_key.data):
             values = [a.meta["val"] for a in inputs]
             pending.append(batch.Pending(key, disk_key, node.target, args, kwargs, values, flags))
     return pending, unkeyed, nodes
@@ -241,7 +261,12 @@ def find(
     tables: table.Tables,
     fake_mode: Any,
     session: Session,
+    expected: Any = None,
 ) -> tuple[tracing.Template, list[torch.fx.Node]]:
+    """The template decomposing ``op`` on ``args``, from memory, disk, a batched trace
+    or its own trace, and the argument nodes its placeholders stand for. ``expected``:
+    the operator's value on these arguments where the caller has it (a template read
+    from disk must return its like; it is computed otherwise)."""
     spec, parts, inputs, flags = keys.template_key(op, args, kwargs, session.grads)
     values = [a.meta["val"] for a in inputs]
     key = keys.memory_key(op, spec, parts, session.name, fake_mode)
@@ -253,18 +278,22 @@ def find(
                 _CACHE.move_to_end(key)
             _STATS["hits"] += 1
             return hit, inputs
-    disk_key = _disk_key(op, spec, parts, session.name)
+    watch = session.watching(fake_mode)
+    disk_key = _disk_key(op, spec, parts, session.name, fake_mode)
     template = (
-        None if disk_key is None else _load(disk_key, (op, args, kwargs), flags, tables, fake_mode)
+        None
+        if disk_key is None
+        else _load(disk_key, (op, args, kwargs), flags, tables, watch, expected)
     )
     if template is None:
         if session.deadline is not None and time.perf_counter() > session.deadline:
             raise OutOfTime
         template = session.take(key, fake_mode)
         if template is None:
-            template = tracing.trace(
-                op, args, kwargs, values, flags, tables, fake_mode, session.overrides
-            )
+            with watch.retrace(f"the trace of {op}"):
+                template = tracing.trace(
+                    op, args, kwargs, values, flags, tables, fake_mode, session.overrides
+                )
         session.traced += 1
         if disk_key is not None:
             _store(disk_key, template, tables)
@@ -303,91 +332,155 @@ def template_work(ep: ExportedProgram, tables: table.Tables) -> tuple[int, int, 
 
 
 def _disk_key(
-    op: Any, spec: str, parts: tuple[Any, ...], name: identity.CacheName
-) -> dict[str, Any] | None:
+    op: Any, spec: str, parts: tuple[Any, ...], name: identity.CacheName, fake_mode: Any
+) -> keys.DiskKey | None:
     if name.table is None or not isinstance(op, torch._ops.OpOverload):
         return None
     if store.directory() is None:
         return None
-    text = repr(parts)
-    if "'sym'" in text:
-        # Symbolic templates stay in memory. A decomposition can branch on what the
-        # program's shape environment knows of a size (its range, earlier guards),
-        # which a symbol's name does not carry to another program; and recomputing
-        # the values outside the trace evaluates meta functions the trace found in
-        # fake tensor's cache, adding guards (fake convolution guards its batch
-        # size) to the program's shape environment.
-        return None
-    return {
+    data: dict[str, Any] = {
         **store.environment(),
         "op": str(op),
         "spec": spec,
-        "parts": text,
+        "parts": repr(parts),
         "table": name.table,
         "settings": [list(item) for item in name.settings],
     }
+    if "'sym'" not in data["parts"]:
+        return keys.DiskKey(data)
+    # A decomposition can branch on what the shape environment knows of a size (its
+    # range, its hint, earlier guards): the key holds the symbols by position and all
+    # of that, or there is no key.
+    shape_env = getattr(fake_mode, "shape_env", None)
+    names = None if shape_env is None else shapes.renaming(parts, shape_env)
+    known = None if names is None else shapes.facts(shape_env, names)
+    if names is None or known is None:
+        return None
+    data["parts"] = repr(names.parts(parts))
+    data["shapes"] = known
+    return keys.DiskKey(data, names)
 
 
 def _storable(template: tracing.Template, tables: table.Tables) -> bool:
     for node in template.graph.nodes:
         target = node.target
         # A kept CompositeImplicitAutograd op's value depends on the override that
-        # was active when it was computed: traced ones only.
+        # was active when it was computed: traced ones only. A size query's value is
+        # the size, whatever the override.
         if (
             node.op == "call_function"
             and isinstance(target, torch._ops.OpOverload)
+            and target not in table.SIZE_OPS
             and (table.is_cia(target) or table.rewrites(target, tables))
         ):
             return False
     return True
 
 
-def _store(key: dict[str, Any], template: tracing.Template, tables: table.Tables) -> None:
+def _store(key: keys.DiskKey, template: tracing.Template, tables: table.Tables) -> None:
+    # A template whose trace taught the shape environment something is the retrace's
+    # only together with that lesson: it is stored with it, for a later process to
+    # learn, or not at all.
     if not _storable(template, tables):
         return
+    taught = None
+    if template.taught is not None:
+        if key.names is None:
+            return
+        taught = shapes.lesson(*template.taught, key.names)
+        if taught is None:
+            return
     try:
-        body = encoding.encode(template.graph, template.inherited, template.own)
-    except encoding.Unrepresentable:
+        values = {
+            n: shapes.describe(n.meta.get("val"), key.names)
+            for n in template.graph.nodes
+            if n.op == "call_function"
+        }
+        body = encoding.encode(template.graph, template.inherited, template.own, values)
+    except (encoding.Unrepresentable, ValueError):
         return
-    store.store(key, body)
+    if taught is not None:
+        body["lesson"] = taught
+    store.store(key.data, body)
 
 
 def _load(
-    key: dict[str, Any],
+    key: keys.DiskKey,
+    call: tuple[Any, tuple[Any, ...], dict[str, Any]],
+    grads: list[bool],
+    tables: table.Tables,
+    watch: shapes.Watch,
+    expected: Any = None,
+) -> tracing.Template | None:
+    body = store.load(key.data)
+    if body is None:
+        return None
+    op = call[0]
+    try:
+        # Values no trace computes: in the trace's context, guards suppressed, and
+        # the shape environment must come out as it went in.
+        taught = body.pop("lesson", None) if isinstance(body, dict) else None
+        with watch.frozen(f"reading the template of {op} from disk"):
+            template = _rebuild(body, key, call, grads, tables, watch.fake_mode, expected)
+        if taught is not None:
+            if key.names is None:
+                raise ValueError("holds a lesson without symbols")
+            # What its trace taught the shape environment, the retrace's trace of
+            # the same call teaches it too.
+            with watch.retrace(f"the lesson of the template of {op}"):
+                shapes.teach(watch.shape_env, taught, key.names)
+    except shapes.Changed:
+        store.reject(key.data, "changed the shape environment")
+        raise
+    except Exception as exc:
+        store.reject(key.data, f"{type(exc).__name__}: {exc}")
+        return None
+    return template
+
+
+def _rebuild(
+    body: Any,
+    key: keys.DiskKey,
     call: tuple[Any, tuple[Any, ...], dict[str, Any]],
     grads: list[bool],
     tables: table.Tables,
     fake_mode: Any,
-) -> tracing.Template | None:
-    body = store.load(key)
-    if body is None:
-        return None
+    expected: Any = None,
+) -> tracing.Template:
+    """The template a disk entry describes, its values recomputed on fresh fake inputs
+    and checked against the stored ones and the operator's own result (``expected``,
+    or computed).
+
+    Raises:
+        ValueError: for an entry that does not describe this call's template.
+    """
     op, args, kwargs = call
     values = [
         a.meta["val"] for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.fx.Node)
     ]
-    try:
-        fakes = keys.fresh_fakes(fake_mode, values, grads)
-        with torch.no_grad():  # values as a trace computes them (under no_grad)
-            graph, inherited, own = encoding.decode(body, fakes, fake_mode, tracing.INHERITED_META)
-        for node in graph.nodes:
-            if node.op == "call_function" and not (
-                _program.is_op_overload(node.target) or safety.is_plain_call(node.target)
-            ):
-                raise ValueError(f"calls {node.target!r}")
-        template = tracing.Template(graph, len(values), inherited, own)
-        if not _storable(template, tables):
-            raise ValueError("holds an operator the table rewrites")
-        # An entry the checks above accept can still describe another computation;
-        # one that does not even return what the operator returns is caught here.
-        with fake_mode:
-            expected = op(*keys.values_of(args), **keys.values_of(kwargs))
-        problem = _result_mismatch(graph, expected)
-        if problem:
-            raise ValueError(problem)
-    except Exception as exc:
-        store.reject(key, f"{type(exc).__name__}: {exc}")
-        return None
+    fakes = keys.fresh_fakes(fake_mode, values, grads)
+    graph, inherited, own, stored = encoding.decode(body, fakes, fake_mode, tracing.INHERITED_META)
+    for node in graph.nodes:
+        if node.op == "call_function" and not (
+            _program.is_op_overload(node.target) or safety.is_plain_call(node.target)
+        ):
+            raise ValueError(f"calls {node.target!r}")
+    template = tracing.Template(graph, len(values), inherited, own)
+    if not _storable(template, tables):
+        raise ValueError("holds an operator the table rewrites")
+    # The symbols of the stored values are the key's, by position: this program's
+    # symbols in the same places must give the same values (a decomposition that
+    # branched on a hint would show here).
+    for node, description in stored.items():
+        if shapes.describe(node.meta.get("val"), key.names) != description:
+            raise ValueError(f"recomputes another value at {node.name} than it stored")
+    # An entry the checks above accept can still describe another computation;
+    # one that does not even return what the operator returns is caught here.
+    if expected is None:
+        expected = op(*keys.values_of(args), **keys.values_of(kwargs))
+    problem = _result_mismatch(graph, expected)
+    if problem:
+        raise ValueError(problem)
     return template
 
 

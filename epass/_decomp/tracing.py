@@ -4,14 +4,14 @@ from the node it replaces."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
 import torch
 
 from epass import _program
-from epass._decomp import keys, safety, state, table
+from epass._decomp import keys, safety, shapes, state, table
 from epass._decomp.safety import Fallback
 from epass._program import pytree
 
@@ -68,12 +68,17 @@ _MARKERS = {f: _Inherited(f) for f in INHERITED_META}
 @attrs.frozen(eq=False)
 class Template:
     """A traced decomposition. ``inherited`` maps each node to the meta fields it takes
-    from the node being rewritten; ``own`` to the fields the tracer set itself."""
+    from the node being rewritten; ``own`` to the fields the tracer set itself.
+    ``taught``: the program's shape environment before and after the trace, when
+    tracing it taught the environment something (a guard, a narrower range): the
+    retrace teaches it the same, and a process reading the template from disk must
+    too (``shapes.lesson``)."""
 
     graph: torch.fx.Graph
     n_inputs: int
     inherited: Mapping[torch.fx.Node, tuple[str, ...]]
     own: Mapping[torch.fx.Node, Mapping[str, Any]]
+    taught: tuple[shapes.Snapshot | None, shapes.Snapshot | None] | None = None
 
 
 def split_meta(
@@ -178,18 +183,6 @@ def capture(
         )(*fakes)
 
 
-@contextlib.contextmanager
-def as_traced(fake_mode: Any) -> Iterator[None]:
-    """Compute fake values as a template trace (and the retrace) computes them: in the
-    program's fake mode, with the Python dispatcher on (a kept operator runs torch's
-    Python kernel, which keeps sizes symbolic, where its C++ kernel reads them as
-    integers and guards on them), mkldnn, nnpack and cudnn off and grad off."""
-    from torch._dispatch.python import enable_python_dispatcher
-
-    with fake_mode, state.backend_decomps_off(), torch.no_grad(), enable_python_dispatcher():
-        yield
-
-
 def check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> None:
     """Raise :class:`safety.Fallback` when a traced decomposition of ``op`` cannot be spliced."""
     for node in graph.nodes:
@@ -223,8 +216,13 @@ def trace(
 
     shape_env = fake_mode.shape_env
     before = symbol_count(shape_env)
-    gm = capture(fn, keys.fresh_fakes(fake_mode, inputs, grads), tables, fake_mode, overrides)
+    known = shapes.snapshot(shape_env)
+    with shapes.as_traced(fake_mode, suppress=False):
+        fakes = keys.fresh_fakes(fake_mode, inputs, grads)
+    gm = capture(fn, fakes, tables, fake_mode, overrides)
     if shape_env is not None and symbol_count(shape_env) != before:
         raise Fallback(f"the decomposition of {op} creates new symbols")
     check_template(gm.graph, op, tables)
-    return Template(gm.graph, len(inputs), *split_meta(gm.graph))
+    after = shapes.snapshot(shape_env)
+    taught = None if after == known else (known, after)
+    return Template(gm.graph, len(inputs), *split_meta(gm.graph), taught=taught)

@@ -13,7 +13,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _graph, _program
-from epass._decomp import identity, safety, splice, state, templates
+from epass._decomp import identity, keys, safety, shapes, splice, state, templates
 from epass._decomp.check import first_difference
 from epass._decomp.table import Tables, rewrites, splices, split_table
 from epass.errors import (
@@ -273,15 +273,24 @@ class Decompose:
                 decision += f"; {self._fill(ep, batched, estimate - spent)}"
                 return self._result(ep, ref, "retrace", decision, None, False, decision)
         if self.method != "retrace":
-            fast, rewritten, fallback = self._incremental(ep)
+            fast, rewritten, fallback = self._incremental(ep, check=check)
             if fast is None and self.method == "incremental":
                 raise IncrementalDecompositionError(str(fallback))
         if fast is not None and not check:
             return self._result(ep, fast, "incremental", None, rewritten, False, decision)
+        # What the incremental path left in the program's shape environment (the
+        # engine proved it changed only what its traces taught): the retrace,
+        # which runs on the same environment, must find nothing more to learn.
+        shape_env = getattr(keys.detected_fake_mode(ep), "shape_env", None)
+        known = shapes.snapshot(shape_env)
         ref = self._retrace(ep)
         if fast is None:
             return self._result(ep, ref, "retrace", fallback, None, False, decision)
-        difference = first_difference(fast, ref) or _numerics(fast, ref)
+        difference = (
+            first_difference(fast, ref)
+            or _learnt(known, shapes.snapshot(shape_env))
+            or _numerics(fast, ref)
+        )
         if difference is not None:
             raise DecompositionMismatchError(difference)
         return self._result(ep, fast, "incremental", None, rewritten, True)
@@ -319,7 +328,7 @@ class Decompose:
         if not batched:
             return (
                 "traced nothing for next time: no two of its templates can share a "
-                "batch (symbolic ones are traced one at a time, and kept in memory only)"
+                "batch (symbolic ones are traced one at a time)"
             )
         if limit <= 0:
             return (
@@ -353,14 +362,23 @@ class Decompose:
         return attrs.evolve(result, counted=counter.notes)
 
     def _incremental(
-        self, ep: ExportedProgram, limit: int | None = None
+        self, ep: ExportedProgram, limit: int | None = None, check: bool = False
     ) -> tuple[ExportedProgram | None, int | None, str | None]:
-        """The incremental path's program, or None and the reason it was not taken."""
+        """The incremental path's program, or None and the reason it was not taken.
+
+        Raises:
+            DecompositionMismatchError: in check mode, when epass changed the program's
+                shape environment outside a trace (it falls back otherwise).
+        """
         try:
             if limit is None:
                 out, rewritten = splice.decompose(ep, self._tables())
             else:
                 out, rewritten = splice.decompose(ep, self._tables(), limit=limit)
+        except shapes.Changed as exc:
+            if check:
+                raise DecompositionMismatchError(exc.reason) from exc
+            return None, None, exc.reason
         except safety.Fallback as exc:
             return None, None, exc.reason
         except Exception as exc:  # torch's retrace decides, and explains its failure
@@ -563,6 +581,17 @@ def _trace_estimate(batched: int) -> float:
     if not batched:
         return 0.0
     return _SESSION_SECONDS + _BATCH_SECONDS + batched * _BATCH_TEMPLATE_SECONDS
+
+
+def _learnt(before: shapes.Snapshot | None, after: shapes.Snapshot | None) -> str | None:
+    """What the retrace taught the shape environment after the incremental path ran
+    (None: nothing)."""
+    if before == after:
+        return None
+    return (
+        "the retrace taught the program's shape environment what the incremental path "
+        f"did not: {shapes.difference(before, after)}"
+    )
 
 
 def _numerics(fast: ExportedProgram, ref: ExportedProgram) -> str | None:

@@ -545,3 +545,41 @@ def test_a_write_through_a_view_the_table_rewrites_keeps_the_retrace():
     assert result.notes["fallback"] == "a write through a view the table rewrites (alias)"
     x = torch.randn(2, 4, 3, 3)
     torch.testing.assert_close(result.program.module()(x), module(x))
+
+
+class _WriteIntoProduct(nn.Module):
+    """An in-place write into the result of a matrix product of a 3-d tensor, whose
+    decomposition returns a view of an ``mm`` (Falcon's ``mlp_output += attention``)."""
+
+    def __init__(self, write: Callable[[torch.Tensor, torch.Tensor], object]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 8))
+        self.write = write
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.write(x, self.weight)  # type: ignore[return-value]
+
+
+_PRODUCT_WRITES: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
+    "matmul, add_": lambda x, w: (x @ w.T).add_(x),
+    "linear, add_": lambda x, w: F.linear(x, w).add_(1),
+    "matmul, relu_": lambda x, w: torch.relu_(x @ w),
+}
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("write", list(_PRODUCT_WRITES), ids=list(_PRODUCT_WRITES))
+def test_a_write_into_a_view_a_decomposition_returns_keeps_the_retrace(write, dynamic, rank):
+    shape = (2, 4, 8) if rank == 3 else (4, 8)
+    dims = ({0: torch.export.Dim("batch", min=2, max=16)},) if dynamic else None
+    ep = torch.export.export(
+        _WriteIntoProduct(_PRODUCT_WRITES[write]), (torch.randn(*shape),), dynamic_shapes=dims
+    )
+    result = Decompose(check=True)(ep)  # raises where the program differs from torch's
+    if rank == 3:
+        # The retrace writes back through the view (view of the new value, view again).
+        assert result.notes["method"] == "retrace"
+        assert "its decomposition makes a view" in result.notes["fallback"]
+    else:  # a 2-d product decomposes to no view
+        assert result.notes["method"] == "incremental" and result.notes["checked"]

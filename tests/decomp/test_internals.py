@@ -9,6 +9,7 @@ import inspect
 import pytest
 import torch
 from torch import nn
+from torch.export import ExportedProgram
 
 from epass import _decomp
 from epass._decomp import identity, splice, state, templates, tracing
@@ -44,6 +45,9 @@ def test_every_listed_internal_exists(path):
         assert aten.add.Tensor._overloadpacket is aten.add
         assert aten.add.Tensor._overloadname == "Tensor"
         assert aten.add.default._overloadname == "default"
+        return
+    if path == "torch.export.exported_program.ExportedProgram._guards_code":
+        assert "_guards_code" in ExportedProgram.__annotations__  # an instance attribute
         return
     if path == "torch.fx.graph._Namespace._obj_to_name":  # instance attributes
         namespace = torch.fx.Graph()._graph_namespace
@@ -168,6 +172,29 @@ def test_shape_env_counters_used_to_detect_new_symbols():
     env = ShapeEnv()
     assert isinstance(env.var_to_range, dict)
     assert isinstance(env.unbacked_symint_counter, int)
+
+
+def test_shape_env_knowledge_the_snapshots_and_disk_keys_read():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    assert isinstance(env.guards, list) and isinstance(env.replacements, dict)
+    assert isinstance(env.deferred_runtime_asserts, dict) and isinstance(env.divisible, set)
+    assert isinstance(env.backed_var_to_val, dict)
+    assert "specialize_zero_one=" in repr(env.settings)  # a dataclass: its repr is its value
+    symbol = env.create_symbol(5, torch._dynamo.source.ConstantSource("x"))
+    with env.suppress_guards():
+        env.evaluate_expr(symbol < 16)
+    assert env.guards == [] and str(env.var_to_range[symbol]) == "VR[2, int_oo]"
+    env.evaluate_expr(symbol < 16)  # what a snapshot sees change
+    assert [str(g.expr) for g in env.guards] == [f"{symbol} < 16"]
+    assert str(env.var_to_range[symbol]) == "VR[2, 15]"
+    assert env.backed_var_to_val[symbol] == 5
+
+
+def test_exported_programs_carry_their_guards_as_code():
+    ep = torch.export.export(nn.Linear(2, 2), (torch.randn(3, 2),))
+    assert ep._guards_code == []
 
 
 def test_placeholder_named_like_a_builtin_keeps_its_name():

@@ -340,3 +340,106 @@ def test_random_multi_output_and_complex_ops_match_torch(names, table, dynamic):
 
 
 # --- one answer to "does this table rewrite op X", for the skip and the engine --------
+
+
+class _SizeTwice(nn.Module):
+    """``4 * b`` bound by one multiplication; linear's view of ``x`` then computes
+    ``b * 2`` and ``* 2``, whose expression the graph has: the retrace keeps ``b * 2``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        flat = x.reshape(x.shape[0] * 4, 8)
+        return self.linear(x), flat
+
+
+class _SizeTwiceLater(_SizeTwice):
+    """The same sizes the other way round: the program's ``4 * b`` is the one replaced."""
+
+    def forward(self, x):
+        return self.linear(x), x.reshape(x.shape[0] * 4, 8)
+
+
+def _gelu_reading_a_size(x, approximate="none"):
+    # Reads the size 2 * b of a tensor it then drops: the retrace keeps the tensor.
+    rows = aten.cat.default([x, x]).shape[0]
+    half = aten.view.default(aten.mul.Tensor(x, 0.5), [rows, -1])
+    return aten.view.default(half, [x.shape[0], -1])
+
+
+def _gelu_with_dead_steps(x, approximate="none"):
+    aten.mul.Tensor(x, 3.0)  # a dead ATen call
+    _ = x.shape[0] * 7  # dead size arithmetic
+    aten.sym_size.int(x, 0)  # a dead size query
+    return aten.mul.Tensor(x, 0.5)
+
+
+class _Gelu(nn.Module):
+    def forward(self, x):
+        return nn.functional.gelu(x)
+
+
+class _GeluAfterSize(nn.Module):
+    def forward(self, x):
+        return x.reshape(x.shape[0] * 2, -1), nn.functional.gelu(x)
+
+
+class _GeluBeforeSize(nn.Module):
+    def forward(self, x):
+        return nn.functional.gelu(x), x.reshape(x.shape[0] * 2, -1)
+
+
+def _with_dead_nodes(ep):
+    """``ep`` with a dead ATen call, a dead size query and dead size arithmetic."""
+    graph = ep.graph
+    x = next(n for n in graph.nodes if n.op == "placeholder" and n.name == "x")
+    value = x.meta["val"]
+    with graph.inserting_before(graph.output_node()):
+        dead = graph.call_function(aten.mul.Tensor, (x, 3.0))
+        size = graph.call_function(aten.sym_size.int, (x, 0))
+        product = graph.call_function(operator.mul, (size, 5))
+    with value.fake_mode:
+        dead.meta["val"] = aten.mul.Tensor(value, 3.0)
+    size.meta["val"] = value.shape[0]
+    product.meta["val"] = value.shape[0] * 5
+    ep.graph_module.recompile()
+    return ep
+
+
+@pytest.mark.parametrize(
+    ("module", "shape", "table", "kept"),
+    [
+        (_SizeTwice, (2, 2, 2, 8), None, ["mul"]),
+        (_SizeTwiceLater, (2, 2, 2, 8), None, []),
+        (_GeluAfterSize, (4, 6), {aten.gelu.default: _gelu_reading_a_size}, ["cat"]),
+        (_GeluBeforeSize, (4, 6), {aten.gelu.default: _gelu_reading_a_size}, ["cat"]),
+        (_Gelu, (4, 6), {aten.gelu.default: _gelu_reading_a_size}, ["cat"]),
+        (_Gelu, (4, 6), {aten.gelu.default: _gelu_with_dead_steps}, []),
+        (_with_dead_nodes, (4, 6), None, []),
+    ],
+    ids=[
+        "size-arithmetic-step",
+        "size-the-program-computes-again",
+        "tensor-whose-size-the-graph-has",
+        "tensor-whose-size-comes-later",
+        "tensor-whose-size-is-new",
+        "dead-steps-of-a-decomposition",
+        "dead-nodes-of-the-program",
+    ],
+)
+def test_dead_nodes_go_as_the_retraces_go(module, shape, table, kept):
+    # The retrace's trace drops every dead node without effects; its runtime-assertion
+    # pass then replaces a node computing a size the graph has, and leaves what only
+    # that node read: dead, and kept.
+    dims = ({0: Dim("b", min=2, max=64)},)
+    x = torch.randn(*shape)
+    if module is _with_dead_nodes:
+        ep = _with_dead_nodes(torch.export.export(_Gelu(), (x,), dynamic_shapes=dims))
+    else:
+        ep = torch.export.export(module(), (x,), dynamic_shapes=dims)
+    result = assert_same_as_torch(ep, table=table)
+    assert result.notes["method"] == "incremental"
+    dead = [n for n in result.program.graph.nodes if n.op == "call_function" and not n.users]
+    assert [n.name.rstrip("_0123456789") for n in dead] == kept

@@ -30,7 +30,7 @@ def test_cache_directory_is_private_and_entries_are_data(cache):
     _, ep, _ = models.export("mlp")
     Decompose(method="incremental")(ep)
     assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(cache / "templates-v1").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(cache / f"templates-v{store.FORMAT}").st_mode) == 0o700
     entries = entry_paths(cache)
     assert entries
     for path in entries:
@@ -207,10 +207,10 @@ def test_a_cache_directory_others_can_write_is_not_used(cache):
         assert store.store({"k": 1}, {"inputs": []}) is False
         assert store.load({"k": 1}) is None
     assert any("writable by other users" in str(w.message) for w in caught)
-    assert not (cache / "templates-v1").exists() or not entry_paths(cache)
+    assert not (cache / f"templates-v{store.FORMAT}").exists() or not entry_paths(cache)
     os.chmod(cache, 0o700)
-    (cache / "templates-v1").mkdir(exist_ok=True)
-    os.chmod(cache / "templates-v1", 0o757)
+    (cache / f"templates-v{store.FORMAT}").mkdir(exist_ok=True)
+    os.chmod(cache / f"templates-v{store.FORMAT}", 0o757)
     assert store.store({"k": 1}, {"inputs": []}) is False
 
 
@@ -219,7 +219,7 @@ def test_an_entry_that_is_a_fifo_or_a_symlink_is_ignored_without_blocking(cache,
 
     key = {"k": 1}
     assert store.store(key, {"inputs": []})
-    path = cache / "templates-v1" / f"{store.digest(key)[1]}.json"
+    path = cache / f"templates-v{store.FORMAT}" / f"{store.digest(key)[1]}.json"
     results: list = []
 
     def load():

@@ -109,7 +109,7 @@ def test_two_processes_filling_one_directory_leave_it_sound(tmp_path):
         assert p.returncode == 0, err[-3000:]
         for key, (_, difference, _) in json.loads(out.splitlines()[-1])["programs"].items():
             assert difference is None, key
-    assert not [n for n in os.listdir(cache / "templates-v1") if n.endswith(".tmp")]
+    assert not [n for n in os.listdir(cache / f"templates-v{store.FORMAT}") if n.endswith(".tmp")]
     third = run_script(_ZOO_SCRIPT, cache, "transformer,convbn")
     assert third["disk"]["rejected"] == 0 and third["disk"]["writes"] == 0
     assert third["disk"]["hits"] > 0

@@ -1,0 +1,306 @@
+"""``epass._decomp.shapes``: no value epass computes teaches the program's shape
+environment what the retrace would not; symbolic templates on disk, read by a new
+process with the retrace's graph, range constraints and guards; check mode compares
+the shape environment too."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import textwrap
+import warnings
+
+import models
+import pytest
+import sympy
+import torch
+from decomp_helpers import entry_paths, run_script
+from torch import nn
+from torch.export import Dim
+
+from epass import Decompose
+from epass._decomp import keys, shapes, splice, state, store, templates
+from epass._decomp.check import first_difference
+from epass._decomp.table import split_table
+from epass.errors import DecompositionMismatchError
+
+aten = torch.ops.aten
+
+
+class _KeptConv(nn.Module):
+    """A convolution the table keeps, on a weight that requires no grad (a buffer, as
+    a folded weight is), and a linear layer to decompose after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.randn(4, 3, 3, 3))
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = aten.convolution.default(x, self.weight, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return self.head(y)
+
+
+def _loaded(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``ep`` saved and loaded, as the command line reads a program: a shape
+    environment of its own, whose fake tensor cache holds no value yet."""
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    buffer.seek(0)
+    return torch.export.load(buffer)
+
+
+def test_a_kept_convolution_on_a_weight_without_grad_teaches_the_shape_environment_nothing():
+    # Fake convolution asks mkldnn and nnpack whether the batch is at least 16 when
+    # neither input requires grad: outside the trace's context, that guards s < 16.
+    batch = Dim("batch", min=2, max=64)
+    exported = torch.export.export(
+        _KeptConv(), (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: batch},)
+    )
+    ep = _loaded(exported)
+    shape_env = keys.fake_mode_of(ep).shape_env
+    before = shapes.snapshot(shape_env)
+    ranges = {str(k): str(v) for k, v in ep.range_constraints.items()}
+    result = Decompose(method="incremental")(ep)
+    assert result.notes["method"] == "incremental"
+    assert shapes.difference(before, shapes.snapshot(shape_env)) == "nothing"
+    assert {str(k): str(v) for k, v in ep.range_constraints.items()} == ranges
+    assert first_difference(result.program, state.run_decompositions(ep)) is None
+
+
+# Decomposes the dynamic programs named in argv[1] and prints, per program, the first
+# difference from the retrace, what the decomposition taught the shape environment,
+# the range constraints and guards of the input, the result and the retrace, and
+# the result's code; plus this process's disk cache counters.
+_DYNAMIC_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, "tests")
+    import models
+    from epass import Decompose
+    from epass._decomp import keys, shapes, state, store
+    from epass._decomp.check import first_difference
+    import io, torch
+    result = {}
+    for name in sys.argv[1].split(","):
+        _, ep, _ = models.export_dynamic(name)
+        if sys.argv[2:] == ["from-file"]:  # as the command line reads a program
+            buffer = io.BytesIO()
+            torch.export.save(ep, buffer)
+            buffer.seek(0)
+            ep = torch.export.load(buffer)
+        shape_env = keys.fake_mode_of(ep).shape_env
+        before, guards = shapes.snapshot(shape_env), ep._guards_code
+        out = Decompose(method="incremental")(ep)
+        taught = shapes.difference(before, shapes.snapshot(shape_env))
+        ref = state.run_decompositions(ep)
+        result[name] = {
+            "difference": first_difference(out.program, ref),
+            "taught": taught,
+            "ranges": [str(dict(p.range_constraints)) for p in (ep, out.program, ref)],
+            "guards": [guards, out.program._guards_code, ref._guards_code],
+            "code": out.program.graph_module.code,
+        }
+    print(json.dumps({"programs": result, "disk": store.info()}))
+    """
+)
+
+
+@pytest.mark.parametrize("source", ["exported", "from-file"])
+def test_symbolic_templates_from_disk_give_the_retrace_in_a_new_process(tmp_path, source):
+    # A program read from a file has a shape environment of its own that knows no
+    # guard yet: the decoder's values teach it some (a batch of 1 is not taken), as
+    # the retrace's trace teaches them.
+    cache = tmp_path / "cache"
+    cold = run_script(_DYNAMIC_SCRIPT, cache, "cnn,decoder", source)
+    symbolic = [p for p in entry_paths(cache) if "shapes" in json.loads(p.read_text())["key"]]
+    assert cold["disk"]["writes"] > 0 and len(symbolic) > 5
+    warm = run_script(_DYNAMIC_SCRIPT, cache, "cnn,decoder", source)
+    # Every entry is read, none is rejected, and nothing was left to write.
+    assert warm["disk"]["hits"] >= len(entry_paths(cache)) and warm["disk"]["rejected"] == 0
+    assert warm["disk"]["writes"] == 0
+    for name, program in warm["programs"].items():
+        assert program["difference"] is None, name
+        ranges, guards = program["ranges"], program["guards"]
+        assert ranges[1] == ranges[2] and "64" in ranges[1], name
+        assert guards[1] == guards[2], name
+        assert program["code"] == cold["programs"][name]["code"], name
+        # Templates read from disk teach the shape environment what their traces did.
+        assert program["taught"] == cold["programs"][name]["taught"], name
+        if source == "exported":  # export learnt it all already
+            assert program["taught"] == "nothing", name
+            assert ranges[0] == ranges[1] and guards == [[], [], []], name
+
+
+def _key(ep: torch.export.ExportedProgram, op: object) -> keys.DiskKey | None:
+    """The disk key of the first call of ``op`` in ``ep``."""
+    node = next(n for n in ep.graph.nodes if n.target is op)
+    args, kwargs = keys.normalize(op, node.args, dict(node.kwargs))
+    spec, parts, _, _ = keys.template_key(op, args, kwargs, frozenset())
+    session = templates.Session(split_table(None))
+    return templates._disk_key(op, spec, parts, session.name, keys.fake_mode_of(ep))
+
+
+def _linear_program(batch: Dim, example: int = 3) -> torch.export.ExportedProgram:
+    return torch.export.export(
+        nn.Linear(4, 4), (torch.randn(example, 4),), dynamic_shapes=({0: batch},)
+    )
+
+
+def test_a_symbolic_disk_key_names_symbols_by_position_and_what_the_program_knows(cache):
+    one = _key(_linear_program(Dim("batch", min=2, max=64)), aten.linear.default)
+    assert one is not None and one.names is not None
+    assert "$0" in one.data["parts"] and not re.search(r"\bs[0-9]+\b", one.data["parts"])
+    assert one.data["shapes"]["symbols"] == [["VR[2, 64]", 3]]
+    same = _key(_linear_program(Dim("batch", min=2, max=64)), aten.linear.default)
+    assert same is not None and same.data == one.data
+    # Another range, or another hint: another key (a decomposition may branch on both).
+    for other in (
+        _linear_program(Dim("batch", min=2, max=32)),
+        _linear_program(Dim("batch", min=2, max=64), example=5),
+    ):
+        key = _key(other, aten.linear.default)
+        assert key is not None and key.data != one.data
+
+
+def test_a_fact_about_a_symbol_outside_the_key_keeps_the_template_off_the_disk(cache):
+    ep = torch.export.export(
+        nn.Linear(4, 4),
+        (torch.randn(3, 4),),
+        dynamic_shapes=({0: Dim("batch", min=2, max=64)},),
+    )
+    shape_env = keys.fake_mode_of(ep).shape_env
+    (symbol,) = shape_env.var_to_range
+    before = _key(ep, aten.linear.default)
+    assert before is not None
+    shape_env.evaluate_expr(sympy.Lt(symbol, 16))  # a guard on the key's own symbol
+    guarded = _key(ep, aten.linear.default)
+    assert guarded is not None and guarded.data["shapes"]["known"] == ["guard $0 < 16"]
+    other = shape_env.create_unbacked_symint().node.expr
+    shape_env.guard_or_defer_runtime_assert(sympy.Ge(symbol + other, 0), "test")
+    assert _key(ep, aten.linear.default) is None
+
+
+def test_a_tampered_stored_value_is_rejected_and_the_template_traced_again(cache):
+    batch = Dim("batch", min=2, max=64)
+    ep = torch.export.export(
+        models.build("convbn"), (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: batch},)
+    )
+    Decompose(method="incremental")(ep)
+    symbolic = [p for p in entry_paths(cache) if "shapes" in json.loads(p.read_text())["key"]]
+    assert symbolic
+    path, entry, node = next(
+        (p, e, n)
+        for p in symbolic
+        for e in [json.loads(p.read_text())]
+        for n in e["template"]["nodes"]
+        if "$0" in json.dumps(n["value"])
+    )
+    node["value"] = json.loads(json.dumps(node["value"]).replace("$0", "$1"))
+    body = json.dumps(entry["template"], sort_keys=True, separators=(",", ":"))
+    entry["sha256"] = hashlib.sha256(body.encode()).hexdigest()
+    path.write_text(json.dumps(entry))
+    templates.clear_memory()
+    before = store.info()["rejected"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = Decompose(method="incremental")(ep)
+    assert [w for w in caught if "another value" in str(w.message)]
+    assert store.info()["rejected"] - before == 1
+    assert first_difference(result.program, state.run_decompositions(ep)) is None
+    assert json.loads(path.read_text())["template"] != entry["template"]  # rebuilt
+
+
+def test_a_template_whose_trace_taught_a_guard_is_stored_with_its_lesson(cache):
+    # Read from a file, the program's shape environment knows no guard: the trace of
+    # the convolution teaches it that the batch is not 1, as the retrace's does. The
+    # entry carries that lesson; a process reading it learns the same, and a lesson
+    # the program's example does not meet is refused before it is taught.
+    batch = Dim("batch", min=1, max=64)
+    exported = torch.export.export(
+        models.build("convbn"), (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: batch},)
+    )
+    cold = _loaded(exported)
+    cold_env = keys.fake_mode_of(cold).shape_env
+    Decompose(method="incremental")(cold)
+    taught = [g.expr for g in cold_env.guards]
+    assert taught
+    lessons = [
+        (p, e)
+        for p in entry_paths(cache)
+        for e in [json.loads(p.read_text())]
+        if "lesson" in e["template"]
+    ]
+    assert lessons
+    templates.clear_memory()
+    warm = _loaded(exported)
+    hits = store.info()["hits"]
+    result = Decompose(method="incremental", check=True)(warm)
+    assert result.notes["method"] == "incremental" and store.info()["hits"] > hits
+    assert [g.expr for g in keys.fake_mode_of(warm).shape_env.guards] == taught
+
+    path, entry = lessons[0]
+    entry["template"]["lesson"]["guards"] = ["Eq($0, 7)"]
+    body = json.dumps(entry["template"], sort_keys=True, separators=(",", ":"))
+    entry["sha256"] = hashlib.sha256(body.encode()).hexdigest()
+    path.write_text(json.dumps(entry))
+    templates.clear_memory()
+    tampered = _loaded(exported)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = Decompose(method="incremental", check=True)(tampered)
+    assert [w for w in caught if "does not meet" in str(w.message)]
+    assert [g.expr for g in keys.fake_mode_of(tampered).shape_env.guards] == taught
+
+
+def _guard_on_the_batch(ep: torch.export.ExportedProgram) -> None:
+    """What fake convolution did outside a trace: guard that the batch is below 16."""
+    shape_env = keys.fake_mode_of(ep).shape_env
+    symbol = next(iter(shape_env.var_to_range))
+    shape_env.evaluate_expr(sympy.Lt(symbol, 16))
+
+
+def test_a_change_to_the_shape_environment_outside_a_trace_is_caught(monkeypatch):
+    real = splice._drop_dead
+    programs = []
+
+    def drop_dead_and_guard(graph, merged):
+        real(graph, merged)
+        _guard_on_the_batch(programs[-1])
+
+    monkeypatch.setattr(splice, "_drop_dead", drop_dead_and_guard)
+    programs.append(models.export("convbn", dynamic=True)[1])
+    with pytest.raises(shapes.Changed) as caught:
+        splice.decompose(programs[-1], split_table(None))
+    assert caught.value.reason.startswith(
+        "the decomposition changed the program's shape environment outside a trace (guards s"
+    )
+    assert "< 16" in caught.value.reason
+    programs.append(models.export("convbn", dynamic=True)[1])
+    with pytest.raises(DecompositionMismatchError, match="outside a trace"):
+        Decompose(check=True)(programs[-1])
+
+
+def test_check_mode_finds_what_only_the_retrace_taught_the_shape_environment(monkeypatch):
+    real = state.run_decompositions
+
+    def retrace_and_guard(ep, table=None):
+        out = real(ep, table)
+        _guard_on_the_batch(ep)
+        return out
+
+    monkeypatch.setattr(state, "run_decompositions", retrace_and_guard)
+    _, ep, _ = models.export("convbn", dynamic=True)
+    with pytest.raises(DecompositionMismatchError, match=r"the retrace taught .* guards s"):
+        Decompose(check=True)(ep)
+
+
+def test_first_difference_compares_the_guards_each_program_carries():
+    _, ep, _ = models.export("mlp", dynamic=True)
+    fast = Decompose(method="incremental")(ep).program
+    ref = state.run_decompositions(ep)
+    assert first_difference(fast, ref) is None
+    ref._guards_code = ["L['x'].size()[0] < 16"]
+    assert first_difference(fast, ref) == "guards [] / torch: [\"L['x'].size()[0] < 16\"]"
