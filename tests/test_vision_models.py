@@ -23,12 +23,7 @@ from epass import Decompose, PassManager
 pytestmark = pytest.mark.slow
 
 # name -> the reason Decompose gives for retracing it (static and dynamic alike).
-# A write two views deep (Swin-T's shifted-window mask, `img_mask[:, h, w, :] = count`):
-# the retrace replays each view's inverse at the write, which the incremental path
-# does for a write one view deep only.
-KNOWN_GAPS: dict[str, str] = {
-    "tv_swin_t": "a write through a view",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def _cases() -> list[Any]:

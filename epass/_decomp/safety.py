@@ -88,8 +88,9 @@ class Plan:
             Functionalization regenerates such a view from the tensor's current value
             where it is read after a write (see ``views``).
         through: in-place nodes that write through a view of an intermediate, each
-            with that view (an ``alias`` or a ``slice`` of the tensor itself), which
-            functionalization writes back with the view's inverse (see ``INVERSES``).
+            with that view: the last of a chain of views (``alias``, ``slice``,
+            ``select``, ``diagonal``) from the tensor itself, which functionalization
+            writes back with each view's inverse in turn (see ``INVERSES``).
     """
 
     reason: str | None
@@ -202,15 +203,15 @@ def argument(node: torch.fx.Node, position: int) -> Any:
 
 
 def _view_of(node: torch.fx.Node) -> Any:
-    """The node whose storage ``node``'s value is a view of (None: its own storage)."""
+    """The node whose storage ``node``'s value is a view of (None: its own storage); for
+    an item of a multi-output view (``split``), that view."""
     target = node.target
     if target is operator.getitem:
         # An item of a multi-output op: a view where that op returns views (split).
         producer = node.args[0]
         if not isinstance(producer, torch.fx.Node) or not _program.is_op_overload(producer.target):
             return None
-        node = producer
-        target = producer.target
+        return producer if _view_of(producer) is not None else None
     schema = _program.op_schema(target)
     if schema is None or not any(r.alias_info is not None for r in schema.returns):
         return None
@@ -228,14 +229,17 @@ def _view_of(node: torch.fx.Node) -> Any:
 INVERSES: dict[Any, Any] = {
     torch.ops.aten.alias.default: torch.ops.aten.alias.default,
     torch.ops.aten.slice.Tensor: torch.ops.aten.slice_scatter.default,
+    torch.ops.aten.select.int: torch.ops.aten.select_scatter.default,
+    torch.ops.aten.diagonal.default: torch.ops.aten.diagonal_scatter.default,
 }
 
 
 class _Aliases:
     """The writes of in-place operators the incremental path takes as the retrace's
-    functionalization does: into an intermediate value (not a program input), not
-    through a view, with no view of it read after the write. A walk in program order
-    (``see`` each node in turn)."""
+    functionalization does: into an intermediate value (not a program input), itself
+    or through a chain of views it can invert, with no view of it read after the
+    write that it cannot make again. A walk in program order (``see`` each node in
+    turn)."""
 
     def __init__(self, graph: torch.fx.Graph) -> None:
         self.position = {n: i for i, n in enumerate(graph.nodes)}
@@ -247,6 +251,7 @@ class _Aliases:
         self.no_write: dict[torch.fx.Node, str] = {}  # see Plan
         self.through: dict[torch.fx.Node, torch.fx.Node] = {}  # see Plan
         self.writes: dict[torch.fx.Node, int] = {}  # owner -> in-place writes into it
+        self.through_at: dict[torch.fx.Node, int] = {}  # see -> writes into owner so far
 
     def see(self, node: torch.fx.Node) -> str | None:
         """Record ``node``; why the incremental path cannot take it (None: it can)."""
@@ -281,34 +286,57 @@ class _Aliases:
         self.owners.add(owner)
         self.writes[owner] = self.writes.get(owner, 0) + 1
         if written in self.root and written not in self.written:
-            self.through[node] = written  # checked by _problem: one view deep
+            self.through[node] = written  # checked by _problem: views it can invert
+            self.through_at[node] = self.writes[owner]
         else:
             self.written.add(node)
         return None
 
     def finish(self) -> str | None:
         """Why a view of a tensor written in place cannot be regenerated as the
-        retrace regenerates it (None: each can): an item of a multi-output view
-        (``split``), or a view the program returns."""
-        for node, view in self.through.items():
+        retrace regenerates it (None: each can): a view the program returns, what a
+        write through a view returned
+        when the program returns it after another write into the tensor, or a view of
+        what a write through a view returned, where the tensor is written more than
+        once."""
+        for node, at in self.through_at.items():
             owner = self.root[node]
-            if self.writes[owner] > 1:
+            if self.writes[owner] > at and any(user.op == "output" for user in node.users):
                 return (
-                    f"a write through a view ({node.target} at {node.name}, into "
-                    f"{view.name}) of {owner.name}, which is written more than once"
+                    f"a view of {owner.name} written in place, returned ({node.name}, "
+                    "written through)"
                 )
         for owner in self.owners:
             for view in self.views.get(owner, ()):
                 if view in self.no_write:
                     continue
-                if view.target is operator.getitem:
+                start = view
+                while start in self.base:
+                    start = self.base[start]
+                if start in self.through and self.writes[owner] > 1:
                     return (
-                        f"an item of a multi-output view ({view.name}) of {owner.name}, "
-                        "which is written in place"
+                        f"a view ({view.name}) of what a write through a view returned "
+                        f"({start.name}), and {owner.name} is written more than once"
                     )
                 if any(user.op == "output" for user in view.users):
                     return f"a view of {owner.name} written in place, returned ({view.name})"
         return None
+
+    def _invertible(self, view: torch.fx.Node, owner: torch.fx.Node) -> bool:
+        """Whether ``view`` is a chain of views with an inverse from the intermediate
+        ``owner`` (or from an in-place result that is ``owner`` itself: ``relu_``'s)."""
+        if owner.op != "call_function":
+            return False
+        while view is not owner:
+            if view in self.written:
+                return self.root.get(view) is owner
+            if view.target not in INVERSES:
+                return False
+            base = self.base.get(view)
+            if base is None:
+                return False
+            view = base
+        return True
 
     def regenerated(self) -> dict[torch.fx.Node, View]:
         """Each view of a tensor written in place."""
@@ -330,12 +358,7 @@ class _Aliases:
         if (
             written in self.root
             and written not in self.written
-            and not (
-                written.target in INVERSES
-                and owner.op == "call_function"
-                and self.base.get(written) is owner
-                and not table.is_cia(target)
-            )
+            and not (self._invertible(written, owner) and not table.is_cia(target))
         ):
             return f"a write through a view ({target} at {node.name}, into {written.name})"
         if owner.op != "call_function":

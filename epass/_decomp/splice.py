@@ -114,7 +114,7 @@ class _Builder:
         self.copied: set[torch.fx.Node] = set()
         # The aliases of each tensor written in place so far (see ``_written``).
         self.chains: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-        self.views = views.Views(plan.views, self, self.emit_node)
+        self.views = views.Views(plan.views, plan.through, self, self.emit_node)
 
     def _emit(
         self, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]
@@ -252,6 +252,8 @@ class _Builder:
         )
         if node in self.no_write and not _returns_its_input(template, inputs, args, op):
             raise Fallback(self.no_write[node])
+        if node not in self.no_write and node not in self.through:
+            _check_not_a_view(node, args)
         result, emitted = self._emit_template(node, template, inputs)
         for fresh in regenerated:
             # A view regenerated for this node is made where its decomposition first
@@ -273,24 +275,53 @@ class _Builder:
                 self.changed.add(alias)
 
     def _write_back(self, node: torch.fx.Node, result: torch.fx.Node) -> None:
-        """``node`` wrote ``result`` through a view of an intermediate: as
-        functionalization, the view's inverse writes it back into the tensor, and the
-        view (the node's result) is made again on the tensor's new value, both with
+        """``node`` wrote ``result`` through a chain of views of an intermediate: as
+        functionalization, the views above the last are made again on the tensor's
+        value, each view's inverse writes the result back into the one below, down to
+        the tensor, and the chain is made again on the tensor's new value, all with
         ``node``'s meta. Other views of the tensor are made again where next read."""
         view = self.through[node]
-        owner = self.views.views[view].owner
-        made = self.env[view]
-        if not isinstance(made, torch.fx.Node) or made.target is not view.target:
-            raise Fallback(f"a write through a view the table rewrites ({view.name})")
-        rest = tuple(made.args[1:])  # the view's own arguments, normalized
-        inverse = safety.INVERSES[view.target]
-        args = (result,) if inverse is view.target else (self.env[owner], result, *rest)
-        back = self._emit_like(node, inverse, args)
-        again = self._emit_like(node, view.target, (back, *rest))
+        info = self.views.views[view]
+        owner = info.owner
+        steps = []  # each view of the chain: its operator and its own arguments
+        for link in info.chain:
+            made = self.env[link]
+            if not isinstance(made, torch.fx.Node) or made.target is not link.target:
+                raise Fallback(f"a write through a view the table rewrites ({link.name})")
+            steps.append((link.target, tuple(made.args[1:])))  # normalized
+        under = [self.env[owner]]
+        for target, rest in steps[:-1]:
+            under.append(self._emit_like(node, target, (under[-1], *rest)))
+        back = result
+        for (target, rest), below in zip(reversed(steps), reversed(under), strict=True):
+            inverse = safety.INVERSES[target]
+            args = (back,) if inverse is target else (below, back, *rest)
+            back = self._emit_inverse(node, inverse, args)
+        again = back
+        for target, rest in steps:
+            again = self._emit_like(node, target, (again, *rest))
         self.env[view] = self.env[node] = again
-        self.env[owner] = back
+        for alias in self.chains.get(owner, [owner]):
+            # The tensor and the in-place results aliasing it read the new value.
+            self.env[alias] = back
+            if not _same_meta(back.meta["val"], alias.meta.get("val")):
+                self.changed.add(alias)
         self.views.written(owner)
-        self.views.synced_now(view)
+        self.views.synced_now(view, node)
+
+    def _emit_inverse(self, node: torch.fx.Node, inverse: Any, args: tuple[Any, ...]) -> Any:
+        """A view's inverse for ``node``'s write-back, or its decomposition where the
+        table rewrites it (``select_scatter`` in torch's default table)."""
+        if not table.rewrites(inverse, self.tables):
+            return self._emit_like(node, inverse, args)
+        args, kwargs = keys.normalize(inverse, args, {})
+        template, inputs = templates.find(
+            inverse, args, kwargs, self.tables, self.fake_mode, self.session
+        )
+        result, _ = self._emit_template(node, template, inputs)
+        if not isinstance(result, torch.fx.Node):
+            raise Fallback(f"the decomposition of {inverse} returned no node of its own")
+        return result
 
     def _emit_like(self, node: torch.fx.Node, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
         """A view operator (or its inverse) emitted with ``node``'s meta, as the trace
@@ -466,6 +497,24 @@ class _Builder:
         return chain
 
 
+def _check_not_a_view(node: torch.fx.Node, args: Any) -> None:
+    """Raise Fallback where the tensor an in-place ``node`` writes into is a view in
+    the new graph (``linear``'s decomposition ends in a ``view`` of its ``addmm``):
+    functionalization writes such a write back into the view's base."""
+    at = safety.written_argument(node.target)
+    if at is None or at >= len(args):
+        return
+    written = args[at]
+    if not isinstance(written, torch.fx.Node) or written.op != "call_function":
+        return
+    schema = _program.op_schema(written.target)
+    if schema is not None and any(r.alias_info is not None for r in schema.returns):
+        raise Fallback(
+            f"a write ({node.target} at {node.name}) into a tensor its decomposition "
+            f"makes a view ({written.target})"
+        )
+
+
 def _returns_its_input(template: Any, inputs: list[torch.fx.Node], args: Any, op: Any) -> bool:
     """Whether an in-place operator's template writes nothing: it returns the tensor
     it was to write, untouched."""
@@ -574,6 +623,11 @@ def _walk(builder: _Builder, old_graph: torch.fx.Graph) -> None:
                 and not isinstance(builder.env[src], torch.fx.Node)
             ):
                 # The decomposed producer returned a tuple: index it directly.
+                if node in builder.views.views:
+                    raise Fallback(
+                        f"an item ({node.name}) of a multi-output view the table "
+                        "rewrites, of a tensor written in place"
+                    )
                 builder.env[node] = builder.env[src][node.args[1]]
                 continue
         builder.emit_node(node)

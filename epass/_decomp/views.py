@@ -7,12 +7,14 @@ view operators on the tensor's current value, where it is next read (by an opera
 that is not itself a view) after a write; a view made after a write is regenerated
 at its first read, and the node made when it was created is left dead. The
 regenerated nodes carry the reading node's ``nn_module_stack`` and ``torch_fn``, the
-stack trace of the view they replay, and the view operator as ``original_aten``.
+stack trace of the view they replay (of the write, for a view written through), and the
+view operator as ``original_aten``.
 """
 
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -55,29 +57,38 @@ class Views:
     def __init__(
         self,
         views: Mapping[torch.fx.Node, View],
+        through: Mapping[torch.fx.Node, torch.fx.Node],
         builder: _Builder,
         emit: Callable[[torch.fx.Node], None],
     ) -> None:
         self.views = views
+        self.through = through  # a write through a view -> that view (its result)
         self.builder = builder
         self.emit = emit
         self.generation: dict[torch.fx.Node, int] = {}  # owner -> writes so far
         self.synced: dict[torch.fx.Node, int] = {}  # view -> generation it holds
+        self.copies: set[torch.fx.Node] = set()  # "views" whose nodes copy (reshape)
+        self.writers: dict[torch.fx.Node, torch.fx.Node] = {}  # view -> last write through it
 
     def written(self, owner: torch.fx.Node) -> None:
         """A write into ``owner``: its views hold the value before it."""
         self.generation[owner] = self.generation.get(owner, 0) + 1
 
-    def synced_now(self, view: torch.fx.Node) -> None:
-        """``view`` was just made again on its tensor's current value."""
+    def synced_now(self, view: torch.fx.Node, writer: torch.fx.Node) -> None:
+        """``view`` was just made again on its tensor's current value, after the write
+        ``writer`` through it: where it is made again later, its nodes carry
+        ``writer``'s stack trace."""
         info = self.views[view]
         self.synced[view] = self.generation.get(info.owner, 0)
+        self.writers[view] = writer
 
     def created(self, view: torch.fx.Node) -> None:
         """``view`` was just copied or spliced where the program makes it."""
         info = self.views[view]
-        if not self._is_view(view, info):
-            self.synced.pop(view, None)  # a copy (a reshape that copies): never stale
+        if any(w in self.copies for w in info.chain[:-1]) or not self._is_view(view, info):
+            # A copy (a reshape that copies), or a view of one: never stale.
+            self.copies.add(view)
+            self.synced.pop(view, None)
             return
         generation = self.generation.get(info.owner, 0)
         # Made after a write, a view is regenerated at its first read.
@@ -88,7 +99,9 @@ class Views:
         if reader in self.views:
             return []  # a view of a view: regenerated where that one is read
         done = []
-        for view in reader.all_input_nodes:
+        for read in reader.all_input_nodes:
+            # What a write through a view returns is that view: made again with it.
+            view = self.through.get(read, read)
             info = self.views.get(view)
             if info is None or view not in self.synced:
                 continue
@@ -96,6 +109,8 @@ class Views:
             if self.synced[view] != generation:
                 done.append(self._regenerate(view, info, reader))
                 self.synced[view] = generation
+            if view is not read:
+                self.builder.env[read] = self.builder.env[view]
         return done
 
     def _is_view(self, view: torch.fx.Node, info: View) -> bool:
@@ -106,7 +121,10 @@ class Views:
         target = env.get(base)
         node = env.get(view)
         while isinstance(node, torch.fx.Node) and node is not target:
-            if node.op != "call_function" or not _aliases(node.target):
+            # An item of a split is a view where the split is one.
+            if node.op != "call_function" or not (
+                node.target is operator.getitem or _aliases(node.target)
+            ):
                 return False
             node = node.args[0] if node.args else None
         return node is target
@@ -129,7 +147,13 @@ class Views:
         for w in info.chain[:-1]:
             env[w] = saved[w]
         nodes = list(builder.graph.nodes)[before:]
+        writer = self.writers.get(view)
         for node in nodes:
+            if writer is not None:
+                if "stack_trace" in writer.meta:
+                    node.meta["stack_trace"] = writer.meta["stack_trace"]
+                else:
+                    node.meta.pop("stack_trace", None)
             for field in _READER_META:
                 if field in reader.meta:
                     node.meta[field] = copy.copy(reader.meta[field])
