@@ -113,6 +113,8 @@ class _Builder:
         self.chains: dict[torch.fx.Node, list[torch.fx.Node]] = {}
         # A view a decomposition returned -> the tensor it made and views.
         self.view_bases: dict[torch.fx.Node, torch.fx.Node] = {}
+        # A view made again after a write back into its base -> that base.
+        self.written_back: dict[torch.fx.Node, torch.fx.Node] = {}
         self.views = views.Views(plan.views, plan.through, self, self.emit_node)
 
     def _emit(
@@ -321,7 +323,9 @@ class _Builder:
         if isinstance(base, torch.fx.Node) and base in emitted and base.target not in _VIEWS:
             self.view_bases[result] = base
 
-    def _into_view(self, node: torch.fx.Node, args: Any) -> tuple[torch.fx.Node, Any] | None:
+    def _into_view(
+        self, node: torch.fx.Node, args: Any
+    ) -> tuple[torch.fx.Node, torch.fx.Node] | None:
         """For an in-place ``node`` writing into a tensor that is a view in the new graph,
         the view's base and the view; None where it writes into no view.
 
@@ -375,6 +379,7 @@ class _Builder:
         for new in (back, again):
             new.meta["original_aten"] = view.meta.get("original_aten", view.target)
         self.view_bases[again] = back
+        self.written_back[again] = back
         return again
 
     def _emit_inverse(self, node: torch.fx.Node, inverse: Any, args: tuple[Any, ...]) -> Any:
@@ -409,6 +414,7 @@ class _Builder:
         meta = {k: node.meta[k] for k in _CARRIED_META if k in node.meta}
         meta.setdefault("nn_module_stack", collections.OrderedDict())
         local: dict[torch.fx.Node, Any] = {}
+        stale: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # see _track_stale
         phs = iter(inputs)
         result: Any = None
         emitted = []
@@ -428,9 +434,49 @@ class _Builder:
                     # runtime-assertion pass re-binds it (after the placeholders, or
                     # as arithmetic on sizes it has); decompose() runs that pass.
                     self.new_sizes = True
+                if t.target not in _VIEWS:
+                    for read in t.all_input_nodes:
+                        if local[read] in stale:
+                            made = self._regenerate(stale.pop(local[read]))
+                            emitted.extend(made)
+                            local[read] = made[-1]
                 local[t] = new = self._emit_one(node, template, t, local, meta)
                 emitted.append(new)
+                self._track_stale(new, stale)
+        if any(isinstance(n, torch.fx.Node) and n in stale for n in _program.tree_leaves(result)):
+            raise Fallback(
+                f"the decomposition of {node.name} returns a view of a tensor written back"
+            )
         return result, emitted
+
+    def _track_stale(self, new: torch.fx.Node, stale: dict[torch.fx.Node, Any]) -> None:
+        """A view a decomposition makes of a view written back (``_write_into_view``), or
+        of such a view: stale, as functionalization holds it. Its first read (by no
+        view) reads it made again from the new base (``_regenerate``)."""
+        if new.target not in _VIEWS or not isinstance(new.args[0], torch.fx.Node):
+            return
+        parent = new.args[0]
+        if parent in self.written_back:
+            stale[new] = [parent, new]
+        elif parent in stale:
+            stale[new] = [*stale.pop(parent), new]
+
+    def _regenerate(self, chain: list[torch.fx.Node]) -> list[torch.fx.Node]:
+        """The views of ``chain`` (a view written back, then views of it a decomposition
+        made) made again on the new base, with the meta of the last."""
+        like = chain[-1]
+        value = self.written_back[chain[0]]
+        made = []
+        for view in chain:
+            meta = {k: v for k, v in like.meta.items() if k != "val"}
+            meta["original_aten"] = view.target
+            args = (value, *view.args[1:])
+            value = self._emit(view.target, args, {}, view.target.overloadpacket.__name__, meta)
+            value.meta["val"] = self._value(
+                value.name, lambda a=args, v=view: v.target(*keys.values_of(a))
+            )
+            made.append(value)
+        return made
 
     def _emit_one(
         self,
@@ -550,6 +596,12 @@ def _decompose(
         if not isinstance(leaf, torch.fx.Node):
             raise Fallback("an output became a constant")
     _drop_dead(graph, builder.merged)
+    live = set(graph.nodes)
+    for again in builder.written_back:
+        # Read only by a size query the runtime-assertion pass replaced: the retrace's
+        # trace read that size from the symbol it tracks, and lost the view as dead.
+        if again in live and not again.users:
+            graph.erase_node(again)
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     gm.meta.update(ep.graph_module.meta)
     if builder.new_sizes:

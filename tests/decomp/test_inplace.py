@@ -598,6 +598,39 @@ def test_a_write_into_a_linears_view_views_the_new_value_back_and_again():
     assert back.meta["stack_trace"] == relu.meta["stack_trace"]
 
 
+class _LinearReluLinear(nn.Module):
+    """Swin V2's position-bias MLP: an in-place ReLU between two linear layers."""
+
+    def __init__(self, read: str) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 5), nn.Linear(5, 2)
+        self.read = read
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu_(self.a(x))
+        if self.read == "linear":
+            return self.b(h)  # type: ignore[no-any-return]
+        if self.read == "matmul":
+            return h @ self.b.weight.T
+        return h.sin()
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("read", ["linear", "matmul", "sin"])
+def test_a_view_a_decomposition_makes_of_a_view_written_back_is_made_again_where_read(
+    read, dynamic
+):
+    # The second linear's view of the written tensor is made again from the new base
+    # before its addmm reads it; the view made again at the write is left dead.
+    dims = ({0: torch.export.Dim("batch", min=2, max=16)},) if dynamic else None
+    module = _LinearReluLinear(read)
+    ep = torch.export.export(module, (torch.randn(2, 4, 3),), dynamic_shapes=dims)
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"]
+    x = torch.randn(3 if dynamic else 2, 4, 3)
+    torch.testing.assert_close(result.program.module()(x), module(x))
+
+
 class _WritesTwiceIntoProduct(nn.Module):
     def __init__(self) -> None:
         super().__init__()
