@@ -39,6 +39,10 @@ RUNTIME_ASSERT_TRACE = (
 # Node meta the retrace carries from an original node onto the nodes it becomes.
 _CARRIED_META = ("stack_trace", "nn_module_stack", "custom")
 
+_ATEN_VIEW = torch.ops.aten.view.default
+# The view operators a write into a decomposition's result is written back through.
+_VIEWS = frozenset({_ATEN_VIEW})
+
 
 def _same_meta(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
@@ -114,6 +118,10 @@ class _Builder:
         self.copied: set[torch.fx.Node] = set()
         # The aliases of each tensor written in place so far (see ``_written``).
         self.chains: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+        # A view a decomposition returned -> the tensor it made and views.
+        self.view_bases: dict[torch.fx.Node, torch.fx.Node] = {}
+        # A view made again after a write back into its base -> that base.
+        self.written_back: dict[torch.fx.Node, torch.fx.Node] = {}
         self.views = views.Views(plan.views, plan.through, self, self.emit_node)
 
     def _emit(
@@ -252,9 +260,11 @@ class _Builder:
         )
         if node in self.no_write and not _returns_its_input(template, inputs, args, op):
             raise Fallback(self.no_write[node])
+        into_view = None
         if node not in self.no_write and node not in self.through:
-            _check_not_a_view(node, args)
+            into_view = self._into_view(node, args)
         result, emitted = self._emit_template(node, template, inputs)
+        self._record_view(result, emitted)
         for fresh in regenerated:
             # A view regenerated for this node is made where its decomposition first
             # reads it.
@@ -265,6 +275,8 @@ class _Builder:
         if node in self.through:
             self._write_back(node, result)
             return
+        if into_view is not None and result is not into_view[1]:
+            result = self._write_into_view(node, result, into_view)
         new_val = keys.values_of(result) if result is not None else None
         for alias in self._written(node):
             # Every later read of the tensor an in-place node wrote (the tensor, and
@@ -309,6 +321,75 @@ class _Builder:
         self.views.written(owner)
         self.views.synced_now(view, node)
 
+    def _record_view(self, result: Any, emitted: list[torch.fx.Node]) -> None:
+        """Where a decomposition returns a ``view`` of a tensor it made itself (``linear``
+        of a 3-d input: a view of its ``addmm``), remember that tensor: an in-place
+        write into the view is written back into it (``_write_into_view``)."""
+        if not isinstance(result, torch.fx.Node) or result.target not in _VIEWS:
+            return
+        base = result.args[0]
+        if isinstance(base, torch.fx.Node) and base in emitted and base.target not in _VIEWS:
+            self.view_bases[result] = base
+
+    def _into_view(
+        self, node: torch.fx.Node, args: Any
+    ) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+        """For an in-place ``node`` writing into a tensor that is a view in the new graph,
+        the view's base and the view; None where it writes into no view.
+
+        Raises:
+            Fallback: where the write cannot be written back as functionalization does.
+        """
+        at = safety.written_argument(node.target)
+        if at is None or at >= len(args):
+            return None
+        written = args[at]
+        if not isinstance(written, torch.fx.Node) or written.op != "call_function":
+            return None
+        schema = _program.op_schema(written.target)
+        if schema is None or not any(r.alias_info is not None for r in schema.returns):
+            return None
+        refused = (
+            f"a write ({node.target} at {node.name}) into a tensor its decomposition "
+            f"makes a view ({written.target})"
+        )
+        base = self.view_bases.get(written)
+        if base is None or list(base.users) != [written]:
+            raise Fallback(refused)
+        owner = safety.argument(node, at)
+        aliases = self.chains.get(owner, [owner])
+        viewed = [v.name for v, info in self.views.views.items() if info.owner in aliases]
+        if viewed:
+            raise Fallback(f"{refused}, of a tensor the program views ({', '.join(viewed)})")
+        return base, written
+
+    def _write_into_view(
+        self, node: torch.fx.Node, result: Any, into: tuple[torch.fx.Node, torch.fx.Node]
+    ) -> torch.fx.Node:
+        """As functionalization writes ``node``'s ``result`` into a view of ``base``:
+        ``view`` of the result back to the base's shape (the new base), and the view
+        made again on it, both with ``node``'s meta and the view's ``original_aten``.
+        Returns the view made again, which later reads read."""
+        base, view = into
+        if not isinstance(result, torch.fx.Node):
+            raise Fallback(f"the decomposition of {node.target} returned no node of its own")
+        shape = []
+        for size in base.meta["val"].shape:
+            if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
+                bound = self.sizes.get(size.node.expr)
+                if bound is None:
+                    raise Fallback(f"a write back into {base.name}: no node for its size {size}")
+                shape.append(bound)
+            else:
+                shape.append(int(size))
+        back = self._emit_like(node, _ATEN_VIEW, (result, shape))
+        again = self._emit_like(node, _ATEN_VIEW, (back, *view.args[1:]))
+        for new in (back, again):
+            new.meta["original_aten"] = view.meta.get("original_aten", view.target)
+        self.view_bases[again] = back
+        self.written_back[again] = back
+        return again
+
     def _emit_inverse(self, node: torch.fx.Node, inverse: Any, args: tuple[Any, ...]) -> Any:
         """A view's inverse for ``node``'s write-back, or its decomposition where the
         table rewrites it (``select_scatter`` in torch's default table)."""
@@ -341,6 +422,7 @@ class _Builder:
         meta = {k: node.meta[k] for k in _CARRIED_META if k in node.meta}
         meta.setdefault("nn_module_stack", collections.OrderedDict())
         local: dict[torch.fx.Node, Any] = {}
+        stale: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # see _track_stale
         phs = iter(inputs)
         result: Any = None
         emitted = []
@@ -360,13 +442,55 @@ class _Builder:
                     # runtime-assertion pass re-binds it (after the placeholders, or
                     # as arithmetic on sizes it has); decompose() runs that pass.
                     self.new_sizes = True
-                    local[t] = new = self._emit_one(node, template, t, local, meta)
-                    if t.args[0].op == "placeholder":  # a size of a value made before
-                        self._place_size(new)
+                    # A size of a value made before: placed where the trace makes it.
+                    place = t.args[0].op == "placeholder"
                 else:
-                    local[t] = new = self._emit_one(node, template, t, local, meta)
+                    place = False
+                if t.target not in _VIEWS:
+                    for read in t.all_input_nodes:
+                        if local[read] in stale:
+                            made = self._regenerate(stale.pop(local[read]))
+                            emitted.extend(made)
+                            local[read] = made[-1]
+                local[t] = new = self._emit_one(node, template, t, local, meta)
+                if place:
+                    self._place_size(new)
                 emitted.append(new)
+                self._track_stale(new, stale)
+        if any(isinstance(n, torch.fx.Node) and n in stale for n in _program.tree_leaves(result)):
+            raise Fallback(
+                f"the decomposition of {node.name} returns a view of a tensor written back"
+            )
         return result, emitted
+
+    def _track_stale(self, new: torch.fx.Node, stale: dict[torch.fx.Node, Any]) -> None:
+        """A view a decomposition makes of a view written back (``_write_into_view``), or
+        of such a view: stale, as functionalization holds it. Its first read (by no
+        view) reads it made again from the new base (``_regenerate``)."""
+        if new.target not in _VIEWS or not isinstance(new.args[0], torch.fx.Node):
+            return
+        parent = new.args[0]
+        if parent in self.written_back:
+            stale[new] = [parent, new]
+        elif parent in stale:
+            stale[new] = [*stale.pop(parent), new]
+
+    def _regenerate(self, chain: list[torch.fx.Node]) -> list[torch.fx.Node]:
+        """The views of ``chain`` (a view written back, then views of it a decomposition
+        made) made again on the new base, with the meta of the last."""
+        like = chain[-1]
+        value = self.written_back[chain[0]]
+        made = []
+        for view in chain:
+            meta = {k: v for k, v in like.meta.items() if k != "val"}
+            meta["original_aten"] = view.target
+            args = (value, *view.args[1:])
+            value = self._emit(view.target, args, {}, view.target.overloadpacket.__name__, meta)
+            value.meta["val"] = self._value(
+                value.name, lambda a=args, v=view: v.target(*keys.values_of(a))
+            )
+            made.append(value)
+        return made
 
     def _emit_one(
         self,
@@ -497,24 +621,6 @@ class _Builder:
         return chain
 
 
-def _check_not_a_view(node: torch.fx.Node, args: Any) -> None:
-    """Raise Fallback where the tensor an in-place ``node`` writes into is a view in
-    the new graph (``linear``'s decomposition ends in a ``view`` of its ``addmm``):
-    functionalization writes such a write back into the view's base."""
-    at = safety.written_argument(node.target)
-    if at is None or at >= len(args):
-        return
-    written = args[at]
-    if not isinstance(written, torch.fx.Node) or written.op != "call_function":
-        return
-    schema = _program.op_schema(written.target)
-    if schema is not None and any(r.alias_info is not None for r in schema.returns):
-        raise Fallback(
-            f"a write ({node.target} at {node.name}) into a tensor its decomposition "
-            f"makes a view ({written.target})"
-        )
-
-
 def _returns_its_input(template: Any, inputs: list[torch.fx.Node], args: Any, op: Any) -> bool:
     """Whether an in-place operator's template writes nothing: it returns the tensor
     it was to write, untouched."""
@@ -582,6 +688,12 @@ def _decompose(
         if not isinstance(leaf, torch.fx.Node):
             raise Fallback("an output became a constant")
     _drop_dead(graph, builder.merged)
+    live = set(graph.nodes)
+    for again in builder.written_back:
+        # Read only by a size query the runtime-assertion pass replaced: the retrace's
+        # trace read that size from the symbol it tracks, and lost the view as dead.
+        if again in live and not again.users:
+            graph.erase_node(again)
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     gm.meta.update(ep.graph_module.meta)
     if builder.new_sizes:

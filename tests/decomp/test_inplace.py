@@ -509,17 +509,12 @@ class _IntoALinearsView(nn.Module):
 @pytest.mark.parametrize(
     ("module", "why"),
     [
-        (
-            _IntoALinearsView,
-            "a write (aten.relu_.default at relu_) into a tensor its decomposition makes a view",
-        ),
         (_ThroughSplitItem, "a write through a view (aten.add_.Tensor at add_, into getitem)"),
         (_ReturnedAfterAnotherWrite, "a view of mul written in place, returned (add_, written"),
         (_ThroughAsStrided, "a write through a view (aten.add_.Tensor at add_, into as_strided)"),
         (_ThroughTranspose, "a write through a view (aten.add_.Tensor at add_, into select)"),
     ],
     ids=[
-        "into a linear's view",
         "an item of a split",
         "returned after another write",
         "as_strided",
@@ -567,19 +562,116 @@ _PRODUCT_WRITES: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
 }
 
 
-@pytest.mark.parametrize("rank", [2, 3])
+@pytest.mark.parametrize("rank", [2, 3, 4])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("write", list(_PRODUCT_WRITES), ids=list(_PRODUCT_WRITES))
-def test_a_write_into_a_view_a_decomposition_returns_keeps_the_retrace(write, dynamic, rank):
-    shape = (2, 4, 8) if rank == 3 else (4, 8)
+def test_a_write_into_a_view_a_decomposition_returns_is_written_back_into_its_base(
+    write, dynamic, rank
+):
+    shape = (2, 3, 4, 8)[4 - rank :]
     dims = ({0: torch.export.Dim("batch", min=2, max=16)},) if dynamic else None
-    ep = torch.export.export(
-        _WriteIntoProduct(_PRODUCT_WRITES[write]), (torch.randn(*shape),), dynamic_shapes=dims
-    )
+    module = _WriteIntoProduct(_PRODUCT_WRITES[write])
+    ep = torch.export.export(module, (torch.randn(*shape),), dynamic_shapes=dims)
     result = Decompose(check=True)(ep)  # raises where the program differs from torch's
-    if rank == 3:
-        # The retrace writes back through the view (view of the new value, view again).
-        assert result.notes["method"] == "retrace"
-        assert "its decomposition makes a view" in result.notes["fallback"]
-    else:  # a 2-d product decomposes to no view
-        assert result.notes["method"] == "incremental" and result.notes["checked"]
+    assert result.notes["method"] == "incremental" and result.notes["checked"]
+    x = torch.randn(*shape)
+    torch.testing.assert_close(result.program.module()(x), module(x))
+
+
+def test_a_write_into_a_linears_view_views_the_new_value_back_and_again():
+    # relu(view_1); view_2 = view(relu, [8, 5]) (the addmm's shape); view_3 = view(view_2, ...)
+    ep = torch.export.export(_IntoALinearsView(), (torch.randn(2, 4, 3),))
+    out = _incremental(ep)
+    calls = [n for n in out.graph.nodes if n.op == "call_function"]
+    addmm, made, relu, back, again, mul = calls[-6:]
+    assert [n.target for n in calls[-6:]] == [
+        aten.addmm.default,
+        aten.view.default,
+        aten.relu.default,
+        aten.view.default,
+        aten.view.default,
+        aten.mul.Tensor,
+    ]
+    assert made.args[0] is addmm and relu.args[0] is made
+    assert back.args == (relu, [8, 5]) and again.args == (back, [2, 4, 5])
+    assert mul.args[0] is again
+    assert back.meta["stack_trace"] == relu.meta["stack_trace"]
+
+
+class _LinearReluLinear(nn.Module):
+    """Swin V2's position-bias MLP: an in-place ReLU between two linear layers."""
+
+    def __init__(self, read: str) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 5), nn.Linear(5, 2)
+        self.read = read
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu_(self.a(x))
+        if self.read == "linear":
+            return self.b(h)  # type: ignore[no-any-return]
+        if self.read == "matmul":
+            return h @ self.b.weight.T
+        return h.sin()
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("read", ["linear", "matmul", "sin"])
+def test_a_view_a_decomposition_makes_of_a_view_written_back_is_made_again_where_read(
+    read, dynamic
+):
+    # The second linear's view of the written tensor is made again from the new base
+    # before its addmm reads it; the view made again at the write is left dead.
+    dims = ({0: torch.export.Dim("batch", min=2, max=16)},) if dynamic else None
+    module = _LinearReluLinear(read)
+    ep = torch.export.export(module, (torch.randn(2, 4, 3),), dynamic_shapes=dims)
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"]
+    x = torch.randn(3 if dynamic else 2, 4, 3)
+    torch.testing.assert_close(result.program.module()(x), module(x))
+
+
+class _WritesTwiceIntoProduct(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x @ self.weight
+        before = h * 3
+        h.relu_()
+        h.add_(1)
+        return h + before, h
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_two_writes_into_a_view_a_decomposition_returns_are_each_written_back(dynamic):
+    dims = ({0: torch.export.Dim("batch", min=2, max=16)},) if dynamic else None
+    module = _WritesTwiceIntoProduct()
+    ep = torch.export.export(module, (torch.randn(2, 4, 8),), dynamic_shapes=dims)
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"]
+    x = torch.randn(2, 4, 8)
+    torch.testing.assert_close(result.program.module()(x), module(x))
+
+
+class _IntoAViewedProduct(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x @ self.weight
+        first = h[:, 0]
+        h.relu_()
+        return first + 1
+
+
+def test_a_write_into_a_decompositions_view_of_a_tensor_the_program_views_keeps_the_retrace():
+    ep = torch.export.export(_IntoAViewedProduct(), (torch.randn(2, 4, 8),))
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "retrace"
+    assert result.notes["fallback"] == (
+        "a write (aten.relu_.default at relu_) into a tensor its decomposition makes a view "
+        "(aten.view.default), of a tensor the program views (select)"
+    )
