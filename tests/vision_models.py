@@ -160,6 +160,7 @@ CORPUS: dict[str, VisionCase] = {
     "tv_googlenet": VisionCase("torchvision", _tv("googlenet", aux_logits=False)),
     "tv_mnasnet0_5": VisionCase("torchvision", _tv("mnasnet0_5")),
     "tv_swin_t": VisionCase("torchvision", _tv("swin_t")),
+    "tv_swin_v2_t": VisionCase("torchvision", _tv("swin_v2_t")),
     # torchvision segmentation (the output is a dict {"out": ...})
     "tv_deeplabv3_mobilenet_v3_large": VisionCase(
         "torchvision", _tv("deeplabv3_mobilenet_v3_large", weights_backbone=None)
@@ -176,6 +177,10 @@ CORPUS: dict[str, VisionCase] = {
     "timm_coatnet_nano_rw_224": VisionCase("timm", _timm("coatnet_nano_rw_224", img_size=64)),
     "timm_regnetx_002": VisionCase("timm", _timm("regnetx_002")),
     "timm_ghostnet_100": VisionCase("timm", _timm("ghostnet_100")),
+    "timm_mixnet_s": VisionCase("timm", _timm("mixnet_s")),
+    "timm_swin_tiny": VisionCase(
+        "timm", _timm("swin_tiny_patch4_window7_224", img_size=112), size=112
+    ),
     "timm_levit_128s": VisionCase("timm", _timm("levit_128s", img_size=64)),
     "timm_levit_128s_warm": VisionCase("timm", _timm("levit_128s", img_size=64), warm=True),
 }
