@@ -24,6 +24,7 @@ __all__ = [
     "check",
     "is_plain_call",
     "retrace_grads",
+    "returns_its_input",
     "unsafe_reason",
     "written_argument",
 ]
@@ -422,3 +423,16 @@ def _state_tensors(ep: ExportedProgram) -> dict[str, Any]:
             if spec.target in store:
                 found[spec.arg.name] = store[spec.target]
     return found
+
+
+def returns_its_input(template: Any, inputs: list[torch.fx.Node], args: Any, op: Any) -> bool:
+    """Whether an in-place operator's template writes nothing: it returns the tensor
+    it was to write, untouched."""
+    at = written_argument(op)
+    if at is None or at >= len(args):
+        return False
+    placeholders = [n for n in template.graph.nodes if n.op == "placeholder"]
+    result = template.graph.output_node().args[0]
+    return any(
+        ph is result and node is args[at] for ph, node in zip(placeholders, inputs, strict=True)
+    )

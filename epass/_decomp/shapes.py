@@ -5,8 +5,9 @@ trace changes, and symbols named by position for the disk cache."""
 from __future__ import annotations
 
 import contextlib
+import operator
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Container, Iterator
 from typing import Any
 
 import torch
@@ -15,6 +16,9 @@ from epass._decomp import state
 from epass._decomp.safety import Fallback
 
 __all__ = [
+    "origin",
+    "RUNTIME_ASSERT_TRACE",
+    "rebind_sizes",
     "Changed",
     "Renaming",
     "Snapshot",
@@ -416,3 +420,80 @@ def carriers(inp: torch.fx.Node, expr: Any) -> list[torch.fx.Node]:
                 todo.append(a)
     order = {n: i for i, n in enumerate(inp.graph.nodes)}
     return sorted(seen, key=order.__getitem__)
+
+
+# The stack trace the retrace gives the nodes its runtime-assertion pass adds
+# (``torch/export/exported_program.py``, ``_decompose_and_get_gm_with_new_signature_constants``).
+RUNTIME_ASSERT_TRACE = (
+    'File "torch/fx/passes/runtime_assert.py", line 24, in insert_deferred_runtime_asserts'
+)
+
+
+def rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
+    """Run the retrace's runtime-assertion pass, which binds every size query to a
+    node of its own: after the placeholders, or as arithmetic on sizes it has."""
+    import functools
+
+    import torch._dynamo.config
+    from torch._export.passes._node_metadata_hook import (
+        _node_metadata_hook,
+        _set_node_metadata_hook,
+    )
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    shape_env = fake_mode.shape_env
+    if shape_env is None or torch._dynamo.config.do_not_emit_runtime_asserts:
+        raise Fallback("a new size query without a shape environment to bind it")
+    # The pass only adds asserts the graph lacks; those export added are there already.
+    with _set_node_metadata_hook(
+        gm,
+        functools.partial(_node_metadata_hook, metadata={"stack_trace": RUNTIME_ASSERT_TRACE}),
+    ):
+        insert_deferred_runtime_asserts(gm, shape_env, "decomposed program", export=True)
+    # No DCE after it: the retrace runs none either, and keeps what it leaves dead.
+    gm.recompile()
+
+
+def origin(
+    inp: torch.fx.Node,
+    dim: int,
+    expr: Any,
+    rerun: Callable[[torch.fx.Node, Any, Any], Any],
+    copied: Container[torch.fx.Node],
+) -> tuple[torch.fx.Node, int]:
+    """The node whose result first holds the very SymInt that is size ``dim`` of
+    ``inp``'s value (an expression ``expr``, not a symbol), and the last dimension
+    holding it there (the first compared): the operators from the first ancestor
+    holding ``expr`` to ``inp`` run again (``rerun``: a node's value on the arguments
+    given) as the retrace runs them. ``copied``: the nodes copied from the program.
+
+    Raises:
+        Fallback: where that node is not certain to make the size's node at once.
+    """
+    chain = carriers(inp, expr)
+    again: dict[torch.fx.Node, Any] = {}
+    for n in chain:
+        if not (n.op == "call_function" and callable(n.target)):
+            raise Fallback(f"the size {expr} of {inp.name} comes from {n.name}")
+        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: again.get(a, a))
+        again[n] = rerun(n, args, kwargs)
+    wanted = size_of(again[inp], dim)
+    for n in chain:
+        value = again[n]
+        if wanted.node not in size_nodes(value):
+            continue
+        if (
+            n not in copied
+            or n.target is operator.getitem
+            or not isinstance(value, torch.Tensor)
+            or not value.is_contiguous()
+        ):
+            raise Fallback(
+                f"the size {expr} of {inp.name} is first held by {n.name}, "
+                "whose trace may not make its node at once"
+            )
+        dims = [d for d, s in enumerate(value.shape) if same_symint(s, wanted)]
+        if not dims:
+            raise Fallback(f"the size {expr} of {inp.name} is not a size of {n.name}")
+        return n, dims[-1]
+    raise Fallback(f"the size {expr} of {inp.name} is held by no node before it")

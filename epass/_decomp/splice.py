@@ -29,12 +29,7 @@ from epass._decomp.safety import Fallback
 __all__ = ["RUNTIME_ASSERT_TRACE", "decompose"]
 
 
-# The stack trace the retrace gives the nodes its runtime-assertion pass adds
-# (``torch/export/exported_program.py``, ``_decompose_and_get_gm_with_new_signature_constants``).
-RUNTIME_ASSERT_TRACE = (
-    'File "torch/fx/passes/runtime_assert.py", line 24, in insert_deferred_runtime_asserts'
-)
-
+RUNTIME_ASSERT_TRACE = shapes.RUNTIME_ASSERT_TRACE
 
 # Node meta the retrace carries from an original node onto the nodes it becomes.
 _CARRIED_META = ("stack_trace", "nn_module_stack", "custom")
@@ -42,43 +37,6 @@ _CARRIED_META = ("stack_trace", "nn_module_stack", "custom")
 _ATEN_VIEW = torch.ops.aten.view.default
 # The view operators a write into a decomposition's result is written back through.
 _VIEWS = frozenset({_ATEN_VIEW})
-
-
-def _same_meta(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        # Symbolic sizes compare by expression: ``==`` would ask the shape
-        # environment (Min(64, 64*s0) == 64 holds there), and the retrace keeps
-        # the expression its propagation computes.
-        return bool(
-            tuple(map(keys.sym_key, a.shape)) == tuple(map(keys.sym_key, b.shape))
-            and tuple(map(keys.sym_key, a.stride())) == tuple(map(keys.sym_key, b.stride()))
-            and a.dtype == b.dtype
-            and keys.sym_key(a.storage_offset()) == keys.sym_key(b.storage_offset())
-            and a.device == b.device
-        )
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_meta(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
-        return (
-            isinstance(a, torch.SymInt)
-            and isinstance(b, torch.SymInt)
-            and (a.node.expr == b.node.expr)
-        )
-    if type(a) is not type(b):
-        return False
-    try:
-        return bool(keys.const_key(a) == keys.const_key(b))  # -0.0 is not 0.0; a NaN is itself
-    except Fallback:
-        return bool(a == b)
-
-
-def _symbolic(v: Any) -> bool:
-    """Whether a tensor value has a symbolic size or stride. Its stored expressions
-    are export's, simplified with what export knew then; the retrace propagates
-    them again with what the shape environment knows now (Min(64, 64*s0) becomes 64)."""
-    if not isinstance(v, torch.Tensor):
-        return False
-    return any(isinstance(x, torch.SymInt) for x in (*v.shape, *v.stride()))
 
 
 class _Builder:
@@ -156,7 +114,7 @@ class _Builder:
             node.name,
             lambda: node.target(*keys.values_of(node.args), **keys.values_of(node.kwargs)),  # type: ignore[operator]
         )
-        if old is not None and _same_meta(new, old):
+        if old is not None and keys.same_meta(new, old):
             node.meta["val"] = old
             return False
         node.meta["val"] = new
@@ -207,7 +165,7 @@ class _Builder:
                     new.meta["original_aten"] = node.target
             inputs = node.all_input_nodes
             if (
-                any(i in self.changed for i in inputs) or _symbolic(node.meta.get("val"))
+                any(i in self.changed for i in inputs) or keys.symbolic(node.meta.get("val"))
             ) and self._propagate(new, node.meta.get("val")):
                 self.changed.add(node)
             if node.target in table.SIZE_OPS or isinstance(new.meta.get("val"), torch.SymInt):
@@ -258,7 +216,7 @@ class _Builder:
             self.session,
             node.meta.get("val") if same else None,
         )
-        if node in self.no_write and not _returns_its_input(template, inputs, args, op):
+        if node in self.no_write and not safety.returns_its_input(template, inputs, args, op):
             raise Fallback(self.no_write[node])
         into_view = None
         if node not in self.no_write and node not in self.through:
@@ -283,7 +241,7 @@ class _Builder:
             # the earlier in-place results aliasing it) reads the new value, as
             # functionalization makes it; earlier reads were copied already.
             self.env[alias] = result
-            if not _same_meta(new_val, alias.meta.get("val")):
+            if not keys.same_meta(new_val, alias.meta.get("val")):
                 self.changed.add(alias)
 
     def _write_back(self, node: torch.fx.Node, result: torch.fx.Node) -> None:
@@ -316,7 +274,7 @@ class _Builder:
         for alias in self.chains.get(owner, [owner]):
             # The tensor and the in-place results aliasing it read the new value.
             self.env[alias] = back
-            if not _same_meta(back.meta["val"], alias.meta.get("val")):
+            if not keys.same_meta(back.meta["val"], alias.meta.get("val")):
                 self.changed.add(alias)
         self.views.written(owner)
         self.views.synced_now(view, node)
@@ -563,38 +521,16 @@ class _Builder:
             # The runtime-assertion pass binds a symbol after the placeholders,
             # wherever its query was.
             return None
-        chain = shapes.carriers(inp, expr)
-        again: dict[torch.fx.Node, Any] = {}
-        for n in chain:
-            if not (n.op == "call_function" and callable(n.target)):
-                raise Fallback(f"the size {expr} of {inp.name} comes from {n.name}")
-            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: again.get(a, a))
-            again[n] = self._value(
+        return shapes.origin(
+            inp,
+            dim,
+            expr,
+            lambda n, args, kwargs: self._value(
                 name,
-                lambda n=n, args=args, kwargs=kwargs: n.target(  # type: ignore[misc, operator]
-                    *keys.values_of(args), **keys.values_of(kwargs)
-                ),
-            )
-        wanted = shapes.size_of(again[inp], dim)
-        for n in chain:
-            value = again[n]
-            if wanted.node not in shapes.size_nodes(value):
-                continue
-            if (
-                n not in self.copied
-                or n.target is operator.getitem
-                or not isinstance(value, torch.Tensor)
-                or not value.is_contiguous()
-            ):
-                raise Fallback(
-                    f"the size {expr} of {inp.name} is first held by {n.name}, "
-                    "whose trace may not make its node at once"
-                )
-            dims = [d for d, s in enumerate(value.shape) if shapes.same_symint(s, wanted)]
-            if not dims:
-                raise Fallback(f"the size {expr} of {inp.name} is not a size of {n.name}")
-            return n, dims[-1]
-        raise Fallback(f"the size {expr} of {inp.name} is held by no node before it")
+                lambda: n.target(*keys.values_of(args), **keys.values_of(kwargs)),
+            ),
+            self.copied,
+        )
 
     def _bind(self, new: torch.fx.Node) -> None:
         """Record the size ``new`` computes; the retrace merges it into an earlier
@@ -619,19 +555,6 @@ class _Builder:
             self.chains[alias] = chain
         self.views.written(chain[0])
         return chain
-
-
-def _returns_its_input(template: Any, inputs: list[torch.fx.Node], args: Any, op: Any) -> bool:
-    """Whether an in-place operator's template writes nothing: it returns the tensor
-    it was to write, untouched."""
-    at = safety.written_argument(op)
-    if at is None or at >= len(args):
-        return False
-    placeholders = [n for n in template.graph.nodes if n.op == "placeholder"]
-    result = template.graph.output_node().args[0]
-    return any(
-        ph is result and node is args[at] for ph, node in zip(placeholders, inputs, strict=True)
-    )
 
 
 def decompose(
@@ -698,7 +621,7 @@ def _decompose(
     gm.meta.update(ep.graph_module.meta)
     if builder.new_sizes:
         with builder.watch.retrace("the runtime-assertion pass"):
-            _rebind_sizes(gm, fake_mode)
+            shapes.rebind_sizes(gm, fake_mode)
     new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
     with _program.quiet_leaf_specs():  # it deep-copies the call graph
         module_call_graph = _get_updated_module_call_graph(
@@ -764,28 +687,3 @@ def _drop_dead(graph: torch.fx.Graph, merged: dict[torch.fx.Node, torch.fx.Node]
             graph.erase_node(node)
         else:  # the first node computing it was dead and went with the DCE
             bound[first] = node
-
-
-def _rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
-    """Run the retrace's runtime-assertion pass, which binds every size query to a
-    node of its own: after the placeholders, or as arithmetic on sizes it has."""
-    import functools
-
-    import torch._dynamo.config
-    from torch._export.passes._node_metadata_hook import (
-        _node_metadata_hook,
-        _set_node_metadata_hook,
-    )
-    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
-
-    shape_env = fake_mode.shape_env
-    if shape_env is None or torch._dynamo.config.do_not_emit_runtime_asserts:
-        raise Fallback("a new size query without a shape environment to bind it")
-    # The pass only adds asserts the graph lacks; those export added are there already.
-    with _set_node_metadata_hook(
-        gm,
-        functools.partial(_node_metadata_hook, metadata={"stack_trace": RUNTIME_ASSERT_TRACE}),
-    ):
-        insert_deferred_runtime_asserts(gm, shape_env, "decomposed program", export=True)
-    # No DCE after it: the retrace runs none either, and keeps what it leaves dead.
-    gm.recompile()
