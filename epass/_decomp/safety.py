@@ -16,18 +16,33 @@ from epass import _program
 from epass._decomp import table
 
 __all__ = [
+    "EXACT_RELEASE",
     "INVERSES",
     "Fallback",
     "Plan",
     "View",
     "argument",
     "check",
+    "exact_here",
     "is_plain_call",
     "retrace_grads",
     "returns_its_input",
     "unsafe_reason",
     "written_argument",
 ]
+
+
+# The release whose functionalization the engine's write-backs through views and
+# placement of size queries are checked against, node for node; on another, those
+# cases keep the retrace.
+EXACT_RELEASE = torch.__version__.split("+")[0].startswith("2.13.")
+
+
+def exact_here(what: str) -> None:
+    """Raise :class:`Fallback` for ``what`` on a torch release other than the one the
+    engine emulates it on (``EXACT_RELEASE``)."""
+    if not EXACT_RELEASE:
+        raise Fallback(f"{what}, made exact for torch 2.13 only (this is {torch.__version__})")
 
 
 class Fallback(Exception):

@@ -252,6 +252,8 @@ class _Builder:
         ``node``'s meta. Other views of the tensor are made again where next read."""
         view = self.through[node]
         info = self.views.views[view]
+        if len(info.chain) > 1:
+            safety.exact_here("a write through a chain of views")
         owner = info.owner
         steps = []  # each view of the chain: its operator and its own arguments
         for link in info.chain:
@@ -328,6 +330,7 @@ class _Builder:
         ``view`` of the result back to the base's shape (the new base), and the view
         made again on it, both with ``node``'s meta and the view's ``original_aten``.
         Returns the view made again, which later reads read."""
+        safety.exact_here("a write into a view a decomposition returns")
         base, view = into
         if not isinstance(result, torch.fx.Node):
             raise Fallback(f"the decomposition of {node.target} returned no node of its own")
@@ -495,6 +498,7 @@ class _Builder:
         found = self._origin(inp, dim, new.name)  # type: ignore[arg-type]
         if found is None:
             return
+        safety.exact_here("a size query placed where the retrace makes it")
         origin, dim = found
         new.args = (origin, dim)  # the trace asks the node that made the size
         after = origin

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from epass import _program
-from epass._decomp.safety import View
+from epass._decomp.safety import View, exact_here
 
 __all__ = ["Regenerated", "Views"]
 
@@ -130,6 +130,8 @@ class Views:
         return node is target
 
     def _regenerate(self, view: torch.fx.Node, info: View, reader: torch.fx.Node) -> Regenerated:
+        if any(w.target is operator.getitem for w in info.chain):
+            exact_here("an item of a split of a tensor written in place")
         builder = self.builder
         env = builder.env
         before = len(builder.graph.nodes)

@@ -12,9 +12,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from epass import Decompose
-from epass._decomp import check
+from epass._decomp import check, safety
 
 aten = torch.ops.aten
+
+# Write-backs through chains of views, into views a decomposition returns, items of a
+# split of a written tensor and size queries placed where the retrace makes them are
+# made exact for torch 2.13's functionalization; on another release they keep the
+# retrace (safety.EXACT_RELEASE).
+only_exact_release = pytest.mark.skipif(
+    not safety.EXACT_RELEASE, reason="made exact for torch 2.13 only; retraces elsewhere"
+)
 
 
 class _Write(nn.Module):
@@ -272,6 +280,7 @@ class _Views(nn.Module):
         return self.case(x)
 
 
+@only_exact_release
 @pytest.mark.parametrize("case", [*_VIEWS, "a linear of another module"])
 def test_views_of_a_written_tensor_are_made_again_where_the_retrace_makes_them(case):
     module = _Flatten() if case not in _VIEWS else _Views(_VIEWS[case])
@@ -427,6 +436,7 @@ _THROUGH = {
 }
 
 
+@only_exact_release
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("case", list(_THROUGH))
 def test_a_write_through_a_view_is_written_back_as_the_retrace_writes_it(case, dynamic):
@@ -444,6 +454,7 @@ def test_a_write_through_a_view_is_written_back_as_the_retrace_writes_it(case, d
         torch.testing.assert_close(a, b)
 
 
+@only_exact_release
 def test_a_write_two_slices_deep_replays_the_outer_slice_and_nests_the_inverses():
     # base' = slice_scatter(base, slice_scatter(slice(base), new, ...), ...)
     ep = torch.export.export(_Mask(), (torch.randn(2, 3),))
@@ -562,6 +573,7 @@ _PRODUCT_WRITES: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
 }
 
 
+@only_exact_release
 @pytest.mark.parametrize("rank", [2, 3, 4])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("write", list(_PRODUCT_WRITES), ids=list(_PRODUCT_WRITES))
@@ -578,6 +590,7 @@ def test_a_write_into_a_view_a_decomposition_returns_is_written_back_into_its_ba
     torch.testing.assert_close(result.program.module()(x), module(x))
 
 
+@only_exact_release
 def test_a_write_into_a_linears_view_views_the_new_value_back_and_again():
     # relu(view_1); view_2 = view(relu, [8, 5]) (the addmm's shape); view_3 = view(view_2, ...)
     ep = torch.export.export(_IntoALinearsView(), (torch.randn(2, 4, 3),))
@@ -615,6 +628,7 @@ class _LinearReluLinear(nn.Module):
         return h.sin()
 
 
+@only_exact_release
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("read", ["linear", "matmul", "sin"])
 def test_a_view_a_decomposition_makes_of_a_view_written_back_is_made_again_where_read(
@@ -644,6 +658,7 @@ class _WritesTwiceIntoProduct(nn.Module):
         return h + before, h
 
 
+@only_exact_release
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_two_writes_into_a_view_a_decomposition_returns_are_each_written_back(dynamic):
     dims = ({0: torch.export.Dim("batch", min=2, max=16)},) if dynamic else None

@@ -16,8 +16,17 @@ from torch import nn
 from torch.export import Dim
 
 from epass import Decompose, PassManager
+from epass._decomp import safety
 
 aten = torch.ops.aten
+
+# Write-backs through chains of views, into views a decomposition returns, items of a
+# split of a written tensor and size queries placed where the retrace makes them are
+# made exact for torch 2.13's functionalization; on another release they keep the
+# retrace (safety.EXACT_RELEASE).
+only_exact_release = pytest.mark.skipif(
+    not safety.EXACT_RELEASE, reason="made exact for torch 2.13 only; retraces elsewhere"
+)
 
 
 def _relu_by_mask(x):
@@ -247,6 +256,7 @@ class _TwoViewsOfTheBatch(nn.Module):
         return self.fc(torch.relu(w.view(-1, 16, 16))) + a.sum()
 
 
+@only_exact_release
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize(
     "module", [_ViewThenLinear, _WindowPartition, _TwoViewsOfTheBatch], ids=lambda m: m.__name__
