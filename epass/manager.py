@@ -28,7 +28,7 @@ from epass.linker import STORE_LOCK, Journal, StateLinker
 from epass.pipeline import Group, Item
 from epass.protocol import FxPass, Origin, PassModel, PassResult, adapt, check_ordering
 from epass.records import OpDelta, PassInfo, PassRecord, PipelineResult, op_targets
-from epass.verify import check_arguments, check_state_writes, verify_program
+from epass.verify import check_output
 from epass.watch import StoreWatch
 
 __all__ = [
@@ -543,8 +543,9 @@ class PassManager:
             # pass did not get from the manager (the caller's own input, a memoized
             # earlier result) may be held by someone, so it is never re-pointed.
             program = _program.shallow_clone(program)
+        targets: list[Any] | None = None  # the output's call targets, when verified
         if modified and self.verify:
-            _verify_output(program, current, info)
+            targets = _verify_output(program, current, info)
         if model.ensures is not None and model.ensures(program) is False:
             raise PassError(
                 "its postcondition (ensures) does not hold on its result", **info.location()
@@ -562,7 +563,7 @@ class PassManager:
             before = prepared.targets_before
             if before is None:  # current's graph went to the pass as a copy
                 before = run.targets if run.targets is not None else op_targets(current)
-            run.targets = op_targets(program)
+            run.targets = op_targets(program) if targets is None else Counter(targets)
             delta = OpDelta(before, run.targets)
         record = PassRecord(
             name=info.name,
@@ -604,12 +605,11 @@ class PassManager:
         run.current = program
 
 
-def _verify_output(program: ExportedProgram, current: ExportedProgram, info: PassInfo) -> None:
-    """Raise VerificationError, naming the pass, when its output does not verify."""
+def _verify_output(program: ExportedProgram, current: ExportedProgram, info: PassInfo) -> list[Any]:
+    """Raise VerificationError, naming the pass, when its output does not verify;
+    else return its top-level call targets (:func:`epass.verify.check_output`)."""
     try:
-        verify_program(program)
-        check_state_writes(program, current)
-        check_arguments(program, current)
+        return check_output(program, current)
     except Exception as exc:
         detail = str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
         raise VerificationError(f"its output does not verify: {detail}", **info.location()) from exc

@@ -15,6 +15,7 @@ from epass.errors import ArgumentTypeError, ProgramError
 __all__ = [
     "argument_problems",
     "check_arguments",
+    "check_output",
     "check_state_writes",
     "state_problems",
     "state_writes",
@@ -26,8 +27,14 @@ _MUTATION_KINDS = tuple(
 )
 
 
-def state_problems(ep: ExportedProgram) -> list[str]:
-    """Every way the signature and the state dicts disagree, as readable lines."""
+def state_problems(ep: ExportedProgram, source: ExportedProgram | None = None) -> list[str]:
+    """Every way the signature and the state dicts disagree, as readable lines.
+
+    With ``source`` (the program a pass made ``ep`` from), a state tensor whose
+    placeholder holds the same ``meta["val"]`` object, under the same key, as in
+    ``source`` is not compared with it again: the pass changed neither (a write
+    into the tensor is the store watch's to catch).
+    """
     problems: list[str] = []
     sd, consts = ep.state_dict, ep.constants
     for spec in ep.graph_signature.input_specs:
@@ -50,15 +57,21 @@ def state_problems(ep: ExportedProgram) -> list[str]:
                 problems.append(f"constant {target!r} is not a tensor")
         elif spec.kind == InputKind.CUSTOM_OBJ and target not in consts:
             problems.append(f"custom object {target!r} is missing from constants")
-    problems += _value_problems(ep)
+    before = {} if source is None else {k: pair for k, _, *pair in _state_values(source)}
+    for target, name, value, val in _state_values(ep):
+        was = before.get(target)
+        if was is None or was[0] is not value or was[1] is not val:
+            problem = _value_problem(f"state {target!r} (placeholder {name!r})", value, val)
+            if problem is not None:
+                problems.append(problem)
     return problems
 
 
-def _value_problems(ep: ExportedProgram) -> list[str]:
-    """Each state tensor whose dtype, rank, static sizes or device disagree with its
-    placeholder's ``meta["val"]``."""
+def _state_values(ep: ExportedProgram) -> list[tuple[str, Any, torch.Tensor, torch.Tensor]]:
+    """(key, placeholder name, state tensor, placeholder ``meta["val"]``) of each
+    state input whose tensor and value are both tensors."""
     nodes = {node.name: node for node in _graph.placeholders(ep.graph_module)}
-    problems: list[str] = []
+    out: list[tuple[str, Any, torch.Tensor, torch.Tensor]] = []
     for spec in ep.graph_signature.input_specs:
         if spec.kind not in _graph.STATE_KINDS or spec.target is None:
             continue
@@ -66,25 +79,26 @@ def _value_problems(ep: ExportedProgram) -> list[str]:
         node = nodes.get(name) if isinstance(name, str) else None
         value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
         val = node.meta.get("val") if node is not None else None
-        if not (isinstance(value, torch.Tensor) and isinstance(val, torch.Tensor)):
-            continue
-        what = f"state {spec.target!r} (placeholder {name!r})"
-        if value.dtype != val.dtype:
-            problems.append(f"{what} is {value.dtype}, the graph expects {val.dtype}")
-        elif value.dim() != val.dim():
-            problems.append(f"{what} has rank {value.dim()}, the graph expects {val.dim()}")
-        elif any(
-            isinstance(want, int) and have != want
-            for have, want in zip(value.shape, val.shape, strict=True)
-        ):
-            problems.append(
-                f"{what} has shape {tuple(value.shape)}, the graph expects {tuple(val.shape)}"
-            )
-        elif (
-            value.device != val.device and value.device.type != "meta" and val.device.type != "meta"
-        ):
-            problems.append(f"{what} is on {value.device}, the graph expects {val.device}")
-    return problems
+        if isinstance(value, torch.Tensor) and isinstance(val, torch.Tensor):
+            out.append((spec.target, name, value, val))
+    return out
+
+
+def _value_problem(what: str, value: torch.Tensor, val: torch.Tensor) -> str | None:
+    """How a state tensor's dtype, rank, static sizes or device disagree with its
+    placeholder's value, or None."""
+    if value.dtype != val.dtype:
+        return f"{what} is {value.dtype}, the graph expects {val.dtype}"
+    if value.dim() != val.dim():
+        return f"{what} has rank {value.dim()}, the graph expects {val.dim()}"
+    if any(
+        isinstance(want, int) and have != want
+        for have, want in zip(value.shape, val.shape, strict=True)
+    ):
+        return f"{what} has shape {tuple(value.shape)}, the graph expects {tuple(val.shape)}"
+    if value.device != val.device and value.device.type != "meta" and val.device.type != "meta":
+        return f"{what} is on {value.device}, the graph expects {val.device}"
+    return None
 
 
 def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
@@ -200,31 +214,42 @@ class _Signature:
     arguments: tuple[_Argument, ...]
     positional: int  # arguments that may be passed by position (they come first)
     names: frozenset[str]
+    writes: bool  # the schema writes into an argument (``FunctionSchema.is_mutable``)
+    # A call passing at least this many positional arguments and no keyword
+    # passes every required one.
+    needs: int
 
 
-_SCHEMAS: dict[Any, _Signature] = {}
+# Per operator overload, keyed by id with the overload held in the value (so the id
+# is never reused while the entry lives): an OpOverload hashes in Python, and this
+# is read for every call of every pass's output. Overloads live for the whole
+# process, so holding them frees nothing that could be reused.
+_SCHEMAS: dict[int, tuple[Any, _Signature]] = {}
 
 
 def _signature(target: Any, schema: Any) -> _Signature:
-    """The schema's arguments, reduced once per operator (overloads live for the
-    whole process, so holding them as keys frees nothing that could be reused)."""
-    found = _SCHEMAS.get(target)
-    if found is None:
-        arguments = tuple(
-            _Argument(
-                a.name,
-                _reduce(a.type),
-                a.kwarg_only,
-                not a.has_default_value() and a.type.kind() != "OptionalType",
-            )
-            for a in schema.arguments
+    """The schema's arguments, reduced once per operator."""
+    found = _SCHEMAS.get(id(target))
+    if found is not None and found[0] is target:
+        return found[1]
+    arguments = tuple(
+        _Argument(
+            a.name,
+            _reduce(a.type),
+            a.kwarg_only,
+            not a.has_default_value() and a.type.kind() != "OptionalType",
         )
-        found = _SCHEMAS[target] = _Signature(
-            arguments,
-            sum(not a.kwarg_only for a in arguments),
-            frozenset(a.name for a in arguments),
-        )
-    return found
+        for a in schema.arguments
+    )
+    signature = _Signature(
+        arguments,
+        sum(not a.kwarg_only for a in arguments),
+        frozenset(a.name for a in arguments),
+        bool(schema.is_mutable),
+        max((i + 1 for i, a in enumerate(arguments) if a.required), default=0),
+    )
+    _SCHEMAS[id(target)] = (target, signature)
+    return signature
 
 
 def _fits(value: Any, t: _Type) -> bool:
@@ -249,9 +274,15 @@ def _fits(value: Any, t: _Type) -> bool:
     return allowed is None or isinstance(value, allowed)
 
 
-def _node_argument_problems(node: torch.fx.Node, schema: Any) -> list[str]:
-    signature = _signature(node.target, schema)
+def _node_argument_problems(node: torch.fx.Node, signature: _Signature) -> list[str]:
     args, kwargs = node.args, node.kwargs
+    if not kwargs and signature.needs <= len(args) <= signature.positional:
+        # Positional arguments only, each required one passed: the common call.
+        return [
+            _misfit(node, value, arg)
+            for value, arg in zip(args, signature.arguments, strict=False)
+            if type(value) is not torch.fx.Node and not _fits(value, arg.type)
+        ]
     problems: list[str] = []
     if len(args) > signature.positional:
         return [
@@ -272,11 +303,15 @@ def _node_argument_problems(node: torch.fx.Node, schema: Any) -> list[str]:
                 problems.append(f"{_where(node)} is missing its argument {arg.name!r}")
             continue
         if type(value) is not torch.fx.Node and not _fits(value, arg.type):
-            problems.append(
-                f"{_where(node)} passes {value!r} ({type(value).__name__}) as {arg.name!r}, "
-                f"which its schema types {arg.type.text}"
-            )
+            problems.append(_misfit(node, value, arg))
     return problems
+
+
+def _misfit(node: torch.fx.Node, value: Any, arg: _Argument) -> str:
+    return (
+        f"{_where(node)} passes {value!r} ({type(value).__name__}) as {arg.name!r}, "
+        f"which its schema types {arg.type.text}"
+    )
 
 
 def _where(node: torch.fx.Node) -> str:
@@ -286,17 +321,36 @@ def _where(node: torch.fx.Node) -> str:
 def argument_problems(ep: ExportedProgram) -> list[str]:
     """Every call of an ATen operator in ``ep`` (nested graphs included) whose
     literal arguments do not fit the operator's schema, as readable lines."""
+    return _walk_calls(ep.graph_module).problems
+
+
+@attrs.frozen
+class _Calls:
+    """What one walk over a program's calls finds (:func:`_walk_calls`)."""
+
+    targets: list[Any]  # each top-level call_function target, in order
+    problems: list[str]  # :func:`argument_problems`
+    writes: bool  # some call, nested graphs included, has a schema that writes
+
+
+def _walk_calls(gm: torch.fx.GraphModule) -> _Calls:
+    targets: list[Any] = []
     problems: list[str] = []
-    for gm in ep.graph_module.modules():
-        if not isinstance(gm, torch.fx.GraphModule):
+    writes = False
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
             continue
-        for node in gm.graph.nodes:
+        for node in module.graph.nodes:
             if node.op != "call_function":
                 continue
+            if module is gm:
+                targets.append(node.target)
             schema = _program.op_schema(node.target)
             if schema is not None:
-                problems += _node_argument_problems(node, schema)
-    return problems
+                signature = _signature(node.target, schema)
+                problems += _node_argument_problems(node, signature)
+                writes = writes or signature.writes
+    return _Calls(targets, problems, writes)
 
 
 def check_arguments(output: ExportedProgram, source: ExportedProgram) -> None:
@@ -306,7 +360,10 @@ def check_arguments(output: ExportedProgram, source: ExportedProgram) -> None:
     Raises:
         ProgramError: listing each bad call (node, operator, argument, value).
     """
-    problems = argument_problems(output)
+    _raise_new_argument_problems(argument_problems(output), source)
+
+
+def _raise_new_argument_problems(problems: list[str], source: ExportedProgram) -> None:
     if not problems:
         return
     before = set(argument_problems(source))
@@ -316,6 +373,28 @@ def check_arguments(output: ExportedProgram, source: ExportedProgram) -> None:
             "it calls operators with arguments their schemas do not take:\n  " + "\n  ".join(new),
             new,
         )
+
+
+def check_output(output: ExportedProgram, source: ExportedProgram) -> list[Any]:
+    """:func:`verify_program`, :func:`check_state_writes` and
+    :func:`check_arguments` of a pass's ``output`` against its input ``source``.
+
+    The state check compares only the state inputs the pass changed
+    (:func:`state_problems` with ``source``).
+    One walk over the output's calls serves the last two: it checks each call's
+    arguments, and the walk that finds writes into state runs only when some call's
+    schema writes at all. Returns the top-level call targets the walk met, in order
+    (the manager's op count is made from them).
+
+    Raises:
+        ProgramError: as the three checks do.
+    """
+    _verify(output, source)
+    calls = _walk_calls(output.graph_module)
+    if calls.writes:
+        check_state_writes(output, source)
+    _raise_new_argument_problems(calls.problems, source)
+    return calls.targets
 
 
 def verify_program(ep: ExportedProgram) -> None:
@@ -332,11 +411,15 @@ def verify_program(ep: ExportedProgram) -> None:
     """
     if not isinstance(ep, ExportedProgram):
         raise ArgumentTypeError(f"verify_program takes an ExportedProgram, got {type(ep).__name__}")
+    _verify(ep, None)
+
+
+def _verify(ep: ExportedProgram, source: ExportedProgram | None) -> None:
     try:
         if not _program.still_validated(ep):
             ep.validate()
     except Exception as exc:
         raise ProgramError(f"{type(exc).__name__}: {exc}", [str(exc)]) from exc
-    problems = state_problems(ep)
+    problems = state_problems(ep, source)
     if problems:
         raise ProgramError("inconsistent program state:\n  " + "\n  ".join(problems), problems)

@@ -4,6 +4,7 @@ program object, the mutation rule, value checks, fingerprints, threads, store gr
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 import models
 import pytest
@@ -25,6 +26,7 @@ from epass import (
 )
 from epass.errors import ProgramError
 from epass.passes import CSE, ConstantFold, DeadCodeElimination, ReplaceOps
+from epass.records import op_delta, op_name
 
 aten = torch.ops.aten
 
@@ -309,6 +311,45 @@ def test_state_on_another_device_than_its_placeholder_fails_verification():
         node.meta["val"] = torch.empty(node.meta["val"].shape, device="cuda")
     with pytest.raises(ProgramError, match="the graph expects cuda"):
         verify_program(ep)
+
+
+def test_a_new_placeholder_value_disagreeing_with_its_state_fails_verification():
+    _, ep, _ = models.export("no_constants")
+
+    def retype(view):
+        node = next(n for n in view.graph.nodes if n.name == "p_linear_weight")
+        val = node.meta["val"]
+        with val.fake_mode:
+            node.meta["val"] = torch.empty(val.shape, dtype=torch.float64)
+        return PassResult(view, True)
+
+    with pytest.raises(VerificationError, match=r"'linear\.weight'.*float64"):
+        PassManager([retype]).run(ep)
+
+
+def test_a_state_disagreement_the_input_had_is_not_the_passs():
+    # The input already disagrees (a caller swapped the tensor); a pass that keeps
+    # the entry and its placeholder as they were is not blamed for it, as calls
+    # whose arguments were already wrong are not.
+    _, ep, _ = models.export("no_constants")
+    ep.state_dict["linear.weight"] = nn.Parameter(ep.state_dict["linear.weight"].double())
+    with pytest.raises(ProgramError, match=r"linear\.weight"):
+        verify_program(ep)
+    out = PassManager([Decompose()]).run(ep)
+    assert out.state_dict["linear.weight"] is ep.state_dict["linear.weight"]
+    assert out.graph_module is not ep.graph_module
+
+
+def test_verifying_an_output_counts_its_calls():
+    _, ep, _ = models.export("transformer")
+    result = PassManager([Decompose()])(ep)
+    (record,) = result.records
+    named = {
+        label: Counter(op_name(n.target) for n in p.graph.nodes if n.op == "call_function")
+        for label, p in (("before", ep), ("after", result.program))
+    }
+    assert dict(record.op_delta) == op_delta(named["before"], named["after"])
+    assert record.op_delta  # the decomposition changed the program's ops
 
 
 # --- 8, 9. fingerprints ---
