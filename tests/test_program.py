@@ -370,3 +370,17 @@ def test_epass_deep_copies_raise_no_leaf_spec_warning_and_leave_the_filters_alon
     assert [(e.fqn, e.signature) for e in copied] == [
         (e.fqn, e.signature) for e in ep.module_call_graph
     ]
+
+
+def test_a_graph_module_without_code_makes_it_when_read_or_called():
+    # torch.fx._lazy_graph_module._LazyGraphModule, pinned: the decomposed graph's
+    # module skips the code generation the program's constructor does again.
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(torch.ops.aten.relu.default, (x,)))
+    gm = _program.graph_module_without_code(graph)
+    assert isinstance(gm, torch.fx.GraphModule)
+    assert gm.graph is graph
+    assert "_code" not in vars(gm)  # nothing generated yet
+    assert torch.equal(gm(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))
+    assert "relu" in gm.code

@@ -578,9 +578,10 @@ def decompose(
     Raises:
         Fallback: when the result could differ from torch's; ``reason`` says why.
 
-    Holds :data:`state.LOCK` throughout.
+    Holds :data:`state.LOCK` throughout, with the garbage collector paused
+    (:func:`state.collector_paused`).
     """
-    with state.LOCK:
+    with state.LOCK, state.collector_paused():
         session = templates.Session(tables, deadline)
         try:
             result = _decompose(ep, tables, session, limit)
@@ -621,7 +622,7 @@ def _decompose(
         # trace read that size from the symbol it tracks, and lost the view as dead.
         if again in live and not again.users:
             graph.erase_node(again)
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm = _program.graph_module_without_code(graph)
     gm.meta.update(ep.graph_module.meta)
     if builder.new_sizes:
         with builder.watch.retrace("the runtime-assertion pass"):

@@ -4,19 +4,21 @@ threads end."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
 import models
+import pytest
 import torch
 from fingerprint import fingerprint, node_meta_fingerprint
 from torch import nn
 from torch.export import Dim
 
 from epass import Decompose
-from epass._decomp import templates
+from epass._decomp import splice, templates
 from epass._decomp.check import first_difference
-from epass._decomp.state import LOCK
+from epass._decomp.state import LOCK, collector_paused
 from epass._decomp.table import split_table
 
 aten = torch.ops.aten
@@ -206,3 +208,58 @@ def test_retrace_leaves_torchs_fake_rules_as_they_were():
         rules.pop(aten.item.default, None)
         if saved is not None:
             rules[aten.item.default] = saved
+
+
+# --- the garbage collector, paused while a decomposition builds its graph ---
+
+
+def test_decompose_pauses_the_collector_and_leaves_it_as_it_found_it():
+    seen = []
+    real = splice._decompose
+
+    def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    _, ep, _ = models.export("mlp")
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            splice._decompose = watched
+            try:
+                assert Decompose(method="incremental")(ep).notes["method"] == "incremental"
+            finally:
+                splice._decompose = real
+            assert gc.isenabled() is enabled
+        assert seen == [False, False]
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_overlapping_pauses_turn_the_collector_on_once_the_last_one_ends():
+    inside, leave = threading.Event(), threading.Event()
+    states = []
+
+    def other():
+        with collector_paused():
+            inside.set()
+            leave.wait(10)
+
+    assert gc.isenabled()
+    thread = threading.Thread(target=other)
+    with collector_paused():
+        thread.start()
+        assert inside.wait(10)
+    states.append(gc.isenabled())  # the other thread's block still runs
+    leave.set()
+    thread.join(10)
+    states.append(gc.isenabled())
+    assert states == [False, True]
+
+
+def test_a_failing_block_turns_the_collector_back_on():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="inside"), collector_paused():
+        raise RuntimeError("inside")
+    assert gc.isenabled()
