@@ -223,12 +223,7 @@ class _Builder:
             into_view = self._into_view(node, args)
         result, emitted = self._emit_template(node, template, inputs)
         self._record_view(result, emitted)
-        for fresh in regenerated:
-            # A view regenerated for this node is made where its decomposition first
-            # reads it.
-            first = next((n for n in emitted if fresh.value in n.all_input_nodes), None)
-            if first is not None:
-                fresh.move_before(first)
+        self.views.place(node, regenerated, emitted, result)
         self.decomposed += 1
         if node in self.through:
             self._write_back(node, result)

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 import torch
 
 from epass import _program
-from epass._decomp.safety import View, exact_here
+from epass._decomp.safety import Fallback, View, exact_here
+from epass._decomp.table import SIZE_OPS
 
 __all__ = ["Regenerated", "Views"]
 
@@ -33,6 +34,8 @@ class _Builder(Protocol):
     graph: torch.fx.Graph
     env: dict[torch.fx.Node, Any]
     changed: set[torch.fx.Node]
+    chains: dict[torch.fx.Node, list[torch.fx.Node]]
+    merged: dict[torch.fx.Node, torch.fx.Node]
 
 
 class Regenerated:
@@ -41,12 +44,6 @@ class Regenerated:
     def __init__(self, nodes: list[torch.fx.Node], value: torch.fx.Node) -> None:
         self.nodes = nodes
         self.value = value
-
-    def move_before(self, node: torch.fx.Node) -> None:
-        """Put the nodes just before ``node`` (inside a reader's decomposition, before
-        its first use of the view)."""
-        for emitted in self.nodes:
-            node.prepend(emitted)
 
 
 class Views:
@@ -113,6 +110,83 @@ class Views:
                 self.builder.env[read] = self.builder.env[view]
         return done
 
+    def place(
+        self,
+        reader: torch.fx.Node,
+        regenerated: list[Regenerated],
+        emitted: list[torch.fx.Node],
+        result: Any,
+    ) -> None:
+        """Put the nodes a decomposition of ``reader`` made (``emitted``, returning
+        ``result``) where the retrace's functionalization makes them, for the tensors
+        it reads whose memory was written in place: a view such a decomposition makes
+        of one is made again where something that is not a view first reads it, and a
+        view regenerated for ``reader`` is made there too, just before the views made
+        of it.
+
+        Raises:
+            Fallback: where views of such a tensor are read in a way this does not
+                follow (read both as they are and through a view, or by nothing that
+                is not a view).
+        """
+        fresh = {r.value: r.nodes for r in regenerated}
+        roots = dict(fresh)
+        for read in reader.all_input_nodes:
+            value = self.builder.env.get(read)
+            if isinstance(value, torch.fx.Node) and value not in roots and self._stale(read):
+                roots[value] = []
+        if reader in self.views:
+            roots = fresh  # a view itself: regenerated where it is read (refresh)
+        moves: dict[torch.fx.Node, list[tuple[torch.fx.Node, list[torch.fx.Node]]]] = {}
+        returned = set(_program.tree_leaves(result))
+        for root, nodes in roots.items():
+            made, first = _views_of(root, emitted, returned, root in fresh)
+            if first is None:
+                if made:
+                    raise Fallback(
+                        f"a view its decomposition makes ({made[-1].name}) of a tensor "
+                        f"written in place is read by no operator of {reader.name}"
+                    )
+                continue
+            moves.setdefault(first, []).append((made[-1] if made else root, nodes + made))
+        for first, placed in moves.items():
+            self._unbind_sizes(first, {n for _, nodes in placed for n in nodes}, emitted)
+            # Read in argument order, each made again just before the reader.
+            order = first.all_input_nodes
+            for _, nodes in sorted(placed, key=lambda item: order.index(item[0])):
+                for made in nodes:
+                    first.prepend(made)
+
+    def _unbind_sizes(
+        self, first: torch.fx.Node, moving: set[torch.fx.Node], emitted: list[torch.fx.Node]
+    ) -> None:
+        """A size query of the decomposition, before ``first``, of a view about to be
+        made again just before ``first``: the trace reads that size from the node
+        that first computed it (``merged``), as the runtime-assertion pass binds it;
+        bound so now, or the query would read the view before it is made."""
+        for node in emitted:
+            if node is first:
+                return
+            if node.target not in SIZE_OPS or node.args[0] not in moving:
+                continue
+            existing = self.builder.merged.pop(node, None)
+            if existing is None:
+                raise Fallback(
+                    f"a decomposition reads a size ({node.name}) of a view of a tensor "
+                    "written in place before the view is made again"
+                )
+            node.replace_all_uses_with(existing)
+            node.graph.erase_node(node)
+
+    def _stale(self, read: torch.fx.Node) -> bool:
+        """Whether ``read`` (a node of the program) is a tensor written in place, or a
+        view of one, read after a write: views made of it are made again where read."""
+        info = self.views.get(read)
+        if info is not None:
+            return read not in self.copies and self.generation.get(info.owner, 0) > 0
+        chain = self.builder.chains.get(read)
+        return chain is not None and self.generation.get(chain[0], 0) > 0
+
     def _is_view(self, view: torch.fx.Node, info: View) -> bool:
         """Whether the nodes made for ``view`` are view operators all the way down to
         what it views (a decomposition may copy instead: ``reshape``)."""
@@ -164,6 +238,55 @@ class Views:
             if _program.is_op_overload(node.target):
                 node.meta["original_aten"] = node.target
         return Regenerated(nodes, value)
+
+
+def _views_of(
+    root: torch.fx.Node, emitted: list[torch.fx.Node], returned: set[Any], fresh: bool
+) -> tuple[list[torch.fx.Node], torch.fx.Node | None]:
+    """The chain of views ``emitted`` makes of ``root``, in order, and the first node
+    that reads the chain's end and is not a view (None: nothing reads it). Nodes
+    nothing reads and the decomposition does not return (``returned``) are dead.
+
+    ``fresh``: ``root`` is a view regenerated for this decomposition; read as it is
+    and through a view, the retrace would make it twice.
+
+    Raises:
+        Fallback: the views branch, a view is made after the first read, or
+            something reads a view before the chain's end (or a regenerated
+            ``root`` and a view of it).
+    """
+    made: list[torch.fx.Node] = []
+    members = {root}
+    first = None
+    for node in emitted:
+        reads = [i for i in node.all_input_nodes if i in members]
+        if not reads or node.target in SIZE_OPS or not (node.users or node in returned):
+            continue  # a size query reads no data; a dead node goes
+        end = made[-1] if made else root
+        if _is_view_op(node.target):
+            if first is not None or reads != [end] or node.args[0] is not end:
+                raise Fallback(
+                    f"a decomposition makes views of a tensor written in place that "
+                    f"branch, or after reading it ({node.name})"
+                )
+            made.append(node)
+            members.add(node)
+            continue
+        inner = [i for i in reads if i is not end and (i is not root or fresh)]
+        if inner or (fresh and made and root in reads):
+            raise Fallback(
+                f"a decomposition reads a tensor written in place both as it is and "
+                f"through a view it makes ({node.name})"
+            )
+        if first is None and end in reads:
+            first = node
+    return made, first
+
+
+def _is_view_op(target: Any) -> bool:
+    """A view operator: its result aliases its input, and it writes nothing."""
+    schema = _program.op_schema(target)
+    return schema is not None and not schema.is_mutable and _aliases(target)
 
 
 def _aliases(target: Any) -> bool:

@@ -5,6 +5,7 @@ the same keep the retrace and say why."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from epass import Decompose
-from epass._decomp import check, safety
+from epass._decomp import check, safety, views
 
 aten = torch.ops.aten
 
@@ -690,3 +691,134 @@ def test_a_write_into_a_decompositions_view_of_a_tensor_the_program_views_keeps_
         "a write (aten.relu_.default at relu_) into a tensor its decomposition makes a view "
         "(aten.view.default), of a tensor the program views (select)"
     )
+
+
+# --- views a decomposition makes of a tensor written in place ---
+# Functionalization makes such a view again where an operator that is not a view
+# first reads it (after the views the decomposition made of other tensors), with the
+# program's own views of the tensor made again there too.
+
+
+def _written(x: torch.Tensor) -> torch.Tensor:
+    h = x * 2
+    h.relu_()
+    return h
+
+
+_MATMULS: dict[str, tuple[Callable[..., torch.Tensor], tuple[int, ...], tuple[int, ...]]] = {
+    "3-d, the written tensor first": (lambda x, y: _written(x) @ y, (2, 4, 8), (2, 8, 3)),
+    "3-d, broadcast": (lambda x, y: _written(x) @ y, (2, 4, 8), (1, 8, 3)),
+    "3-d, the written tensor second": (lambda x, y: y @ _written(x), (2, 4, 8), (2, 3, 4)),
+    "a view of it": (lambda x, y: _written(x).view(2, 4, 8) @ y, (2, 4, 8), (2, 8, 3)),
+    "4-d, same batch": (
+        lambda x, y: _written(x).unsqueeze(1) @ y.unsqueeze(3),
+        (2, 4, 8),
+        (2, 1, 8),
+    ),
+    "4-d, broadcast (a copy reads it)": (
+        lambda x, y: _written(x).unsqueeze(1) @ y.unsqueeze(3),
+        (2, 4, 8),
+        (2, 4, 8),
+    ),
+}
+
+
+class _Calls(nn.Module):
+    def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.fn(*args)
+
+
+@pytest.mark.parametrize("case", list(_MATMULS))
+def test_views_a_decomposition_makes_of_a_written_tensor_are_made_where_read(case):
+    fn, x_shape, y_shape = _MATMULS[case]
+    args = (torch.randn(x_shape), torch.randn(y_shape))
+    ep = torch.export.export(_Calls(fn), args)
+    out = _incremental(ep)
+    torch.testing.assert_close(out.module()(*args), fn(*args))
+
+
+class _GlobalContext(nn.Module):
+    """timm's GlobalContext attention pooling after an in-place SiLU (GCResNet)."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 1)
+        self.attn = nn.Conv2d(channels, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.silu(self.conv(x), inplace=True)
+        b, c, h, w = x.shape
+        attn = self.attn(x).reshape(b, 1, h * w).softmax(-1).unsqueeze(3)
+        context = x.reshape(b, c, h * w).unsqueeze(1) @ attn
+        return context.view(b, c, 1, 1) + x
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_global_context_pooling_after_an_in_place_activation_is_torchs_graph(dynamic):
+    dims = ({0: torch.export.Dim("batch", min=1, max=16)},) if dynamic else None
+    module = _GlobalContext().eval()
+    ep = torch.export.export(module, (torch.randn(2, 8, 4, 4),), dynamic_shapes=dims)
+    out = _incremental(ep)
+    x = torch.randn(3 if dynamic else 2, 8, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(out.module()(x), module(x))
+
+
+def _template(build: Callable[[torch.fx.Graph, torch.fx.Node], None]) -> list[torch.fx.Node]:
+    """The nodes ``build`` adds after a placeholder ``root`` (a decomposition's)."""
+    graph = torch.fx.Graph()
+    root = graph.placeholder("root")
+    build(graph, root)
+    return [n for n in graph.nodes if n.op == "call_function"]
+
+
+def _call(graph: torch.fx.Graph, op: Any, *args: Any) -> torch.fx.Node:
+    return graph.call_function(op, args)
+
+
+def test_the_views_of_a_written_tensor_end_where_an_operator_reads_them():
+    def build(g, root):
+        v = _call(g, aten.view.default, root, [8])
+        _call(g, aten.neg.default, g.placeholder("other"))
+        e = _call(g, aten.expand.default, v, [2, 8])
+        g.output(_call(g, aten.sum.default, e))
+
+    emitted = _template(build)
+    root = emitted[0].args[0]
+    made, first = views._views_of(root, emitted, {emitted[-1]}, fresh=True)
+    assert [n.target for n in made] == [aten.view.default, aten.expand.default]
+    assert first is emitted[-1]
+
+
+@pytest.mark.parametrize(
+    ("build", "fresh", "reason"),
+    [
+        (
+            lambda g, r: (
+                _call(g, aten.sum.default, _call(g, aten.view.default, r, [8])),
+                _call(g, aten.sum.default, _call(g, aten.expand.default, r, [2, 8])),
+            ),
+            False,
+            "branch",
+        ),
+        (
+            lambda g, r: (
+                v := _call(g, aten.view.default, r, [8]),
+                _call(g, aten.neg.default, r),
+                _call(g, aten.sum.default, v),
+            )[1:],
+            True,
+            "both as it is and through a view",
+        ),
+    ],
+    ids=["branching views", "read as it is and through a view"],
+)
+def test_views_of_a_written_tensor_read_otherwise_keep_the_retrace(build, fresh, reason):
+    emitted = _template(lambda g, r: g.output(build(g, r)))
+    root = next(iter(emitted[0].graph.nodes))
+    with pytest.raises(safety.Fallback, match=reason):
+        views._views_of(root, emitted, set(), fresh=fresh)
