@@ -122,7 +122,11 @@ class _Builder:
 
     def emit_node(self, node: torch.fx.Node) -> None:
         """Copy ``node``, or splice in its decomposition where the table rewrites it."""
-        if table.splices(node, self.tables) and (
+        src = node.args[0] if node.target is operator.getitem else None
+        if isinstance(src, torch.fx.Node) and isinstance(self.env.get(src), (tuple, list)):
+            # An item of a producer whose decomposition returned a tuple: that item.
+            self.env[node] = self.env[src][node.args[1]]  # type: ignore[index]
+        elif table.splices(node, self.tables) and (
             self.limit is None or self.decomposed < self.limit
         ):
             self.splice(node)
@@ -650,21 +654,6 @@ def _walk(builder: _Builder, old_graph: torch.fx.Graph) -> None:
             out = torch.fx.node.map_arg(node.args, lambda n: builder.env[n])
             builder.graph.output(out[0])
             continue
-        if node.op == "call_function" and node.target is operator.getitem:
-            src = node.args[0]
-            if (
-                isinstance(src, torch.fx.Node)
-                and src.op == "call_function"
-                and not isinstance(builder.env[src], torch.fx.Node)
-            ):
-                # The decomposed producer returned a tuple: index it directly.
-                if node in builder.views.views:
-                    raise Fallback(
-                        f"an item ({node.name}) of a multi-output view the table "
-                        "rewrites, of a tensor written in place"
-                    )
-                builder.env[node] = builder.env[src][node.args[1]]
-                continue
         builder.emit_node(node)
 
 

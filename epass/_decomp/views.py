@@ -8,7 +8,11 @@ that is not itself a view) after a write; a view made after a write is regenerat
 at its first read, and the node made when it was created is left dead. The
 regenerated nodes carry the reading node's ``nn_module_stack`` and ``torch_fn``, the
 stack trace of the view they replay (of the write, for a view written through), and the
-view operator as ``original_aten``.
+``original_aten`` of the node they make again: the view operator, or the operator a
+decomposition made it for (``split`` for the ``split_with_sizes`` of its template).
+
+A view a decomposition makes of such a tensor is regenerated the same way, where an
+operator of that decomposition that is not a view first reads it (:meth:`Views.place`).
 """
 
 from __future__ import annotations
@@ -189,19 +193,21 @@ class Views:
 
     def _is_view(self, view: torch.fx.Node, info: View) -> bool:
         """Whether the nodes made for ``view`` are view operators all the way down to
-        what it views (a decomposition may copy instead: ``reshape``)."""
+        what it views (a decomposition may copy instead: ``reshape``). A split the
+        table rewrites is made as a tuple: each of its items must be."""
         env = self.builder.env
         base = info.chain[-2] if len(info.chain) > 1 else info.start
         target = env.get(base)
-        node = env.get(view)
-        while isinstance(node, torch.fx.Node) and node is not target:
-            # An item of a split is a view where the split is one.
-            if node.op != "call_function" or not (
-                node.target is operator.getitem or _aliases(node.target)
-            ):
+        made = env.get(view)
+        if isinstance(target, (tuple, list)):
+            # An item of a split the table rewrites: its template's item, a view of
+            # what the split's own base is now.
+            if made not in target:
                 return False
-            node = node.args[0] if node.args else None
-        return node is target
+            base = info.chain[-3] if len(info.chain) > 2 else info.start
+            target = env.get(base)
+        items = made if isinstance(made, (tuple, list)) else [made]
+        return all(_views_down_to(item, target) for item in items)
 
     def _regenerate(self, view: torch.fx.Node, info: View, reader: torch.fx.Node) -> Regenerated:
         if any(w.target is operator.getitem for w in info.chain):
@@ -235,8 +241,6 @@ class Views:
                     node.meta[field] = copy.copy(reader.meta[field])
                 else:
                     node.meta.pop(field, None)
-            if _program.is_op_overload(node.target):
-                node.meta["original_aten"] = node.target
         return Regenerated(nodes, value)
 
 
@@ -287,6 +291,18 @@ def _is_view_op(target: Any) -> bool:
     """A view operator: its result aliases its input, and it writes nothing."""
     schema = _program.op_schema(target)
     return schema is not None and not schema.is_mutable and _aliases(target)
+
+
+def _views_down_to(node: Any, target: Any) -> bool:
+    """Whether ``node`` is ``target`` or made from it by view operators alone (an
+    item of a split counting as a view where the split is one)."""
+    while isinstance(node, torch.fx.Node) and node is not target:
+        if node.op != "call_function" or not (
+            node.target is operator.getitem or _aliases(node.target)
+        ):
+            return False
+        node = node.args[0] if node.args else None
+    return node is target
 
 
 def _aliases(target: Any) -> bool:

@@ -181,12 +181,8 @@ class _SplitReadAfter(nn.Module):
         (_IntoBuffer, "a write into input b_count (aten.add_.Tensor at add_)"),
         (_ThroughView, "a write through a view (aten.relu_.default at relu_, into view)"),
         (_ViewReturned, "a view of mul written in place, returned (view)"),
-        (
-            _SplitReadAfter,
-            "an item (getitem) of a multi-output view the table rewrites, of a tensor written",
-        ),
     ],
-    ids=["user input", "buffer", "through a view", "view returned", "split read after"],
+    ids=["user input", "buffer", "through a view", "view returned"],
 )
 def test_writes_the_incremental_path_cannot_prove_keep_the_retrace_and_say_why(module, why):
     ep = torch.export.export(module(), (torch.randn(4, 4),))
@@ -822,3 +818,50 @@ def test_views_of_a_written_tensor_read_otherwise_keep_the_retrace(build, fresh,
     root = next(iter(emitted[0].graph.nodes))
     with pytest.raises(safety.Fallback, match=reason):
         views._views_of(root, emitted, set(), fresh=fresh)
+
+
+# --- items of a split the table rewrites, of a tensor written in place ---
+
+
+class _SplitAfter(nn.Module):
+    """timm's SKNet and Res2Net: a split (which the table rewrites into
+    split_with_sizes) of an in-place activation's output."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = torch.relu_(x * 2).split(2, 1)
+        return a * 2, b * 3
+
+
+class _ChunkAfter(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = torch.relu_(x + 1).chunk(2, 1)
+        return torch.stack([p.sum(1) for p in parts])
+
+
+@only_exact_release
+@pytest.mark.parametrize(
+    ("module", "dynamic"),
+    [
+        (_SplitAfter, False),
+        (_SplitAfter, True),
+        (_ChunkAfter, False),
+        (_ChunkAfter, True),
+        (_SplitReadAfter, False),  # splits the batch: static only
+    ],
+    ids=["split", "split-dynamic", "chunk", "chunk-dynamic", "split before the write"],
+)
+def test_items_of_a_split_the_table_rewrites_are_made_again_where_read(module, dynamic):
+    # Each item is made again, with its own split_with_sizes, where it is first read;
+    # the split made before (or at) the write is left dead.
+    dims = ({0: torch.export.Dim("batch", min=2, max=8)},) if dynamic else None
+    ep = torch.export.export(module(), (torch.randn(4, 4),), dynamic_shapes=dims)
+    out = _incremental(ep)
+    splits = [n for n in out.graph.nodes if n.target == aten.split_with_sizes.default]
+    assert len(splits) == 2
+    x = torch.randn(4, 4)
+    for got, want in zip(
+        torch.utils._pytree.tree_leaves(out.module()(x)),
+        torch.utils._pytree.tree_leaves(module()(x)),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, want)
