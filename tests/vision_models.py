@@ -178,6 +178,8 @@ CORPUS: dict[str, VisionCase] = {
     "timm_regnetx_002": VisionCase("timm", _timm("regnetx_002")),
     "timm_ghostnet_100": VisionCase("timm", _timm("ghostnet_100")),
     "timm_mixnet_s": VisionCase("timm", _timm("mixnet_s")),
+    "timm_gcresnet33ts": VisionCase("timm", _timm("gcresnet33ts")),
+    "timm_skresnet18": VisionCase("timm", _timm("skresnet18")),
     "timm_swin_tiny": VisionCase(
         "timm", _timm("swin_tiny_patch4_window7_224", img_size=112), size=112
     ),
