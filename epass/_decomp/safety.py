@@ -172,6 +172,10 @@ def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str
         if _program.is_op_overload(target):
             if target.namespace != "aten":
                 return f"a non-ATen op ({target} at {node.name})"
+            if target in _DERIVED_SIZES and isinstance(val, torch.SymInt):
+                # The retrace's trace computes it from the sizes it tracks (numel:
+                # a product of sym_size nodes); a copy would keep the query.
+                return f"a symbolic {target.overloadpacket.__name__} ({node.name})"
         elif _program.is_higher_order(target):
             return f"a higher-order op ({target.name()} at {node.name})"
         elif not is_plain_call(target):
@@ -179,6 +183,16 @@ def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str
         if "val" not in node.meta and not _returns_nothing(target):
             return f"node {node.name} carries no value"
     return None
+
+
+# Size queries other than ``sym_size``: a trace re-derives a symbolic one.
+_DERIVED_SIZES = frozenset(
+    (
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_stride.int,
+        torch.ops.aten.sym_storage_offset.default,
+    )
+)
 
 
 def written_argument(op: Any) -> int | None:

@@ -68,3 +68,21 @@ def test_lifted_constants_in_the_retraces_order_take_the_incremental_path():
     result = Decompose(check=True)(ep)  # the retrace re-orders them; so does the result
     assert result.notes["method"] == "incremental" and result.notes["checked"] is True
     torch.testing.assert_close(result.program.module()(x), module(x))
+
+
+class _Numel(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + x.numel()
+
+
+def test_a_symbolic_numel_keeps_the_retrace():
+    # Export records aten.sym_numel; the retrace's trace makes the value from the
+    # sizes it tracks (a sym_size node times the static sizes), which a copy would not.
+    dims = ({0: torch.export.Dim("batch", min=2, max=8)},)
+    ep = torch.export.export(_Numel(), (torch.randn(3, 4),), dynamic_shapes=dims)
+    assert any(n.target == torch.ops.aten.sym_numel.default for n in ep.graph.nodes)
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "retrace"
+    assert result.notes["fallback"] == "a symbolic sym_numel (sym_numel_default)"
+    static = torch.export.export(_Numel(), (torch.randn(3, 4),))
+    assert Decompose(check=True)(static).notes["method"] == "incremental"
