@@ -144,15 +144,8 @@ class Views:
         moves: dict[torch.fx.Node, list[tuple[torch.fx.Node, list[torch.fx.Node]]]] = {}
         returned = set(_program.tree_leaves(result))
         for root, nodes in roots.items():
-            made, first = _views_of(root, emitted, returned, root in fresh)
-            if first is None:
-                if made:
-                    raise Fallback(
-                        f"a view its decomposition makes ({made[-1].name}) of a tensor "
-                        f"written in place is read by no operator of {reader.name}"
-                    )
-                continue
-            moves.setdefault(first, []).append((made[-1] if made else root, nodes + made))
+            for first, end, made in _views_of(root, emitted, returned, root in fresh):
+                moves.setdefault(first, []).append((end, nodes + made))
         for first, placed in moves.items():
             self._unbind_sizes(first, {n for _, nodes in placed for n in nodes}, emitted)
             # Read in argument order, each made again just before the reader.
@@ -246,45 +239,67 @@ class Views:
 
 def _views_of(
     root: torch.fx.Node, emitted: list[torch.fx.Node], returned: set[Any], fresh: bool
-) -> tuple[list[torch.fx.Node], torch.fx.Node | None]:
-    """The chain of views ``emitted`` makes of ``root``, in order, and the first node
-    that reads the chain's end and is not a view (None: nothing reads it). Nodes
-    nothing reads and the decomposition does not return (``returned``) are dead.
+) -> list[tuple[torch.fx.Node, torch.fx.Node, list[torch.fx.Node]]]:
+    """Where the views ``emitted`` makes of ``root`` are made again: for each view an
+    operator that is not a view reads (first), that operator, the view, and the
+    views from ``root`` to it, in order. Nodes nothing reads and the decomposition
+    does not return (``returned``) are dead.
 
-    ``fresh``: ``root`` is a view regenerated for this decomposition; read as it is
-    and through a view, the retrace would make it twice.
+    ``fresh``: ``root`` is a view regenerated for this decomposition; each branch
+    of views made of it, or a read of it as it is, would make it again.
 
     Raises:
-        Fallback: the views branch, a view is made after the first read, or
-            something reads a view before the chain's end (or a regenerated
-            ``root`` and a view of it).
+        Fallback: a view is made of a view after that one was read, views branch
+            from a view, a fresh ``root`` is read in two ways, or a view is read by
+            nothing that is not a view.
     """
-    made: list[torch.fx.Node] = []
-    members = {root}
-    first = None
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}  # a view made -> what it views
+    children: dict[torch.fx.Node, int] = {}
+    placed: list[tuple[torch.fx.Node, torch.fx.Node, list[torch.fx.Node]]] = []
+    read: set[torch.fx.Node] = set()  # views already read (and made again)
+    direct = False  # root read as it is
+
+    def refuse(node: torch.fx.Node) -> Fallback:
+        return Fallback(
+            f"a decomposition reads views of a tensor written in place in a way the "
+            f"retrace makes otherwise ({node.name})"
+        )
+
     for node in emitted:
-        reads = [i for i in node.all_input_nodes if i in members]
+        reads = [i for i in node.all_input_nodes if i is root or i in parent]
         if not reads or node.target in SIZE_OPS or not (node.users or node in returned):
             continue  # a size query reads no data; a dead node goes
-        end = made[-1] if made else root
-        if _is_view_op(node.target):
-            if first is not None or reads != [end] or node.args[0] is not end:
-                raise Fallback(
-                    f"a decomposition makes views of a tensor written in place that "
-                    f"branch, or after reading it ({node.name})"
-                )
-            made.append(node)
-            members.add(node)
+        if _is_view_op(node.target) and len(reads) == 1 and node.args[0] is reads[0]:
+            base = reads[0]
+            if base in read or (base is not root and children.get(base)):
+                raise refuse(node)  # a view of a view already read, or a branch
+            parent[node] = base
+            children[base] = children.get(base, 0) + 1
             continue
-        inner = [i for i in reads if i is not end and (i is not root or fresh)]
-        if inner or (fresh and made and root in reads):
-            raise Fallback(
-                f"a decomposition reads a tensor written in place both as it is and "
-                f"through a view it makes ({node.name})"
-            )
-        if first is None and end in reads:
-            first = node
-    return made, first
+        for view in node.all_input_nodes:
+            if view is root:
+                direct = True
+            elif view in parent and view not in read:
+                if children.get(view):
+                    raise refuse(node)  # read before the views made of it
+                chain = [view]
+                while parent[chain[-1]] is not root:
+                    chain.append(parent[chain[-1]])
+                read.update(chain)
+                placed.append((node, view, chain[::-1]))
+    if fresh and (len(placed) > 1 or (placed and direct)):
+        raise refuse(placed[-1][0])
+    unread = [v for v in parent if v not in read and not children.get(v)]
+    if unread:
+        raise Fallback(
+            f"a view its decomposition makes ({unread[0].name}) of a tensor written in "
+            f"place is read by no operator of it"
+        )
+    if fresh and not placed and direct:
+        # Read as it is: made again where the decomposition first reads it.
+        first = next(n for n in emitted if root in n.all_input_nodes and n.target not in SIZE_OPS)
+        return [(first, root, [])]
+    return placed
 
 
 def _is_view_op(target: Any) -> bool:

@@ -711,6 +711,12 @@ _MATMULS: dict[str, tuple[Callable[..., torch.Tensor], tuple[int, ...], tuple[in
         (2, 4, 8),
         (2, 1, 8),
     ),
+    "diff": (lambda x, y: _written(x).diff(dim=-1) + y.sum(), (2, 4, 8), (2,)),
+    "einsum": (
+        lambda x, y: torch.einsum("bij,bkj->bik", _written(x), _written(x)) + y.sum(),
+        (2, 4, 8),
+        (2,),
+    ),
     "4-d, broadcast (a copy reads it)": (
         lambda x, y: _written(x).unsqueeze(1) @ y.unsqueeze(3),
         (2, 4, 8),
@@ -785,39 +791,60 @@ def test_the_views_of_a_written_tensor_end_where_an_operator_reads_them():
 
     emitted = _template(build)
     root = emitted[0].args[0]
-    made, first = views._views_of(root, emitted, {emitted[-1]}, fresh=True)
-    assert [n.target for n in made] == [aten.view.default, aten.expand.default]
-    assert first is emitted[-1]
+    ((first, end, chain),) = views._views_of(root, emitted, {emitted[-1]}, fresh=True)
+    assert [n.target for n in chain] == [aten.view.default, aten.expand.default]
+    assert first is emitted[-1] and end is chain[-1]
+
+
+def test_branches_of_views_of_a_written_tensor_are_each_made_where_read():
+    # diff: x[1:] - x[:-1], each slice made again before the subtraction, in its order.
+    def build(g, root):
+        late = _call(g, aten.slice.Tensor, root, 0, 0, 3)
+        early = _call(g, aten.slice.Tensor, root, 0, 1, 4)
+        g.output(_call(g, aten.sub.Tensor, early, late))
+
+    emitted = _template(build)
+    root = emitted[0].args[0]
+    placed = views._views_of(root, emitted, {emitted[-1]}, fresh=False)
+    assert [(first, chain) for first, _, chain in placed] == [
+        (emitted[-1], [emitted[1]]),
+        (emitted[-1], [emitted[0]]),
+    ]
 
 
 @pytest.mark.parametrize(
-    ("build", "fresh", "reason"),
+    "build",
     [
-        (
-            lambda g, r: (
-                _call(g, aten.sum.default, _call(g, aten.view.default, r, [8])),
-                _call(g, aten.sum.default, _call(g, aten.expand.default, r, [2, 8])),
-            ),
-            False,
-            "branch",
+        lambda g, r: (
+            _call(g, aten.sum.default, _call(g, aten.view.default, r, [8])),
+            _call(g, aten.sum.default, _call(g, aten.expand.default, r, [2, 8])),
         ),
-        (
-            lambda g, r: (
-                v := _call(g, aten.view.default, r, [8]),
-                _call(g, aten.neg.default, r),
-                _call(g, aten.sum.default, v),
-            )[1:],
-            True,
-            "both as it is and through a view",
-        ),
+        lambda g, r: (
+            v := _call(g, aten.view.default, r, [8]),
+            _call(g, aten.neg.default, r),
+            _call(g, aten.sum.default, v),
+        )[1:],
     ],
-    ids=["branching views", "read as it is and through a view"],
+    ids=["two branches", "as it is and through a view"],
 )
-def test_views_of_a_written_tensor_read_otherwise_keep_the_retrace(build, fresh, reason):
+def test_a_regenerated_view_read_in_two_ways_keeps_the_retrace(build):
+    # The retrace would make the regenerated view again for each of them.
     emitted = _template(lambda g, r: g.output(build(g, r)))
     root = next(iter(emitted[0].graph.nodes))
-    with pytest.raises(safety.Fallback, match=reason):
-        views._views_of(root, emitted, set(), fresh=fresh)
+    with pytest.raises(safety.Fallback, match="in a way the retrace makes otherwise"):
+        views._views_of(root, emitted, set(), fresh=True)
+
+
+def test_views_branching_from_a_view_keep_the_retrace():
+    def build(g, root):
+        v = _call(g, aten.view.default, root, [8])
+        a = _call(g, aten.slice.Tensor, v, 0, 0, 4)
+        b = _call(g, aten.slice.Tensor, v, 0, 4, 8)
+        g.output(_call(g, aten.sub.Tensor, a, b))
+
+    emitted = _template(build)
+    with pytest.raises(safety.Fallback, match="in a way the retrace makes otherwise"):
+        views._views_of(emitted[0].args[0], emitted, {emitted[-1]}, fresh=False)
 
 
 # --- items of a split the table rewrites, of a tensor written in place ---
