@@ -3,6 +3,7 @@ fresh fake inputs a template is traced on (built from what its key names)."""
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -175,6 +176,28 @@ def fresh_fakes(fake_mode: Any, values: Iterable[Any], grads: Iterable[bool]) ->
     ]
 
 
+def requires_grad(node: torch.fx.Node, grads: frozenset[str]) -> bool:
+    """Whether ``node``'s value requires grad in the retrace, which computes under
+    ``no_grad`` from the placeholders ``grads`` names: a view of such a placeholder
+    (through any chain of views, items of a split included) still does, every other
+    computed value does not (``detach`` made a view that does not)."""
+    while node.op == "call_function":
+        target = node.target
+        if target is operator.getitem or (
+            _program.is_op_overload(target)
+            and target is not torch.ops.aten.detach.default
+            and not target._schema.is_mutable
+            and any(r.alias_info is not None for r in target._schema.returns)
+        ):
+            source = node.args[0] if node.args else None
+            if not isinstance(source, torch.fx.Node):
+                return False
+            node = source
+            continue
+        return False
+    return node.op == "placeholder" and node.name in grads
+
+
 def template_key(
     op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], grads: frozenset[str]
 ) -> tuple[str, tuple[Any, ...], list[torch.fx.Node], list[bool]]:
@@ -187,7 +210,7 @@ def template_key(
     for a in flat:
         if isinstance(a, torch.fx.Node):
             v = a.meta["val"]
-            grad = a.op == "placeholder" and a.name in grads
+            grad = requires_grad(a, grads)
             inputs.append(a)
             flags.append(grad)
             key_parts.append(tensor_key(v, grad) if isinstance(v, torch.Tensor) else const_key(v))

@@ -224,3 +224,45 @@ def test_a_fresh_fake_has_every_property_its_key_names():
             fake = keys.fresh_fake(fake_mode, value, grad)
             assert fake is not value and fake.requires_grad is grad
             assert keys.tensor_key(fake, fake.requires_grad) == keys.tensor_key(value, grad)
+
+
+class _ByTransposedParameter(nn.Module):
+    """BotNet's relative position logits: a 4-d query whose strides do not fold,
+    times a transposed parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rel = nn.Parameter(torch.randn(31, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = x.permute(0, 2, 1).reshape(8, 16, 16, 64)
+        return q @ self.rel.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("read", ["transpose", "split"])
+def test_a_view_of_a_parameter_requires_grad_in_the_retrace(read, tmp_path, monkeypatch):
+    # The retrace computes under no_grad, yet a view of a parameter requires grad
+    # there as in eager mode, and matmul folds into mm because of it.
+    monkeypatch.setenv(store.DIR_ENV, str(tmp_path))
+    module = _ByTransposedParameter()
+    if read == "split":
+        module.forward = lambda x: (  # type: ignore[method-assign]
+            x.permute(0, 2, 1).reshape(8, 16, 16, 64) @ module.rel.split(16)[0].T
+        )
+    ep = torch.export.export(module, (torch.randn(8, 64, 256),))
+    result = Decompose(method="incremental", check=True)(ep)
+    assert result.notes["checked"]
+    assert aten.mm.default in {n.target for n in result.program.graph.nodes}
+    with torch.no_grad():
+        view = module.rel.T
+    assert view.requires_grad
+
+
+def test_a_detached_view_of_a_parameter_does_not_require_grad():
+    graph = torch.fx.Graph()
+    weight = graph.placeholder("p_weight")
+    t = graph.call_function(aten.t.default, (weight,))
+    detached = graph.call_function(aten.detach.default, (t,))
+    grads = frozenset({"p_weight"})
+    assert keys.requires_grad(t, grads) and not keys.requires_grad(detached, grads)
+    assert not keys.requires_grad(graph.call_function(aten.neg.default, (t,)), grads)
