@@ -254,6 +254,13 @@ class _Builder:
         if len(info.chain) > 1:
             safety.exact_here("a write through a chain of views")
         owner = info.owner
+        if self.env[owner] in self.view_bases:
+            # The tensor is a view its decomposition made (matmul's of its bmm): the
+            # retrace writes back through that view into what it views as well.
+            raise Fallback(
+                f"a write through a view ({node.target} at {node.name}) of a tensor its "
+                f"decomposition makes a view ({owner.name})"
+            )
         steps = []  # each view of the chain: its operator and its own arguments
         for link in info.chain:
             made = self.env[link]

@@ -166,6 +166,15 @@ class _ViewReturned(nn.Module):
         return h.view(-1)
 
 
+class _IntoSliceOfProduct(nn.Module):
+    """torchvision's MViT v2: ``attn[:, :, 1:, 1:] += rel_pos`` on ``attn = q @ k``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attn = torch.matmul(x.view(1, 2, 2, 4), x.view(1, 2, 4, 2))
+        attn[:, :, 1:] += 1
+        return attn.softmax(-1)
+
+
 class _SplitReadAfter(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x * 2
@@ -181,8 +190,13 @@ class _SplitReadAfter(nn.Module):
         (_IntoBuffer, "a write into input b_count (aten.add_.Tensor at add_)"),
         (_ThroughView, "a write through a view (aten.relu_.default at relu_, into view)"),
         (_ViewReturned, "a view of mul written in place, returned (view)"),
+        (
+            _IntoSliceOfProduct,
+            "a write through a view (aten.add_.Tensor at add_) of a tensor its "
+            "decomposition makes a view (matmul)",
+        ),
     ],
-    ids=["user input", "buffer", "through a view", "view returned"],
+    ids=["user input", "buffer", "through a view", "view returned", "through a view of a view"],
 )
 def test_writes_the_incremental_path_cannot_prove_keep_the_retrace_and_say_why(module, why):
     ep = torch.export.export(module(), (torch.randn(4, 4),))
