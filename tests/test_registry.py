@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
+import installed_plugins
 import pytest
 import torch
 
@@ -232,9 +233,15 @@ def test_plugin_cannot_shadow_a_builtin(
 PLUGIN_DIST = "epass-example-plugin"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def example_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """pip-install examples/plugin into this environment, then uninstall it."""
+    """pip-install examples/plugin into this environment, then uninstall it, holding
+    the lock other workers' ``python -m epass`` subprocesses wait on meanwhile."""
+    with installed_plugins.held(exclusive=True):
+        yield from _installed_plugin(tmp_path_factory)
+
+
+def _installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     try:
         importlib.metadata.distribution(PLUGIN_DIST)
         preinstalled = True

@@ -241,17 +241,13 @@ def _views_of(
     root: torch.fx.Node, emitted: list[torch.fx.Node], returned: set[Any], fresh: bool
 ) -> list[tuple[torch.fx.Node, torch.fx.Node, list[torch.fx.Node]]]:
     """Where the views ``emitted`` makes of ``root`` are made again: for each view an
-    operator that is not a view reads (first), that operator, the view, and the
-    views from ``root`` to it, in order. Nodes nothing reads and the decomposition
-    does not return (``returned``) are dead.
-
-    ``fresh``: ``root`` is a view regenerated for this decomposition; each branch
-    of views made of it, or a read of it as it is, would make it again.
+    operator that is not a view reads (first), that operator, the view, and the views
+    from ``root`` to it. Nodes nothing reads and not ``returned`` are dead. ``fresh``:
+    ``root`` is a view regenerated here, made again by each branch or direct read.
 
     Raises:
-        Fallback: a view is made of a view after that one was read, views branch
-            from a view, a fresh ``root`` is read in two ways, or a view is read by
-            nothing that is not a view.
+        Fallback: a view of a view already read, views branching from a view, a fresh
+            ``root`` read in two ways, or a view nothing but views reads.
     """
     parent: dict[torch.fx.Node, torch.fx.Node] = {}  # a view made -> what it views
     children: dict[torch.fx.Node, int] = {}
