@@ -220,7 +220,10 @@ class _Builder:
             self.session,
             node.meta.get("val") if same else None,
         )
-        if node in self.no_write and not safety.returns_its_input(template, inputs, args, op):
+        # An in-place op whose decomposition returns what it was to write (dropout_ in
+        # eval) writes nothing: functionalization sees no write, and its views stay.
+        writes = not safety.returns_its_input(template, inputs, args, op)
+        if node in self.no_write and writes:
             raise Fallback(self.no_write[node])
         into_view = None
         if node not in self.no_write and node not in self.through:
@@ -235,7 +238,7 @@ class _Builder:
         if into_view is not None and result is not into_view[1]:
             result = self._write_into_view(node, result, into_view)
         new_val = keys.values_of(result) if result is not None else None
-        for alias in self._written(node):
+        for alias in self._written(node, writes=writes):
             # Every later read of the tensor an in-place node wrote (the tensor, and
             # the earlier in-place results aliasing it) reads the new value, as
             # functionalization makes it; earlier reads were copied already.
@@ -552,7 +555,7 @@ class _Builder:
         if existing is not new:
             self.merged[new] = existing
 
-    def _written(self, node: torch.fx.Node) -> list[torch.fx.Node]:
+    def _written(self, node: torch.fx.Node, writes: bool = True) -> list[torch.fx.Node]:
         """``node`` and, for an in-place node, every alias of what it writes (the
         tensor and the in-place results before it): ``safety.unsafe_reason`` took
         only writes into intermediates that no view reads afterwards."""
@@ -563,7 +566,8 @@ class _Builder:
         chain = [*self.chains.get(written, [written]), node]
         for alias in chain:
             self.chains[alias] = chain
-        self.views.written(chain[0])
+        if writes:
+            self.views.written(chain[0])
         return chain
 
 

@@ -182,7 +182,8 @@ class Views:
         if info is not None:
             return read not in self.copies and self.generation.get(info.owner, 0) > 0
         chain = self.builder.chains.get(read)
-        return chain is not None and self.generation.get(chain[0], 0) > 0
+        owner = chain[0] if chain is not None else read  # written through a view too
+        return self.generation.get(owner, 0) > 0
 
     def _is_view(self, view: torch.fx.Node, info: View) -> bool:
         """Whether the nodes made for ``view`` are view operators all the way down to

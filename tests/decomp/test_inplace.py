@@ -715,6 +715,13 @@ def _written(x: torch.Tensor) -> torch.Tensor:
     return h
 
 
+def _written_through_a_view(x: torch.Tensor) -> torch.Tensor:
+    h = x * 1
+    h[:, 0] = 3.0
+    torch.relu_(h[:, 2:])
+    return h
+
+
 _MATMULS: dict[str, tuple[Callable[..., torch.Tensor], tuple[int, ...], tuple[int, ...]]] = {
     "3-d, the written tensor first": (lambda x, y: _written(x) @ y, (2, 4, 8), (2, 8, 3)),
     "3-d, broadcast": (lambda x, y: _written(x) @ y, (2, 4, 8), (1, 8, 3)),
@@ -728,6 +735,28 @@ _MATMULS: dict[str, tuple[Callable[..., torch.Tensor], tuple[int, ...], tuple[in
     "diff": (lambda x, y: _written(x).diff(dim=-1) + y.sum(), (2, 4, 8), (2,)),
     "einsum": (
         lambda x, y: torch.einsum("bij,bkj->bik", _written(x), _written(x)) + y.sum(),
+        (2, 4, 8),
+        (2,),
+    ),
+    "diff, written through a view": (
+        lambda x, y: _written_through_a_view(x).diff(dim=-1) + y.sum(),
+        (2, 4, 8),
+        (2,),
+    ),
+    "einsum, written through a view": (
+        lambda x, y: torch.einsum("bij,bkj->bik", *[_written_through_a_view(x)] * 2) + y.sum(),
+        (2, 4, 8),
+        (2,),
+    ),
+    "diff, an in-place dropout in eval (no write)": (
+        lambda x, y: F.dropout(x * 1, 0.1, False, True).diff(dim=-1) + y.sum(),
+        (2, 4, 8),
+        (2,),
+    ),
+    "matmul, an in-place dropout in eval (no write)": (
+        lambda x, y: (
+            (lambda h: h @ h.transpose(1, 2))(F.dropout(x * 1, 0.1, False, True)) + y.sum()
+        ),
         (2, 4, 8),
         (2,),
     ),
