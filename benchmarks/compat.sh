@@ -29,6 +29,9 @@ start=$SECONDS
 # pip constraint file may cap torch below the release asked for: lifted here.
 export PIP_CONSTRAINT=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 "$venv_python" -m pip install -q "torch==$version" -e ".[test]"
+# The environment is kept between runs: a plugin that an older test run installed
+# into it would be loaded by every `epass passes` (and import torch there).
+"$venv_python" -m pip uninstall -q -y epass-example-plugin 2>/dev/null || true
 "$venv_python" -c "import torch; print('torch', torch.__version__, 'in', '$work/venv')"
 installed=$SECONDS
 

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import installed_plugins
 import pytest
 import torch
 from hypothesis import given, settings
@@ -852,14 +851,13 @@ def test_torchao_pt2e_program_loads_with_import_torchao(tmp_path: Path) -> None:
 
 def _imported_by(*argv: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     """Run ``python -m epass ARGV`` and list every module it imported."""
-    with installed_plugins.held(exclusive=False):  # no test's plugin installed meanwhile
-        proc = subprocess.run(
-            [sys.executable, "-X", "importtime", "-m", "epass", *argv],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "epass", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     lines = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
     modules = {line.rsplit("|", 1)[-1].strip() for line in lines[1:]}
     return proc, modules

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
-import installed_plugins
 import pytest
 import torch
 
@@ -234,35 +233,28 @@ PLUGIN_DIST = "epass-example-plugin"
 
 
 @pytest.fixture
-def example_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """pip-install examples/plugin into this environment, then uninstall it, holding
-    the lock other workers' ``python -m epass`` subprocesses wait on meanwhile."""
-    with installed_plugins.held(exclusive=True):
-        yield from _installed_plugin(tmp_path_factory)
-
-
-def _installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    try:
-        importlib.metadata.distribution(PLUGIN_DIST)
-        preinstalled = True
-    except importlib.metadata.PackageNotFoundError:
-        preinstalled = False
+def example_plugin(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """pip-install examples/plugin into a folder of its own and put that folder on
+    sys.path. The environment itself is never changed, so no other test (nor a test
+    run that is stopped halfway) sees the plugin; returns the folder."""
     src = tmp_path_factory.mktemp("plugin") / "plugin"
     shutil.copytree(ROOT / "examples" / "plugin", src)  # keep build files out of the tree
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    target = tmp_path_factory.mktemp("site")
     # Offline, so no build isolation: the environment's own setuptools builds the
     # wheel, and pip checks that it is the one the plugin's pyproject.toml asks for.
-    install = [*pip, "install", "--no-deps", "--no-build-isolation", "--check-build-dependencies"]
-    proc = subprocess.run(
-        [*install, "--no-index", str(src)], capture_output=True, text=True, check=False
-    )
+    install = [
+        *(sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "install"),
+        *("--no-deps", "--no-build-isolation", "--check-build-dependencies", "--no-index"),
+        *("--target", str(target), str(src)),
+    ]
+    proc = subprocess.run(install, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    importlib.invalidate_caches()
+    monkeypatch.syspath_prepend(str(target))  # also invalidates the import caches
     registry.refresh_plugins()
-    yield
-    if not preinstalled:
-        subprocess.run([*pip, "uninstall", "-y", PLUGIN_DIST], check=False, capture_output=True)
-    importlib.invalidate_caches()
+    yield target
+    monkeypatch.undo()
     registry.refresh_plugins()
 
 
@@ -279,7 +271,7 @@ def test_test_extra_brings_the_backend_that_builds_the_example_plugin() -> None:
     assert set(needed) <= set(project["project"]["optional-dependencies"]["test"])
 
 
-def test_installed_plugin_runs_by_name(example_plugin: None) -> None:
+def test_installed_plugin_runs_by_name(example_plugin: Path) -> None:
     (entry,) = [e for e in registry.list_passes() if e.name == "swap-activation"]
     assert (entry.source, entry.kind, entry.error) == (PLUGIN_DIST, "plugin", None)
     assert [o.name for o in entry.options] == ["source", "target"]
@@ -299,10 +291,11 @@ def test_installed_plugin_runs_by_name(example_plugin: None) -> None:
     assert pm.to_text() == "decompose, swap-activation"  # both options are the defaults
 
 
-def test_installed_plugin_is_listed_by_the_cli(example_plugin: None) -> None:
+def test_installed_plugin_is_listed_by_the_cli(example_plugin: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "epass.cli", "passes", "--json"],
         cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(example_plugin), str(ROOT)])},
         capture_output=True,
         text=True,
         check=True,
