@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +32,12 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     import torch
 
     torch.set_num_threads(1)
+
+# A run started in the background of a non-interactive shell (`pytest ... &`) has
+# SIGINT ignored, and so would every command line the tests start: the tests that
+# interrupt one would see it run on. They get the default back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tests never touch the user's template cache: this session's cache lives in a
 # directory of its own, set here (at import) so that subprocesses inherit it. Tests
