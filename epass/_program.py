@@ -266,7 +266,7 @@ def new_program(
     """
     from torch.export.exported_program import _get_updated_range_constraints
 
-    out = ExportedProgram(
+    out = _constructed_without_code(
         root=gm,
         graph=gm.graph,
         graph_signature=signature,
@@ -281,6 +281,38 @@ def new_program(
     )
     mark_validated(out)  # the constructor's last step was validate()
     return out
+
+
+# Held while torch's constructor makes a module without code for this thread.
+_WITHOUT_CODE = threading.Lock()
+
+
+def _constructed_without_code(**fields: Any) -> ExportedProgram:
+    """``ExportedProgram(**fields)`` whose graph module generates its Python code when
+    first read or called (torch's ``_LazyGraphModule``), not in the constructor: that
+    code generation is a fifth of an incremental decomposition, and the next pass
+    usually rebuilds the graph before anyone reads it.
+
+    The constructor makes its module with ``_create_graph_module_for_export``; that
+    name is replaced for the one call, under a lock, and only this thread's calls
+    take the replacement (any other thread gets torch's function meanwhile)."""
+    from torch.export import exported_program as module
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    owner = threading.get_ident()
+    with _WITHOUT_CODE:
+        made_with = module._create_graph_module_for_export
+
+        def without_code(root: Any, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+            if threading.get_ident() != owner:
+                return made_with(root, graph)  # type: ignore[no-any-return]
+            return _LazyGraphModule(root, graph)
+
+        module._create_graph_module_for_export = without_code
+        try:
+            return ExportedProgram(**fields)
+        finally:
+            module._create_graph_module_for_export = made_with
 
 
 def flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> list[Any]:

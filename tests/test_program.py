@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import inspect
+import threading
 import warnings
 
 import models
 import torch
 from torch.export import ExportedProgram
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from epass import _graph, _program
 
@@ -109,6 +111,45 @@ def test_new_program_round_trips():
     gm = _program.copy_graph_module(ep.graph_module)
     out = _program.new_program(ep, gm, ep.graph_signature, dict(ep.state_dict), dict(ep.constants))
     assert out.graph_signature == ep.graph_signature
+    torch.testing.assert_close(out.module()(*args), ep.module()(*args))
+
+
+def test_new_program_generates_its_code_when_first_read_or_called():
+    # torch's constructor makes the module with
+    # torch.export.exported_program._create_graph_module_for_export, pinned: replaced
+    # for the one call, for the calling thread only, and put back.
+    from torch.export import exported_program as module
+
+    made_with = module._create_graph_module_for_export
+    _, ep, args = models.export("mixed")
+    gm = _program.copy_graph_module(ep.graph_module)
+    seen: list[type] = []
+
+    def other_thread() -> None:  # gets torch's function meanwhile
+        seen.append(type(module._create_graph_module_for_export(torch.nn.Module(), gm.graph)))
+
+    original_init = ExportedProgram.__init__
+
+    def init(self: ExportedProgram, *a: object, **k: object) -> None:
+        original_init(self, *a, **k)
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+
+    ExportedProgram.__init__ = init  # type: ignore[method-assign]
+    try:
+        out = _program.new_program(
+            ep, gm, ep.graph_signature, dict(ep.state_dict), dict(ep.constants)
+        )
+    finally:
+        ExportedProgram.__init__ = original_init  # type: ignore[method-assign]
+    assert module._create_graph_module_for_export is made_with
+    assert [issubclass(t, _LazyGraphModule) for t in seen] == [False]
+    assert isinstance(out.graph_module, _LazyGraphModule)
+    assert "_code" not in vars(out.graph_module)  # nothing generated yet
+    assert out.graph_module.code == ep.graph_module.code
+    flat = _program.flat_inputs(ep, args, {})
+    torch.testing.assert_close(out.graph_module(*flat), ep.graph_module(*flat))
     torch.testing.assert_close(out.module()(*args), ep.module()(*args))
 
 

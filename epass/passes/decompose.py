@@ -410,7 +410,12 @@ class Decompose:
         checked: bool,
         decision: str | None = None,
     ) -> DecomposeResult:
-        modified = not (out.graph_module.code == ep.graph_module.code and out.dialect == ep.dialect)
+        # A rewritten node changes the graph: its code need not be generated to know it.
+        modified = (
+            bool(rewritten)
+            or out.dialect != ep.dialect
+            or out.graph_module.code != ep.graph_module.code
+        )
         cache = None
         if method == "incremental":
             why_not = identity.cache_name(self._tables()).why_not
