@@ -249,6 +249,8 @@ def bench_incremental(repeats: int, quick: bool) -> list[Row]:
             )
         )
 
+        rows.append(_zoo_transformers_row(decompose, repeats))
+
     # The whole zoo through the lowering preset, against the same preset retracing.
     programs = []
     for name, case in hf_models.ZOO.items():
@@ -281,6 +283,38 @@ def bench_incremental(repeats: int, quick: bool) -> list[Row]:
     )
     rows.append(_speedup_row(label, times["fast"], times["bare"], 2.0))
     return rows
+
+
+def _zoo_transformers_row(decompose: Decompose, repeats: int) -> Row:
+    """Warm ``Decompose`` / ``run_decompositions`` over the transformers of
+    ``tests/hf_models.py``, static and dynamic: the median speed-up and the worst."""
+    import hf_models
+
+    speedups: dict[str, float] = {}
+    for name, case in hf_models.ZOO.items():
+        if not case.transformers:
+            continue
+        for dynamic in (False, True):
+            ep = hf_models.export(name, dynamic=dynamic)[1]
+            assert decompose(ep).notes["method"] == "incremental"
+            times = interleaved(
+                {
+                    "bare": lambda ep=ep: ep.run_decompositions(),
+                    "fast": lambda ep=ep: decompose(ep),
+                },
+                repeats,
+            )
+            label = f"{name}{', dynamic' if dynamic else ''}"
+            speedups[label] = statistics.median(times["bare"]) / statistics.median(times["fast"])
+    median = statistics.median(speedups.values())
+    each = ", ".join(f"{k} {v:.1f}x" for k, v in speedups.items())
+    return (
+        f"warm Decompose / run_decompositions, the zoo's transformers ({len(speedups)} "
+        "programs, median)",
+        1 / median,
+        1 / 20.0,
+        f"{median:.1f}x faster (>= 20x): {each}",
+    )
 
 
 def _zoo(quick: bool) -> dict[str, Callable[[], Any]]:

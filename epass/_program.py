@@ -34,6 +34,7 @@ __all__ = [
     "is_mutable_op",
     "is_op_overload",
     "is_op_packet",
+    "is_view_op",
     "is_operator",
     "keep_node_name",
     "load_pt2",
@@ -554,6 +555,17 @@ def is_operator(value: Any) -> bool:
     """True for any torch operator object (``torch._ops.OperatorBase``): ATen
     overloads and higher-order operators, the keys of a decomposition table."""
     return isinstance(value, torch._ops.OperatorBase)
+
+
+def is_view_op(target: Any) -> bool:
+    """Whether ``target`` is a view operator: an operator overload that writes nothing
+    and returns an alias of an argument (``view``, ``t``, ``split``...)."""
+    schema = op_schema(target)
+    return (
+        schema is not None
+        and not schema.is_mutable
+        and any(r.alias_info is not None for r in schema.returns)
+    )
 
 
 def is_mutable_op(op: Any) -> bool:

@@ -183,12 +183,8 @@ def requires_grad(node: torch.fx.Node, grads: frozenset[str]) -> bool:
     computed value does not (``detach`` made a view that does not)."""
     while node.op == "call_function":
         target = node.target
-        schema = _program.op_schema(target)
         if target is operator.getitem or (
-            schema is not None
-            and target is not torch.ops.aten.detach.default
-            and not schema.is_mutable
-            and any(r.alias_info is not None for r in schema.returns)
+            target is not torch.ops.aten.detach.default and _program.is_view_op(target)
         ):
             source = node.args[0] if node.args else None
             if not isinstance(source, torch.fx.Node):

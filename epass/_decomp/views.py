@@ -266,7 +266,7 @@ def _views_of(
         reads = [i for i in node.all_input_nodes if i is root or i in parent]
         if not reads or node.target in SIZE_OPS or not (node.users or node in returned):
             continue  # a size query reads no data; a dead node goes
-        if _is_view_op(node.target) and len(reads) == 1 and node.args[0] is reads[0]:
+        if _program.is_view_op(node.target) and len(reads) == 1 and node.args[0] is reads[0]:
             base = reads[0]
             if base in read or (base is not root and children.get(base)):
                 raise refuse(node)  # a view of a view already read, or a branch
@@ -297,12 +297,6 @@ def _views_of(
         first = next(n for n in emitted if root in n.all_input_nodes and n.target not in SIZE_OPS)
         return [(first, root, [])]
     return placed
-
-
-def _is_view_op(target: Any) -> bool:
-    """A view operator: its result aliases its input, and it writes nothing."""
-    schema = _program.op_schema(target)
-    return schema is not None and not schema.is_mutable and _aliases(target)
 
 
 def _views_down_to(node: Any, target: Any) -> bool:
