@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import re
+import weakref
 from collections.abc import Callable, Container, Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "rebind_sizes",
     "Changed",
     "Renaming",
+    "Settled",
     "Snapshot",
     "Watch",
     "as_traced",
@@ -497,3 +499,82 @@ def origin(
             raise Fallback(f"the size {expr} of {inp.name} is not a size of {n.name}")
         return n, dims[-1]
     raise Fallback(f"the size {expr} of {inp.name} is held by no node before it")
+
+
+# --- values whose recomputation taught nothing ------------------------------------
+
+# A program's graph -> what its last decomposition that learnt nothing recomputed.
+_SETTLED: weakref.WeakKeyDictionary[torch.fx.Graph, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+
+
+def _structure(graph: torch.fx.Graph) -> list[Any]:
+    """Each node's name, kind, target, arguments (nodes by name) and value's identity."""
+    return [
+        (
+            n.name,
+            n.op,
+            n.target,
+            torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.name),
+            id(n.meta.get("val")),
+        )
+        for n in graph.nodes
+    ]
+
+
+def _counts(shape_env: Any) -> tuple[int, ...]:
+    """What grows with anything a shape environment learns, cheap to read."""
+    if shape_env is None:
+        return ()
+    return (
+        len(shape_env.guards),
+        len(shape_env.replacements),
+        shape_env.num_deferred_runtime_asserts,
+        len(shape_env.divisible),
+        shape_env.unbacked_symint_counter,
+    )
+
+
+class Settled:
+    """The symbolic values of ``graph`` that need not be recomputed in this
+    decomposition: the incremental path recomputes a copied symbolic value only for
+    what the computation teaches the shape environment, as the retrace's trace of it
+    would. A decomposition of the same graph that learnt nothing at all, from the
+    same knowledge, computed the same values from the same inputs and learnt nothing
+    from any of them; so does this one, until it learns something (a template of
+    another table, say). Nodes an upstream rewrite changed are recomputed anyway."""
+
+    def __init__(self, graph: torch.fx.Graph, shape_env: Any) -> None:
+        self.graph = graph
+        self.shape_env = shape_env
+        self.start = snapshot(shape_env)
+        self.counts = _counts(shape_env)
+        self.names: set[str] = set()
+        self._known: frozenset[str] | None = None  # read at the first symbolic value
+        self._structure: list[Any] | None = None
+
+    def structure(self) -> list[Any]:
+        if self._structure is None:
+            self._structure = _structure(self.graph)
+        return self._structure
+
+    def skip(self, name: str) -> bool:
+        """Whether the value of the node named ``name`` need not be recomputed."""
+        if self._known is None:
+            last = _SETTLED.get(self.graph)
+            same = last is not None and last[0] == self.start and last[1] == self.structure()
+            self._known = last[2] if same else frozenset()  # type: ignore[index]
+        if name in self._known and _counts(self.shape_env) == self.counts:
+            self.names.add(name)
+            return True
+        return False
+
+    def taught_nothing(self, name: str) -> None:
+        """The value of ``name``, recomputed from unchanged inputs, was the same."""
+        self.names.add(name)
+
+    def finish(self) -> None:
+        """The decomposition is done: keep what it recomputed if it learnt nothing."""
+        if self.names and snapshot(self.shape_env) == self.start:
+            _SETTLED[self.graph] = (self.start, self.structure(), frozenset(self.names))
+        else:
+            _SETTLED.pop(self.graph, None)

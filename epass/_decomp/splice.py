@@ -48,6 +48,7 @@ class _Builder:
         fake_mode: Any,
         session: templates.Session,
         plan: safety.Plan,
+        old_graph: torch.fx.Graph,
         limit: int | None = None,
     ) -> None:
         self.tables = tables
@@ -58,6 +59,7 @@ class _Builder:
         self.session = session
         # The program's shape environment, from here to the end of the decomposition.
         self.watch = session.watching(fake_mode)
+        self.settled = shapes.Settled(old_graph, fake_mode.shape_env)
         self.graph = torch.fx.Graph()
         self.env: dict[torch.fx.Node, Any] = {}
         self.changed: set[torch.fx.Node] = set()
@@ -167,11 +169,12 @@ class _Builder:
                     new.meta.setdefault("custom", first.get("custom", {}))
                 else:
                     new.meta["original_aten"] = node.target
-            inputs = node.all_input_nodes
-            if (
-                any(i in self.changed for i in inputs) or keys.symbolic(node.meta.get("val"))
-            ) and self._propagate(new, node.meta.get("val")):
-                self.changed.add(node)
+            old, moved = node.meta.get("val"), any(i in self.changed for i in node.all_input_nodes)
+            if moved or (keys.symbolic(old) and not self.settled.skip(node.name)):
+                if self._propagate(new, old):
+                    self.changed.add(node)
+                elif not moved:
+                    self.settled.taught_nothing(node.name)
             if node.target in table.SIZE_OPS or isinstance(new.meta.get("val"), torch.SymInt):
                 self._bind(new)
         if node.op == "call_function" and "nn_module_stack" not in new.meta:
@@ -614,7 +617,7 @@ def _decompose(
     fake_mode = keys.fake_mode_of(ep)
     session.program = ep
     session.grads = safety.retrace_grads(ep)
-    builder = _Builder(tables, fake_mode, session, plan, limit)
+    builder = _Builder(tables, fake_mode, session, plan, ep.graph, limit)
     inputs = signature.retrace_inputs(ep)
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     for old_spec, new_spec in inputs:
@@ -653,6 +656,7 @@ def _decompose(
         module_call_graph=module_call_graph,
         keep_dialect=False,
     )
+    builder.settled.finish()
     return out, builder.decomposed
 
 

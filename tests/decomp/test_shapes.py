@@ -304,3 +304,71 @@ def test_first_difference_compares_the_guards_each_program_carries():
     assert first_difference(fast, ref) is None
     ref._guards_code = ["L['x'].size()[0] < 16"]
     assert first_difference(fast, ref) == "guards [] / torch: [\"L['x'].size()[0] < 16\"]"
+
+
+def _recomputations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the copied nodes whose values the engine recomputes, from now on."""
+    names: list[str] = []
+    real = splice._Builder._propagate
+
+    def counting(self, node, old):
+        names.append(node.name)
+        return real(self, node, old)
+
+    monkeypatch.setattr(splice._Builder, "_propagate", counting)
+    return names
+
+
+def test_values_a_decomposition_recomputed_and_learnt_nothing_from_are_not_recomputed_again(
+    monkeypatch,
+):
+    _, ep, _ = models.export("convbn", dynamic=True)
+    tables = split_table(None)
+    names = _recomputations(monkeypatch)
+    first, _ = splice.decompose(ep, tables)
+    assert names  # the convolution and what follows it, all symbolic
+    names.clear()
+    again, _ = splice.decompose(ep, tables)
+    assert names == []
+    assert first_difference(again, first) is None
+    assert first_difference(again, ep.run_decompositions()) is None
+
+
+def test_what_the_shape_environment_learns_since_makes_them_recomputed(monkeypatch):
+    _, ep, _ = models.export("convbn", dynamic=True)
+    tables = split_table(None)
+    names = _recomputations(monkeypatch)
+    splice.decompose(ep, tables)
+    recomputed = list(names)
+    _guard_on_the_batch(ep)  # a fact the last decomposition did not start from
+    names.clear()
+    again, _ = splice.decompose(ep, tables)
+    assert names == recomputed
+    assert first_difference(again, ep.run_decompositions()) is None
+
+
+def test_a_graph_changed_in_place_is_recomputed(monkeypatch):
+    _, ep, _ = models.export("convbn", dynamic=True)
+    tables = split_table(None)
+    names = _recomputations(monkeypatch)
+    splice.decompose(ep, tables)
+    recomputed = list(names)
+    conv = next(n for n in ep.graph.nodes if n.target is aten.conv2d.default)
+    conv.args = (*conv.args[:2], None, *conv.args[3:])  # the bias dropped, in place
+    names.clear()
+    splice.decompose(ep, tables)
+    assert names == recomputed
+
+
+def test_settled_values_stop_being_skipped_once_the_decomposition_learns_something():
+    _, ep, _ = models.export("convbn", dynamic=True)
+    shape_env = keys.fake_mode_of(ep).shape_env
+    learnt = shapes.Settled(ep.graph, shape_env)
+    learnt.taught_nothing("conv2d")
+    learnt.finish()
+    settled = shapes.Settled(ep.graph, shape_env)
+    assert settled.skip("conv2d") and not settled.skip("relu")
+    _guard_on_the_batch(ep)  # a template of another table taught a guard, say
+    assert not settled.skip("conv2d")
+    settled.finish()  # this decomposition learnt something: nothing is kept
+    assert not shapes.Settled(ep.graph, shape_env).skip("conv2d")
