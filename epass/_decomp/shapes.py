@@ -93,8 +93,12 @@ def as_traced(fake_mode: Any, *, suppress: bool = False) -> Iterator[None]:
     integers and guards on them), mkldnn, nnpack and cudnn off (fake convolution asks
     them whether the batch is large, which guards on it) and grad off (meta functions
     read ``requires_grad``). ``suppress``: and the shape environment records no guard,
-    a second fence for values no trace computes (templates read from disk, checks)."""
+    a second fence for values no trace computes (templates read from disk, checks);
+    those are computed once, so the fake mode's cache neither answers nor keeps them
+    (making an entry for a symbolic value costs more than computing it: a third of
+    a first run that reads its templates from disk)."""
     from torch._dispatch.python import enable_python_dispatcher
+    from torch._subclasses.fake_tensor import disable_fake_tensor_cache
 
     shape_env = fake_mode.shape_env
     with contextlib.ExitStack() as stack:
@@ -103,6 +107,8 @@ def as_traced(fake_mode: Any, *, suppress: bool = False) -> Iterator[None]:
         stack.enter_context(enable_python_dispatcher())
         if suppress and shape_env is not None:
             stack.enter_context(shape_env.suppress_guards())
+        if suppress:
+            stack.enter_context(disable_fake_tensor_cache(fake_mode))
         stack.enter_context(fake_mode)
         yield
 

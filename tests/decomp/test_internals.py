@@ -527,3 +527,13 @@ def test_the_proxy_mode_graph_grows_as_nodes_are_created():
     gm = make_fx(fn)(torch.randn(3))
     assert lengths == [1, 2, 4]
     assert [n.op for n in gm.graph.nodes] == ["placeholder", *["call_function"] * 3, "output"]
+
+
+def test_disable_fake_tensor_cache_turns_the_mode_cache_off_and_back():
+    from torch._subclasses.fake_tensor import FakeTensorMode, disable_fake_tensor_cache
+
+    mode = FakeTensorMode()
+    was = mode.cache_enabled
+    with disable_fake_tensor_cache(mode):
+        assert mode.cache_enabled is False
+    assert mode.cache_enabled is was
