@@ -573,42 +573,6 @@ def is_mutable_op(op: Any) -> bool:
     return bool(op._schema.is_mutable)
 
 
-# --- Tensor bytes without numpy (torch does not depend on numpy) ------------------------
-
-
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    """A tensor's element bytes in row-major order, read on the CPU.
-
-    ``Tensor.numpy()`` needs numpy, which torch does not install, and iterating an
-    ``UntypedStorage`` is per byte; a contiguous CPU copy is read in one call.
-    """
-    import ctypes
-
-    t = t.detach()
-    flatten = getattr(t, "__tensor_flatten__", None)
-    if flatten is not None:  # a wrapper subclass (torchao's quantized weights...)
-        names, context = flatten()
-        inner = b"".join(tensor_bytes(getattr(t, name)) for name in names)
-        return repr(context).encode() + inner
-    if t.is_nested:  # its components, each with its shape
-        return b"".join(repr(c.shape).encode() + tensor_bytes(c) for c in t.unbind())
-    if t.layout != torch.strided:  # sparse layouts: their values, densified
-        t = t.to_dense()
-    # A lazy conjugate or negative view reads other values than its memory holds.
-    flat = t.resolve_conj().resolve_neg().contiguous().view(-1).view(torch.uint8).cpu()
-    return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
-
-
-def tensor_layout(t: torch.Tensor) -> tuple[Any, ...]:
-    """A tensor's dtype, layout, shape, strides and storage offset, as far as its
-    layout has them (sparse and nested tensors have no strides)."""
-    if t.is_nested:
-        return (str(t.dtype), "nested", t.dim())
-    if t.layout != torch.strided or hasattr(t, "__tensor_flatten__"):
-        return (str(t.dtype), str(t.layout), type(t).__name__, tuple(t.shape))
-    return (str(t.dtype), tuple(t.shape), t.stride(), t.storage_offset())
-
-
 # --- graph sharing (used by the manager to decide when a pass needs a graph copy) ---
 
 

@@ -293,24 +293,6 @@ def test_same_view_rejects_any_other_geometry_dtype_or_kind():
     assert not _program.same_view(1, 1.0)
 
 
-# --- tensor_bytes (fingerprints without numpy) -----------------------------------------
-
-
-def test_tensor_bytes_reads_elements_in_row_major_order():
-    t = torch.arange(6, dtype=torch.int16).reshape(2, 3)
-    assert _program.tensor_bytes(t) == bytes([0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0])
-    assert _program.tensor_bytes(t.t()) == bytes([0, 0, 3, 0, 1, 0, 4, 0, 2, 0, 5, 0])
-    assert _program.tensor_bytes(t[1]) == bytes([3, 0, 4, 0, 5, 0])
-    assert _program.tensor_bytes(torch.tensor(True)) == b"\x01"
-    assert _program.tensor_bytes(torch.zeros(0)) == b""
-
-
-def test_tensor_bytes_reads_resolved_values_of_lazy_views():
-    z = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
-    assert _program.tensor_bytes(z.conj()) == _program.tensor_bytes(z.conj().resolve_conj())
-    assert _program.tensor_bytes(-z) == _program.tensor_bytes(z._neg_view())
-
-
 def test_is_set_to_never_matches_lazy_views():
     # same_view's fast path relies on this: is_set_to resolves conj/neg views.
     c = torch.randn(3, dtype=torch.complex64)
