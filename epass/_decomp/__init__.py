@@ -68,6 +68,7 @@ INTERNALS = (
     # its guards, var_to_range, replacements, deferred_runtime_asserts,
     # unbacked_symint_counter, divisible, backed_var_to_val, settings, suppress_guards
     "torch.fx.experimental.symbolic_shapes.ShapeEnv",
+    "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static",  # .cache_clear
     "torch.export.exported_program.ExportedProgram._guards_code",
     "torch.fx.passes.runtime_assert.insert_deferred_runtime_asserts",
     "torch._export.passes._node_metadata_hook._set_node_metadata_hook",

@@ -30,6 +30,7 @@ __all__ = [
     "describe",
     "difference",
     "facts",
+    "forget_unknowns",
     "lesson",
     "static",
     "renaming",
@@ -113,6 +114,16 @@ def as_traced(fake_mode: Any, *, suppress: bool = False) -> Iterator[None]:
         yield
 
 
+def forget_unknowns(shape_env: Any) -> None:
+    """Drop what the shape environment remembers of expressions it could not decide
+    (``ShapeEnv._maybe_evaluate_static``'s cache, which a new guard does not clear):
+    evaluated with guards suppressed, one would stay undecided after a later guard
+    decides it, and the next evaluation would guard on it again (the retrace then
+    adds a guard the program already has)."""
+    if shape_env is not None:
+        shape_env._maybe_evaluate_static.cache_clear()
+
+
 def static(shape_env: Any) -> set[str]:
     """The symbols the shape environment holds to one value, each as ``s = value``."""
     if shape_env is None:
@@ -186,6 +197,7 @@ class Watch:
             with as_traced(self.fake_mode, suppress=True):
                 yield
         finally:
+            forget_unknowns(self.shape_env)
             self.verify(what)
 
 

@@ -537,3 +537,17 @@ def test_disable_fake_tensor_cache_turns_the_mode_cache_off_and_back():
     with disable_fake_tensor_cache(mode):
         assert mode.cache_enabled is False
     assert mode.cache_enabled is was
+
+
+def test_the_shape_environments_static_evaluation_cache_can_be_cleared():
+    # shapes.forget_unknowns clears ShapeEnv._maybe_evaluate_static's cache, which a
+    # guard added after an expression was found undecided may leave in place.
+    import sympy
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    s = env.create_symbol(4, torch._dynamo.source.ConstantSource("n"))
+    assert env._maybe_evaluate_static(sympy.Lt(s, 16)) is None  # undecided
+    assert env._maybe_evaluate_static.cache_info().currsize > 0
+    env._maybe_evaluate_static.cache_clear()
+    assert env._maybe_evaluate_static.cache_info().currsize == 0
