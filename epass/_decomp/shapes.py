@@ -525,15 +525,30 @@ def origin(
 _SETTLED: weakref.WeakKeyDictionary[torch.fx.Graph, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 
 
+class _Same:
+    """A value that compares equal only to the very same object (held, so that its id
+    is never another's)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def _structure(graph: torch.fx.Graph) -> list[Any]:
-    """Each node's name, kind, target, arguments (nodes by name) and value's identity."""
+    """Each node's name, kind, target, arguments (nodes by name) and value (itself)."""
     return [
         (
             n.name,
             n.op,
             n.target,
             torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.name),
-            id(n.meta.get("val")),
+            _Same(n.meta.get("val")),
         )
         for n in graph.nodes
     ]

@@ -334,30 +334,32 @@ def test_values_a_decomposition_recomputed_and_learnt_nothing_from_are_not_recom
     assert first_difference(again, ep.run_decompositions()) is None
 
 
-def test_what_the_shape_environment_learns_since_makes_them_recomputed(monkeypatch):
+def _guard(ep: torch.export.ExportedProgram) -> None:
+    _guard_on_the_batch(ep)  # a fact the last decomposition did not start from
+
+
+def _drop_the_bias(ep: torch.export.ExportedProgram) -> None:
+    conv = next(n for n in ep.graph.nodes if n.target is aten.conv2d.default)
+    conv.args = (*conv.args[:2], None, *conv.args[3:])  # the graph changed in place
+
+
+def _new_value(ep: torch.export.ExportedProgram) -> None:
+    conv = next(n for n in ep.graph.nodes if n.target is aten.conv2d.default)
+    conv.meta["val"] = conv.meta["val"].clone()  # an equal value, another object
+
+
+@pytest.mark.parametrize("change", [_guard, _drop_the_bias, _new_value])
+def test_what_changed_since_makes_the_values_recomputed(monkeypatch, change):
     _, ep, _ = models.export("convbn", dynamic=True)
     tables = split_table(None)
     names = _recomputations(monkeypatch)
     splice.decompose(ep, tables)
     recomputed = list(names)
-    _guard_on_the_batch(ep)  # a fact the last decomposition did not start from
+    change(ep)
     names.clear()
     again, _ = splice.decompose(ep, tables)
     assert names == recomputed
     assert first_difference(again, ep.run_decompositions()) is None
-
-
-def test_a_graph_changed_in_place_is_recomputed(monkeypatch):
-    _, ep, _ = models.export("convbn", dynamic=True)
-    tables = split_table(None)
-    names = _recomputations(monkeypatch)
-    splice.decompose(ep, tables)
-    recomputed = list(names)
-    conv = next(n for n in ep.graph.nodes if n.target is aten.conv2d.default)
-    conv.args = (*conv.args[:2], None, *conv.args[3:])  # the bias dropped, in place
-    names.clear()
-    splice.decompose(ep, tables)
-    assert names == recomputed
 
 
 def test_settled_values_stop_being_skipped_once_the_decomposition_learns_something():
