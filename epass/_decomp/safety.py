@@ -17,7 +17,7 @@ from epass._decomp import table
 
 __all__ = [
     "EXACT_RELEASE",
-    "INVERSES",
+    "THROUGH",
     "Fallback",
     "Plan",
     "View",
@@ -104,9 +104,9 @@ class Plan:
             Functionalization regenerates such a view from the tensor's current value
             where it is read after a write (see ``views``).
         through: in-place nodes that write through a view of an intermediate, each
-            with that view: the last of a chain of views (``alias``, ``slice``,
-            ``select``, ``diagonal``) from the tensor itself, which functionalization
-            writes back with each view's inverse in turn (see ``INVERSES``).
+            with that view: the last of a chain of views (see ``THROUGH``) from the
+            tensor itself, which functionalization writes back with each view's
+            inverse in turn (``writeback.INVERSES``).
     """
 
     reason: str | None
@@ -254,14 +254,61 @@ def _view_of(node: torch.fx.Node) -> Any:
     return None
 
 
-# The views a write may go through, and the operator functionalization writes the
-# result back into the viewed tensor with (``alias``: the result itself, aliased).
-INVERSES: dict[Any, Any] = {
-    torch.ops.aten.alias.default: torch.ops.aten.alias.default,
-    torch.ops.aten.slice.Tensor: torch.ops.aten.slice_scatter.default,
-    torch.ops.aten.select.int: torch.ops.aten.select_scatter.default,
-    torch.ops.aten.diagonal.default: torch.ops.aten.diagonal_scatter.default,
-}
+# The view operators of a program a write may go through: each decomposes into one
+# view whose inverse functionalization knows (``writeback.INVERSES``); the splice
+# checks what the table made.
+THROUGH = frozenset(
+    {
+        torch.ops.aten.alias.default,
+        torch.ops.aten.slice.Tensor,
+        torch.ops.aten.select.int,
+        torch.ops.aten.diagonal.default,
+        torch.ops.aten.narrow.default,
+        torch.ops.aten.view.default,
+        torch.ops.aten.reshape.default,
+        torch.ops.aten.flatten.using_ints,
+        torch.ops.aten.unflatten.int,
+        torch.ops.aten.permute.default,
+        torch.ops.aten.transpose.int,
+        torch.ops.aten.t.default,
+        torch.ops.aten.unsqueeze.default,
+    }
+)
+
+
+# View operators that copy where their input's strides allow no view.
+_MAYBE_COPIES = frozenset(
+    {
+        torch.ops.aten.contiguous.default,
+        torch.ops.aten.reshape.default,
+        torch.ops.aten.flatten.using_ints,
+    }
+)
+
+
+def _copies(node: torch.fx.Node) -> bool:
+    """Whether ``node`` (``contiguous``, ``reshape``, ``flatten``) copies its input
+    rather than view it: a new tensor, not an alias. ``contiguous`` returns its input
+    itself or a copy with other strides; a reshape is decided where all sizes and
+    strides are static (a symbolic one leaves it a view)."""
+    if node.target not in _MAYBE_COPIES or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    val, out = node.args[0].meta.get("val"), node.meta.get("val")
+    if not (isinstance(val, torch.Tensor) and isinstance(out, torch.Tensor)):
+        return False
+    if node.target is torch.ops.aten.contiguous.default:
+        return [str(s) for s in (*val.shape, *val.stride())] != [
+            str(s) for s in (*out.shape, *out.stride())
+        ]
+    sizes = (*val.shape, *val.stride(), *out.shape)
+    if not all(isinstance(s, int) for s in sizes):
+        return False
+    probe = torch.empty_strided(tuple(val.shape), tuple(val.stride()), device="meta")
+    try:
+        probe.view(tuple(out.shape))
+    except RuntimeError:  # no view has these sizes: the reshape copies
+        return True
+    return False
 
 
 class _Aliases:
@@ -288,7 +335,7 @@ class _Aliases:
         target = node.target
         if not (_program.is_op_overload(target) and _program.is_mutable_op(target)):
             base = _view_of(node)
-            if base is not None:
+            if base is not None and not _copies(node):
                 owner = self.root.get(base, base)
                 self.root[node] = owner
                 self.base[node] = base
@@ -348,8 +395,6 @@ class _Aliases:
                         f"a view ({view.name}) of what a write through a view returned "
                         f"({start.name}), and {owner.name} is written more than once"
                     )
-                if any(user.op == "output" for user in view.users):
-                    return f"a view of {owner.name} written in place, returned ({view.name})"
         return None
 
     def _invertible(self, view: torch.fx.Node, owner: torch.fx.Node) -> bool:
@@ -360,7 +405,7 @@ class _Aliases:
         while view is not owner:
             if view in self.written:
                 return self.root.get(view) is owner
-            if view.target not in INVERSES:
+            if view.target not in THROUGH:
                 return False
             base = self.base.get(view)
             if base is None:

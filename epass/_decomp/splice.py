@@ -21,8 +21,8 @@ from epass._decomp import (
     store,
     table,
     templates,
-    tracing,
     views,
+    writeback,
 )
 from epass._decomp.safety import Fallback
 
@@ -31,15 +31,11 @@ __all__ = ["RUNTIME_ASSERT_TRACE", "decompose"]
 
 RUNTIME_ASSERT_TRACE = shapes.RUNTIME_ASSERT_TRACE
 
-# Node meta the retrace carries from an original node onto the nodes it becomes.
-_CARRIED_META = ("stack_trace", "nn_module_stack", "custom")
-
-_ATEN_VIEW = torch.ops.aten.view.default
-# The view operators a write into a decomposition's result is written back through.
-_VIEWS = frozenset({_ATEN_VIEW})
+_CARRIED_META = writeback.CARRIED_META
+_VIEWS = writeback.VIEWS
 
 
-class _Builder:
+class _Builder(writeback.WriteBack):
     """Copies the graph node by node, splicing templates in and re-propagating values."""
 
     def __init__(
@@ -249,145 +245,6 @@ class _Builder:
             if not keys.same_meta(new_val, alias.meta.get("val")):
                 self.changed.add(alias)
 
-    def _write_back(self, node: torch.fx.Node, result: torch.fx.Node) -> None:
-        """``node`` wrote ``result`` through a chain of views of an intermediate: as
-        functionalization, the views above the last are made again on the tensor's
-        value, each view's inverse writes the result back into the one below, down to
-        the tensor, and the chain is made again on the tensor's new value, all with
-        ``node``'s meta. Other views of the tensor are made again where next read."""
-        view = self.through[node]
-        info = self.views.views[view]
-        if len(info.chain) > 1:
-            safety.exact_here("a write through a chain of views")
-        owner = info.owner
-        if self.env[owner] in self.view_bases:
-            # The tensor is a view its decomposition made (matmul's of its bmm): the
-            # retrace writes back through that view into what it views as well.
-            raise Fallback(
-                f"a write through a view ({node.target} at {node.name}) of a tensor its "
-                f"decomposition makes a view ({owner.name})"
-            )
-        steps = []  # each view of the chain: its operator and its own arguments
-        for link in info.chain:
-            made = self.env[link]
-            if not isinstance(made, torch.fx.Node) or made.target is not link.target:
-                raise Fallback(f"a write through a view the table rewrites ({link.name})")
-            steps.append((link.target, tuple(made.args[1:])))  # normalized
-        under = [self.env[owner]]
-        for target, rest in steps[:-1]:
-            under.append(self._emit_like(node, target, (under[-1], *rest)))
-        back = result
-        for (target, rest), below in zip(reversed(steps), reversed(under), strict=True):
-            inverse = safety.INVERSES[target]
-            args = (back,) if inverse is target else (below, back, *rest)
-            back = self._emit_inverse(node, inverse, args)
-        again = back
-        for target, rest in steps:
-            again = self._emit_like(node, target, (again, *rest))
-        self.env[view] = self.env[node] = again
-        for alias in self.chains.get(owner, [owner]):
-            # The tensor and the in-place results aliasing it read the new value.
-            self.env[alias] = back
-            if not keys.same_meta(back.meta["val"], alias.meta.get("val")):
-                self.changed.add(alias)
-        self.views.written(owner)
-        self.views.synced_now(view, node)
-
-    def _record_view(self, result: Any, emitted: list[torch.fx.Node]) -> None:
-        """Where a decomposition returns a ``view`` of a tensor it made itself (``linear``
-        of a 3-d input: a view of its ``addmm``), remember that tensor: an in-place
-        write into the view is written back into it (``_write_into_view``)."""
-        if not isinstance(result, torch.fx.Node) or result.target not in _VIEWS:
-            return
-        base = result.args[0]
-        if isinstance(base, torch.fx.Node) and base in emitted and base.target not in _VIEWS:
-            self.view_bases[result] = base
-
-    def _into_view(
-        self, node: torch.fx.Node, args: Any
-    ) -> tuple[torch.fx.Node, torch.fx.Node] | None:
-        """For an in-place ``node`` writing into a tensor that is a view in the new graph,
-        the view's base and the view; None where it writes into no view.
-
-        Raises:
-            Fallback: where the write cannot be written back as functionalization does.
-        """
-        at = safety.written_argument(node.target)
-        if at is None or at >= len(args):
-            return None
-        written = args[at]
-        if not isinstance(written, torch.fx.Node) or written.op != "call_function":
-            return None
-        schema = _program.op_schema(written.target)
-        if schema is None or not any(r.alias_info is not None for r in schema.returns):
-            return None
-        refused = (
-            f"a write ({node.target} at {node.name}) into a tensor its decomposition "
-            f"makes a view ({written.target})"
-        )
-        base = self.view_bases.get(written)
-        if base is None or list(base.users) != [written]:
-            raise Fallback(refused)
-        owner = safety.argument(node, at)
-        aliases = self.chains.get(owner, [owner])
-        viewed = [v.name for v, info in self.views.views.items() if info.owner in aliases]
-        if viewed:
-            raise Fallback(f"{refused}, of a tensor the program views ({', '.join(viewed)})")
-        return base, written
-
-    def _write_into_view(
-        self, node: torch.fx.Node, result: Any, into: tuple[torch.fx.Node, torch.fx.Node]
-    ) -> torch.fx.Node:
-        """As functionalization writes ``node``'s ``result`` into a view of ``base``:
-        ``view`` of the result back to the base's shape (the new base), and the view
-        made again on it, both with ``node``'s meta and the view's ``original_aten``.
-        Returns the view made again, which later reads read."""
-        safety.exact_here("a write into a view a decomposition returns")
-        base, view = into
-        if not isinstance(result, torch.fx.Node):
-            raise Fallback(f"the decomposition of {node.target} returned no node of its own")
-        shape = []
-        for size in base.meta["val"].shape:
-            if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
-                bound = self.sizes.get(size.node.expr)
-                if bound is None:
-                    raise Fallback(f"a write back into {base.name}: no node for its size {size}")
-                shape.append(bound)
-            else:
-                shape.append(int(size))
-        back = self._emit_like(node, _ATEN_VIEW, (result, shape))
-        again = self._emit_like(node, _ATEN_VIEW, (back, *view.args[1:]))
-        for new in (back, again):
-            new.meta["original_aten"] = view.meta.get("original_aten", view.target)
-        self.view_bases[again] = back
-        self.written_back[again] = back
-        return again
-
-    def _emit_inverse(self, node: torch.fx.Node, inverse: Any, args: tuple[Any, ...]) -> Any:
-        """A view's inverse for ``node``'s write-back, or its decomposition where the
-        table rewrites it (``select_scatter`` in torch's default table)."""
-        if not table.rewrites(inverse, self.tables):
-            return self._emit_like(node, inverse, args)
-        args, kwargs = keys.normalize(inverse, args, {})
-        template, inputs = templates.find(
-            inverse, args, kwargs, self.tables, self.fake_mode, self.session
-        )
-        result, _ = self._emit_template(node, template, inputs)
-        if not isinstance(result, torch.fx.Node):
-            raise Fallback(f"the decomposition of {inverse} returned no node of its own")
-        return result
-
-    def _emit_like(self, node: torch.fx.Node, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
-        """A view operator (or its inverse) emitted with ``node``'s meta, as the trace
-        records one it makes while running ``node``."""
-        meta = {
-            k: node.meta[k] for k in (*tracing.INHERITED_META, *_CARRIED_META) if k in node.meta
-        }
-        meta["original_aten"] = target
-        new = self._emit(target, args, {}, target.overloadpacket.__name__, meta)
-        new.meta["val"] = self._value(new.name, lambda: target(*keys.values_of(args)))
-        return new
-
     def _emit_template(
         self, node: torch.fx.Node, template: Any, inputs: list[torch.fx.Node]
     ) -> tuple[Any, list[torch.fx.Node]]:
@@ -435,35 +292,6 @@ class _Builder:
                 f"the decomposition of {node.name} returns a view of a tensor written back"
             )
         return result, emitted
-
-    def _track_stale(self, new: torch.fx.Node, stale: dict[torch.fx.Node, Any]) -> None:
-        """A view a decomposition makes of a view written back (``_write_into_view``), or
-        of such a view: stale, as functionalization holds it. Its first read (by no
-        view) reads it made again from the new base (``_regenerate``)."""
-        if new.target not in _VIEWS or not isinstance(new.args[0], torch.fx.Node):
-            return
-        parent = new.args[0]
-        if parent in self.written_back:
-            stale[new] = [parent, new]
-        elif parent in stale:
-            stale[new] = [*stale.pop(parent), new]
-
-    def _regenerate(self, chain: list[torch.fx.Node]) -> list[torch.fx.Node]:
-        """The views of ``chain`` (a view written back, then views of it a decomposition
-        made) made again on the new base, with the meta of the last."""
-        like = chain[-1]
-        value = self.written_back[chain[0]]
-        made = []
-        for view in chain:
-            meta = {k: v for k, v in like.meta.items() if k != "val"}
-            meta["original_aten"] = view.target
-            args = (value, *view.args[1:])
-            value = self._emit(view.target, args, {}, view.target.overloadpacket.__name__, meta)
-            value.meta["val"] = self._value(
-                value.name, lambda a=args, v=view: v.target(*keys.values_of(a))
-            )
-            made.append(value)
-        return made
 
     def _emit_one(
         self,
@@ -666,6 +494,8 @@ def _walk(builder: _Builder, old_graph: torch.fx.Graph) -> None:
         if node.op == "placeholder":
             continue
         if node.op == "output":
+            # Functionalization syncs each returned view of a tensor written in place.
+            builder.views.refresh(node)
             out = torch.fx.node.map_arg(node.args, lambda n: builder.env[n])
             builder.graph.output(out[0])
             continue

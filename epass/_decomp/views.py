@@ -17,6 +17,7 @@ operator of that decomposition that is not a view first reads it (:meth:`Views.p
 
 from __future__ import annotations
 
+import collections
 import copy
 import operator
 from collections.abc import Callable, Mapping
@@ -225,6 +226,14 @@ class Views:
         nodes = list(builder.graph.nodes)[before:]
         writer = self.writers.get(view)
         for node in nodes:
+            if reader.op == "output":
+                # Synced as the trace ends, outside any module and operator call: the
+                # tracer's empty module stack, no stack trace, no operator.
+                node.meta.pop("stack_trace", None)
+                node.meta.pop("torch_fn", None)
+                node.meta["nn_module_stack"] = collections.OrderedDict()
+                node.meta.pop("original_aten", None)
+                continue
             if writer is not None:
                 if "stack_trace" in writer.meta:
                     node.meta["stack_trace"] = writer.meta["stack_trace"]
