@@ -170,7 +170,14 @@ def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str
         if problem is not None:
             return problem
         if _program.is_op_overload(target):
-            if target.namespace != "aten":
+            if target.namespace != "aten" and (
+                _program.is_mutable_op(target)
+                or _program.is_view_op(target)
+                or (table.is_cia(target) and not table.splices(node, tables))
+            ):
+                # The retrace functionalizes a write (``auto_functionalized``), a
+                # view, or runs a CompositeImplicitAutograd kernel; another operator
+                # (a custom op with a fake kernel) it keeps, computing its value.
                 return f"a non-ATen op ({target} at {node.name})"
             if target in _DERIVED_SIZES and isinstance(val, torch.SymInt):
                 # The retrace's trace computes it from the sizes it tracks (numel:

@@ -86,3 +86,62 @@ def test_a_symbolic_numel_keeps_the_retrace():
     assert result.notes["fallback"] == "a symbolic sym_numel (sym_numel_default)"
     static = torch.export.export(_Numel(), (torch.randn(3, 4),))
     assert Decompose(check=True)(static).notes["method"] == "incremental"
+
+
+@pytest.fixture(scope="module")
+def custom_ops():
+    """Custom operators as libraries define them: a functional one with a fake kernel
+    (transformers' ``grouped_mm_fallback``), one that writes into an argument, and a
+    CompositeImplicitAutograd one."""
+    lib = torch.library.Library("epass_safety_test", "FRAGMENT")
+    lib.define("project(Tensor x, Tensor w) -> Tensor")
+    lib.impl("project", lambda x, w: x @ w.t(), "CompositeExplicitAutograd")
+    lib._register_fake("project", lambda x, w: x.new_empty((*x.shape[:-1], w.shape[0])))
+    lib.define("accumulate(Tensor x, Tensor(a!) into) -> ()")
+
+    def accumulate(x, into):
+        into.add_(x.sum())
+
+    lib.impl("accumulate", accumulate, "CompositeExplicitAutograd")
+    lib._register_fake("accumulate", lambda x, into: None)
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+    try:
+        yield torch.ops.epass_safety_test
+    finally:
+        lib._destroy()
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_custom_op_the_retrace_keeps_is_kept_on_the_incremental_path(custom_ops, dynamic):
+    class Projects(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = nn.functional.silu(self.fc(x))
+            return nn.functional.gelu(custom_ops.twice(custom_ops.project(h, self.fc.weight)))
+
+    shapes = ({0: torch.export.Dim("batch")},) if dynamic else None
+    ep = torch.export.export(Projects(), (torch.randn(3, 4),), dynamic_shapes=shapes)
+    result = Decompose(method="incremental", check=True)(ep)
+    assert result.notes["checked"]
+    targets = {n.target for n in result.program.graph.nodes}
+    assert custom_ops.project.default in targets and custom_ops.twice.default not in targets
+
+
+def test_a_custom_op_that_writes_keeps_the_retrace(custom_ops):
+    class Accumulates(nn.Module):
+        def forward(self, x):
+            total = x * 2
+            custom_ops.accumulate(x, total)
+            return total + 1
+
+    ep = torch.export.export(Accumulates(), (torch.randn(3, 4),))
+    result = Decompose()(ep)
+    assert result.notes["fallback"] == (
+        "a mutating op (epass_safety_test.accumulate.default at accumulate)"
+    )
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(result.program.module()(x), Accumulates()(x))
