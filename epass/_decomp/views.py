@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from epass import _program
+from epass._decomp import keys
 from epass._decomp.safety import Fallback, View, exact_here
 from epass._decomp.table import SIZE_OPS
 
@@ -42,6 +43,12 @@ class _Builder(Protocol):
     chains: dict[torch.fx.Node, list[torch.fx.Node]]
     merged: dict[torch.fx.Node, torch.fx.Node]
 
+    def _emit(
+        self, target: Any, args: Any, kwargs: Any, name: str, meta: dict[str, Any]
+    ) -> torch.fx.Node: ...
+
+    def _value(self, name: str, compute: Any) -> Any: ...
+
 
 class Regenerated:
     """The nodes one regeneration emitted and the value they give."""
@@ -49,6 +56,24 @@ class Regenerated:
     def __init__(self, nodes: list[torch.fx.Node], value: torch.fx.Node) -> None:
         self.nodes = nodes
         self.value = value
+
+
+class Prefix:
+    """A tensor written in place that is itself a view its decomposition made of a
+    tensor of its own (matmul's ``view`` of its ``bmm``, einsum's views): functionalization
+    writes back through those views into ``base`` and makes the tensor again from
+    ``base`` where next read, each view of it too."""
+
+    def __init__(
+        self,
+        steps: list[tuple[Any, tuple[Any, ...]]],
+        base: torch.fx.Node,
+        made: list[torch.fx.Node],
+    ) -> None:
+        self.steps = steps  # each view operator and its own arguments
+        self.base = base  # what the first views now
+        self.made = made  # the views as the decomposition made them (their meta)
+        self.synced = 0  # the writes the tensor's value has seen
 
 
 class Views:
@@ -71,6 +96,7 @@ class Views:
         self.synced: dict[torch.fx.Node, int] = {}  # view -> generation it holds
         self.copies: set[torch.fx.Node] = set()  # "views" whose nodes copy (reshape)
         self.writers: dict[torch.fx.Node, torch.fx.Node] = {}  # view -> last write through it
+        self.prefixes: dict[torch.fx.Node, Prefix] = {}  # owner -> see Prefix
 
     def written(self, owner: torch.fx.Node) -> None:
         """A write into ``owner``: its views hold the value before it."""
@@ -102,6 +128,17 @@ class Views:
             return []  # a view of a view: regenerated where that one is read
         done = []
         for read in reader.all_input_nodes:
+            chain = self.builder.chains.get(read)
+            prefix = self.prefixes.get(chain[0] if chain is not None else read)
+            if prefix is not None and read not in self.views:
+                generation = self.generation.get(chain[0] if chain is not None else read, 0)
+                if prefix.synced != generation:
+                    made = self._remake(prefix, reader)
+                    for alias in chain or [read]:
+                        self.builder.env[alias] = made[-1]
+                    done.append(Regenerated(made, made[-1]))
+                    prefix.synced = generation
+                continue
             # What a write through a view returns is that view: made again with it.
             view = self.through.get(read, read)
             info = self.views.get(view)
@@ -186,6 +223,33 @@ class Views:
         owner = chain[0] if chain is not None else read  # written through a view too
         return self.generation.get(owner, 0) > 0
 
+    def _remake(
+        self, prefix: Prefix, reader: torch.fx.Node, like: torch.fx.Node | None = None
+    ) -> list[torch.fx.Node]:
+        """The views of ``prefix`` made again on what they view now, for ``reader``:
+        with the meta of the views the decomposition made, the reader's module stack,
+        and the stack trace of ``like`` where given."""
+        value, made = prefix.base, []
+        for (target, rest), old in zip(prefix.steps, prefix.made, strict=True):
+            args = (value, *rest)
+            meta = {k: v for k, v in old.meta.items() if k != "val"}
+            for field in _READER_META:
+                if field in reader.meta:
+                    meta[field] = copy.copy(reader.meta[field])
+                else:
+                    meta.pop(field, None)
+            if like is not None:
+                if "stack_trace" in like.meta:
+                    meta["stack_trace"] = like.meta["stack_trace"]
+                else:
+                    meta.pop("stack_trace", None)
+            value = self.builder._emit(target, args, {}, target.overloadpacket.__name__, meta)
+            value.meta["val"] = self.builder._value(
+                value.name, lambda t=target, a=args: t(*keys.values_of(a))
+            )
+            made.append(value)
+        return made
+
     def _is_view(self, view: torch.fx.Node, info: View) -> bool:
         """Whether the nodes made for ``view`` are view operators all the way down to
         what it views (a decomposition may copy instead: ``reshape``). A split the
@@ -210,7 +274,11 @@ class Views:
         builder = self.builder
         env = builder.env
         before = len(builder.graph.nodes)
-        saved = {w: env.get(w) for w in info.chain}
+        saved = {w: env.get(w) for w in (*info.chain, info.start)}
+        prefix = self.prefixes.get(info.owner)
+        if prefix is not None and self.generation.get(info.owner, 0) > 0:
+            # The tensor is a view of another: made again first, the chain on it.
+            env[info.start] = self._remake(prefix, reader, like=info.chain[0])[-1]
         parent = info.start
         for w in info.chain:
             # Each view emitted on the value its parent has now (propagated again).
@@ -221,7 +289,7 @@ class Views:
                 builder.changed.discard(parent)
             parent = w
         value = env[view]
-        for w in info.chain[:-1]:
+        for w in (*info.chain[:-1], info.start):
             env[w] = saved[w]
         nodes = list(builder.graph.nodes)[before:]
         writer = self.writers.get(view)

@@ -80,6 +80,7 @@ class WriteBack:
         through: Mapping[torch.fx.Node, torch.fx.Node]
         views: views.Views
         view_bases: dict[torch.fx.Node, torch.fx.Node]
+        copied: set[torch.fx.Node]
         written_back: dict[torch.fx.Node, torch.fx.Node]
         tables: table.Tables
         fake_mode: Any
@@ -110,14 +111,28 @@ class WriteBack:
         if len(info.chain) > 1:
             safety.exact_here("a write through a chain of views")
         owner = info.owner
-        if self.env[owner] in self.view_bases:
+        prefix = self.views.prefixes.get(owner)
+        if prefix is None and self.env[owner] in self.view_bases:
             # The tensor is a view its decomposition made (matmul's of its bmm): the
-            # retrace writes back through that view into what it views as well.
-            raise Fallback(
-                f"a write through a view ({node.target} at {node.name}) of a tensor its "
-                f"decomposition makes a view ({owner.name})"
-            )
+            # retrace writes back through that view into what it views as well, and
+            # reads the tensor made again from there after the write.
+            made = [self.env[owner]]
+            while made[0].target in _MADE and isinstance(made[0].args[0], torch.fx.Node):
+                below = made[0].args[0]
+                if below.target not in _MADE or below in self.copied:
+                    break
+                made.insert(0, below)  # the decomposition's chain of views
+            base = made[0].args[0]
+            if made[0].target not in _MADE or not isinstance(base, torch.fx.Node):
+                raise Fallback(
+                    f"a write through a view ({node.target} at {node.name}) of a tensor "
+                    f"its decomposition makes a view ({owner.name})"
+                )
+            prefix = views.Prefix([(v.target, tuple(v.args[1:])) for v in made], base, made)
+            self.views.prefixes[owner] = prefix
         steps = []  # each view of the chain as functionalization sees it, with its arguments
+        if prefix is not None:
+            steps.extend(prefix.steps)
         for link in info.chain:
             made, viewed = self.env[link], link.args[0]
             if not isinstance(made, torch.fx.Node) or not isinstance(viewed, torch.fx.Node):
@@ -139,7 +154,7 @@ class WriteBack:
             else:
                 args, _ = keys.normalize(link.target, link.args, dict(link.kwargs))
                 steps.append((link.target, tuple(args[1:])))
-        under = [self.env[owner]]
+        under = [self.env[owner] if prefix is None else prefix.base]
         for target, rest in steps[:-1]:
             under.append(self._emit_traced(node, target, (under[-1], *rest)))
         back = result
@@ -147,13 +162,19 @@ class WriteBack:
             inverse, args = INVERSES[target](below, back, rest, self._shape_of)
             back = self._emit_traced(node, inverse, args)
         again = back
+        made_again = []
         for target, rest in steps:
             again = self._emit_traced(node, target, (again, *rest))
+            made_again.append(again)
         self.env[view] = self.env[node] = again
+        value = back
+        if prefix is not None:
+            # The tensor is that view, made again where next read (``views``).
+            prefix.base, value = back, made_again[len(prefix.steps) - 1]
         for alias in self.chains.get(owner, [owner]):
             # The tensor and the in-place results aliasing it read the new value.
-            self.env[alias] = back
-            if not keys.same_meta(back.meta["val"], alias.meta.get("val")):
+            self.env[alias] = value
+            if not keys.same_meta(value.meta["val"], alias.meta.get("val")):
                 self.changed.add(alias)
         self.views.written(owner)
         self.views.synced_now(view, node)
