@@ -157,6 +157,8 @@ class _Builder(writeback.WriteBack):
             if _program.is_op_overload(node.target):
                 new.args, new.kwargs = keys.normalize(node.target, new.args, dict(new.kwargs))
                 if node.target in table.SIZE_OPS:
+                    if isinstance(new.meta.get("val"), torch.SymInt):
+                        self.views.read_size(new.meta["val"].node.expr, node)
                     new.meta.pop("original_aten", None)  # the retrace records none
                     # The retrace's runtime-assertion pass binds the size again, its
                     # metadata hook taking ``custom`` from the first input (a program
@@ -263,6 +265,8 @@ class _Builder(writeback.WriteBack):
                 result = torch.fx.node.map_arg(t.args[0], lambda n: local[n])
             else:
                 val = t.meta.get("val")
+                if isinstance(val, torch.SymInt) and t.target in table.SIZE_OPS:
+                    self.views.read_size(val.node.expr, node)
                 if (
                     isinstance(val, torch.SymInt)
                     and t.target in table.SIZE_OPS

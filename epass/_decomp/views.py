@@ -97,6 +97,11 @@ class Views:
         self.copies: set[torch.fx.Node] = set()  # "views" whose nodes copy (reshape)
         self.writers: dict[torch.fx.Node, torch.fx.Node] = {}  # view -> last write through it
         self.prefixes: dict[torch.fx.Node, Prefix] = {}  # owner -> see Prefix
+        # A size a view made after a write computes of its own -> that view: the
+        # retrace makes the size's node at once on the view it made then, which the
+        # view made again at its first read replaces; a decomposition reading that
+        # size keeps the first view in the graph, dead (see ``read_size``).
+        self.own_sizes: dict[Any, torch.fx.Node] = {}
 
     def written(self, owner: torch.fx.Node) -> None:
         """A write into ``owner``: its views hold the value before it."""
@@ -119,8 +124,24 @@ class Views:
             self.synced.pop(view, None)
             return
         generation = self.generation.get(info.owner, 0)
+        if generation:
+            for expr in _own_sizes(view, self.builder.env.get(view)):
+                self.own_sizes.setdefault(expr, view)
         # Made after a write, a view is regenerated at its first read.
         self.synced[view] = generation if generation == 0 else -1
+
+    def read_size(self, expr: Any, reader: torch.fx.Node) -> None:
+        """``reader`` reads the size ``expr``.
+
+        Raises:
+            Fallback: where ``expr`` is a size a view made after a write computes.
+        """
+        view = self.own_sizes.get(expr)
+        if view is not None:
+            raise Fallback(
+                f"{reader.name} reads a size ({expr}) that a view ({view.name}) of a "
+                "tensor written in place, made after the write, computes"
+            )
 
     def refresh(self, reader: torch.fx.Node) -> list[Regenerated]:
         """Regenerate every view ``reader`` reads that is stale, before ``reader``."""
@@ -184,6 +205,11 @@ class Views:
         for root, nodes in roots.items():
             for first, end, made in _views_of(root, emitted, returned, root in fresh):
                 moves.setdefault(first, []).append((end, nodes + made))
+                if made and root in fresh:
+                    # Made again where the decomposition views it: inside the
+                    # reader's call, with its stack trace.
+                    for node in nodes:
+                        _take_stack_trace(node, reader)
         for first, placed in moves.items():
             self._unbind_sizes(first, {n for _, nodes in placed for n in nodes}, emitted)
             # Read in argument order, each made again just before the reader.
@@ -313,6 +339,33 @@ class Views:
                 else:
                     node.meta.pop(field, None)
         return Regenerated(nodes, value)
+
+
+def _take_stack_trace(node: torch.fx.Node, source: torch.fx.Node) -> None:
+    if "stack_trace" in source.meta:
+        node.meta["stack_trace"] = source.meta["stack_trace"]
+    else:
+        node.meta.pop("stack_trace", None)
+
+
+def _own_sizes(view: torch.fx.Node, made: Any) -> list[Any]:
+    """The symbolic sizes ``view``'s value computes of its own (``flatten`` of two
+    dynamic dimensions: ``h*w``), not passed on from what it views."""
+    if not isinstance(made, torch.fx.Node):
+        return []
+    val, below = made.meta.get("val"), view.args[0]
+    below_val = below.meta.get("val") if isinstance(below, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not isinstance(below_val, torch.Tensor):
+        return []
+    passed = {str(s) for s in below_val.shape}
+    return [
+        size.node.expr
+        for size in val.shape
+        if isinstance(size, torch.SymInt)
+        and not size.node.expr.is_number
+        and not size.node.expr.is_Symbol
+        and str(size) not in passed
+    ]
 
 
 def _views_of(

@@ -1095,3 +1095,73 @@ def test_items_of_a_split_the_table_rewrites_are_made_again_where_read(module, d
         strict=True,
     ):
         torch.testing.assert_close(got, want)
+
+
+class _ProgramViewThenReader(nn.Module):
+    """A view the program takes of a tensor written in place (before or after the
+    write), read by an operator whose decomposition views it again (linear of a 3-d
+    input) or not (add, softmax)."""
+
+    def __init__(self, before: bool, reader: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 5)
+        self.before = before
+        self.reader = reader
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        if self.before:
+            v = h.transpose(1, 2)
+        h.relu_()
+        if not self.before:
+            v = h.transpose(1, 2)
+        if self.reader == "linear":
+            return self.fc(v)
+        return v.softmax(-1) if self.reader == "softmax" else v + 1
+
+
+@pytest.mark.parametrize("reader", ["add", "softmax", "linear"])
+@pytest.mark.parametrize("before", [True, False], ids=["made before", "made after"])
+def test_a_view_made_again_where_a_decomposition_views_it_takes_the_readers_stack_trace(
+    before, reader
+):
+    # Read through matmul's own views, the view is made again inside linear's call.
+    module = _ProgramViewThenReader(before, reader).eval()
+    ep = torch.export.export(module, (torch.randn(2, 6, 6),))
+    out = _incremental(ep)
+    permutes = [n for n in out.graph.nodes if n.target == aten.permute.default]
+    made_again = [n for n in permutes if n.args[0].target == aten.relu.default]
+    assert len(made_again) == 1
+    line = "return self.fc(v)" if reader == "linear" else "v = h.transpose(1, 2)"
+    assert line in made_again[0].meta["stack_trace"]
+
+
+class _FlattenAfterAWrite(nn.Module):
+    def __init__(self, reader: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 5)
+        self.reader = reader
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        h.relu_()
+        flat = h.flatten(2)
+        return self.fc(flat.transpose(1, 2)) if self.reader == "linear" else flat.softmax(-1)
+
+
+@pytest.mark.parametrize("reader", ["softmax", "linear"])
+def test_a_size_a_view_made_after_a_write_computes_is_read_only_where_torch_reads_it(reader):
+    # flatten of two dynamic dimensions computes h*w; the retrace binds it to the view
+    # it made after the write, and a decomposition reading it (linear's) keeps that
+    # view in the graph, dead: the incremental path keeps the retrace there.
+    dims = {0: torch.export.Dim("b", min=1, max=8), 2: torch.export.Dim("h", min=4, max=32)}
+    dims[3] = torch.export.Dim("w", min=4, max=32)
+    ep = torch.export.export(
+        _FlattenAfterAWrite(reader), (torch.randn(2, 3, 9, 7),), dynamic_shapes=(dims,)
+    )
+    result = Decompose(check=True)(ep)
+    if reader == "linear":
+        assert result.notes["fallback"].startswith("linear reads a size (s")
+        assert "that a view (flatten) of a tensor written in place" in result.notes["fallback"]
+    else:
+        assert result.notes["method"] == "incremental" and result.notes["checked"]
