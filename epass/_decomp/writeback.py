@@ -152,7 +152,8 @@ class WriteBack:
                 # Decomposed before functionalization: it sees the view made.
                 steps.append((made.target, tuple(made.args[1:])))
             else:
-                args, _ = keys.normalize(link.target, link.args, dict(link.kwargs))
+                mapped = torch.fx.node.map_arg((link.args, link.kwargs), self.env.__getitem__)
+                args, _ = keys.normalize(link.target, mapped[0], dict(mapped[1]))
                 steps.append((link.target, tuple(args[1:])))
         under = [self.env[owner] if prefix is None else prefix.base]
         for target, rest in steps[:-1]:

@@ -439,6 +439,13 @@ class _ThroughView(nn.Module):
         return h + 1
 
 
+class _ThroughAViewOfTheBatch(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = x * 2
+        h.view(h.shape[0], -1).mul_(3)
+        return h.sum(1), h * 1
+
+
 class _ThroughReshapes(nn.Module):
     """Funnel's ``positional_attn *= cls_mask``: a write through a slice of a reshape of
     a slice of a reshape; the view written through is read after."""
@@ -517,6 +524,7 @@ _THROUGH = {
     "views returned": _ViewsReturned,
     "a view returned": _ViewReturned,
     "view": _ThroughView,
+    "a view by the batch size": _ThroughAViewOfTheBatch,
     "transpose, then select": _ThroughTranspose,
     "reshapes and slices, read after": _ThroughReshapes,
     "permute, read after": _ThroughPermute,
