@@ -30,7 +30,10 @@ from epass._decomp import keys
 from epass._decomp.safety import Fallback, View, exact_here
 from epass._decomp.table import SIZE_OPS
 
-__all__ = ["Regenerated", "Views"]
+__all__ = ["REPLAYED_AS", "Regenerated", "Views"]
+
+# Views functionalization replays (and inverts) as another view operator.
+REPLAYED_AS = {torch.ops.aten._unsafe_view.default: torch.ops.aten.view.default}
 
 # The reader's fields a regenerated view takes.
 _READER_META = ("nn_module_stack", "torch_fn")
@@ -269,6 +272,7 @@ class Views:
                     meta["stack_trace"] = like.meta["stack_trace"]
                 else:
                     meta.pop("stack_trace", None)
+            target = REPLAYED_AS.get(target, target)
             value = self.builder._emit(target, args, {}, target.overloadpacket.__name__, meta)
             value.meta["val"] = self.builder._value(
                 value.name, lambda t=target, a=args: t(*keys.values_of(a))

@@ -12,7 +12,8 @@ import torch
 
 from epass import _program
 from epass._decomp import keys, safety, table, templates, tracing, views
-from epass._decomp.safety import Fallback
+from epass._decomp.safety import Fallback, View
+from epass._decomp.views import Prefix
 
 __all__ = ["CARRIED_META", "INVERSES", "VIEWS", "WriteBack"]
 
@@ -51,6 +52,10 @@ INVERSES: Mapping[Any, _Inverse] = {
     _aten.select.int: _scatter(_aten.select_scatter.default),
     _aten.diagonal.default: _scatter(_aten.diagonal_scatter.default),
     _ATEN_VIEW: lambda below, back, rest, shape: (_ATEN_VIEW, (back, shape(below))),
+    _aten._unsafe_view.default: lambda below, back, rest, shape: (
+        _aten._unsafe_view.default,
+        (back, shape(below)),
+    ),
     _aten.permute.default: _permute_back,
     _aten.unsqueeze.default: lambda below, back, rest, shape: (
         _aten.squeeze.dim,
@@ -61,7 +66,18 @@ INVERSES: Mapping[Any, _Inverse] = {
 }
 # The view operators a link of such a chain may be made as: one of them, applied to
 # what the link views (``transpose`` as the table makes it: a ``permute``).
-_MADE = frozenset(INVERSES) - {_aten.transpose.int, _aten.t.default}
+_MADE = frozenset(INVERSES) - {_aten.transpose.int, _aten.t.default, _aten._unsafe_view.default}
+
+
+_BY_NAME = {op.name(): op for op in INVERSES}
+
+
+def _seen(made: torch.fx.Node) -> Any:
+    """The view operator functionalization saw where a decomposition made ``made``:
+    the one its ``original_aten`` names (a template's meta may hold a copy of the
+    operator object, so by name), else its own."""
+    aten = made.meta.get("original_aten")
+    return _BY_NAME.get(aten.name() if _program.is_op_overload(aten) else None, made.target)
 
 
 def _like(a: torch.fx.Node, b: torch.fx.Node) -> bool:
@@ -113,48 +129,9 @@ class WriteBack:
         owner = info.owner
         prefix = self.views.prefixes.get(owner)
         if prefix is None and self.env[owner] in self.view_bases:
-            # The tensor is a view its decomposition made (matmul's of its bmm): the
-            # retrace writes back through that view into what it views as well, and
-            # reads the tensor made again from there after the write.
-            made = [self.env[owner]]
-            while made[0].target in _MADE and isinstance(made[0].args[0], torch.fx.Node):
-                below = made[0].args[0]
-                if below.target not in _MADE or below in self.copied:
-                    break
-                made.insert(0, below)  # the decomposition's chain of views
-            base = made[0].args[0]
-            if made[0].target not in _MADE or not isinstance(base, torch.fx.Node):
-                raise Fallback(
-                    f"a write through a view ({node.target} at {node.name}) of a tensor "
-                    f"its decomposition makes a view ({owner.name})"
-                )
-            prefix = views.Prefix([(v.target, tuple(v.args[1:])) for v in made], base, made)
-            self.views.prefixes[owner] = prefix
-        steps = []  # each view of the chain as functionalization sees it, with its arguments
-        if prefix is not None:
-            steps.extend(prefix.steps)
-        for link in info.chain:
-            made, viewed = self.env[link], link.args[0]
-            if not isinstance(made, torch.fx.Node) or not isinstance(viewed, torch.fx.Node):
-                raise Fallback(f"a write through a view the table rewrites ({link.name})")
-            if table.is_cia(link.target) and made.target not in _MADE and _like(made, viewed):
-                continue  # made as the tensor itself (``flatten`` of one dimension)
-            below = made.args[0] if made.args else None
-            if (
-                made.target not in _MADE
-                or not isinstance(below, torch.fx.Node)
-                or not _like(below, viewed)
-            ):
-                # The decomposition made something other than one invertible view of
-                # what the link views.
-                raise Fallback(f"a write through a view the table rewrites ({link.name})")
-            if table.is_cia(link.target):
-                # Decomposed before functionalization: it sees the view made.
-                steps.append((made.target, tuple(made.args[1:])))
-            else:
-                mapped = torch.fx.node.map_arg((link.args, link.kwargs), self.env.__getitem__)
-                args, _ = keys.normalize(link.target, mapped[0], dict(mapped[1]))
-                steps.append((link.target, tuple(args[1:])))
+            prefix = self.views.prefixes[owner] = self._prefix(node, owner)
+        steps = [] if prefix is None else list(prefix.steps)
+        steps.extend(self._steps(info))
         under = [self.env[owner] if prefix is None else prefix.base]
         for target, rest in steps[:-1]:
             under.append(self._emit_traced(node, target, (under[-1], *rest)))
@@ -179,6 +156,54 @@ class WriteBack:
                 self.changed.add(alias)
         self.views.written(owner)
         self.views.synced_now(view, node)
+
+    def _prefix(self, node: torch.fx.Node, owner: torch.fx.Node) -> Prefix:
+        """The views a decomposition made ``owner`` of a tensor of its own (matmul's
+        of its bmm): the retrace writes back through them into that tensor as well,
+        and reads ``owner`` made again from there after the write."""
+        made = [self.env[owner]]
+        while made[0].target in _MADE and isinstance(made[0].args[0], torch.fx.Node):
+            below = made[0].args[0]
+            if below.target not in _MADE or below in self.copied:
+                break
+            made.insert(0, below)  # the decomposition's chain of views
+        base = made[0].args[0]
+        if made[0].target not in _MADE or not isinstance(base, torch.fx.Node):
+            raise Fallback(
+                f"a write through a view ({node.target} at {node.name}) of a tensor "
+                f"its decomposition makes a view ({owner.name})"
+            )
+        # Each as functionalization saw it: ``_unsafe_view``, made a ``view`` by the
+        # table, is replayed and inverted as itself.
+        return Prefix([(_seen(v), tuple(v.args[1:])) for v in made], base, made)
+
+    def _steps(self, info: View) -> list[tuple[Any, tuple[Any, ...]]]:
+        """Each view of ``info``'s chain as functionalization sees it, with its own
+        arguments."""
+        steps = []
+        for link in info.chain:
+            made, viewed = self.env[link], link.args[0]
+            if not isinstance(made, torch.fx.Node) or not isinstance(viewed, torch.fx.Node):
+                raise Fallback(f"a write through a view the table rewrites ({link.name})")
+            if table.is_cia(link.target) and made.target not in _MADE and _like(made, viewed):
+                continue  # made as the tensor itself (``flatten`` of one dimension)
+            below = made.args[0] if made.args else None
+            if (
+                made.target not in _MADE
+                or not isinstance(below, torch.fx.Node)
+                or not _like(below, viewed)
+            ):
+                # The decomposition made something other than one invertible view of
+                # what the link views.
+                raise Fallback(f"a write through a view the table rewrites ({link.name})")
+            if table.is_cia(link.target):
+                # Decomposed before functionalization: it sees the view made.
+                steps.append((made.target, tuple(made.args[1:])))
+            else:
+                mapped = torch.fx.node.map_arg((link.args, link.kwargs), self.env.__getitem__)
+                args, _ = keys.normalize(link.target, mapped[0], dict(mapped[1]))
+                steps.append((link.target, tuple(args[1:])))
+        return steps
 
     def _record_view(self, result: Any, emitted: list[torch.fx.Node]) -> None:
         """Where a decomposition returns a ``view`` of a tensor it made itself (``linear``
@@ -270,6 +295,11 @@ class WriteBack:
         """A view or a view's inverse that functionalization calls for ``node``'s
         write-back, or its decomposition where the table rewrites it
         (``select_scatter`` and ``transpose`` in torch's default table)."""
+        if op in views.REPLAYED_AS:
+            # Functionalization replays it as a plain view, under its own name.
+            new = self._emit_like(node, views.REPLAYED_AS[op], args)
+            new.meta["original_aten"] = op
+            return new
         if not table.rewrites(op, self.tables):
             return self._emit_like(node, op, args)
         args, kwargs = keys.normalize(op, args, {})

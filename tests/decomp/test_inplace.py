@@ -711,7 +711,23 @@ class _ThroughASliceOfALinear(nn.Module):
         return h * 2, h[:, 0]
 
 
+class _ThroughAViewOfAMatmulByAMatrix(nn.Module):
+    """A 3-d by 2-d matmul ends in an ``_unsafe_view`` of its ``mm``, which
+    functionalization replays and inverts as a ``view`` under its own name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x @ self.w
+        y.view(y.shape[0], -1).mul_(2)
+        y.permute(0, 2, 1)[:, 1:].add_(1)
+        return y.softmax(-1), y * 1
+
+
 _THROUGH_PRODUCTS = {
+    "views of a matmul by a matrix": (_ThroughAViewOfAMatmulByAMatrix, (2, 3, 4), True),
     "a slice of a matmul (MViT)": (_IntoSliceOfProduct, (16,), False),
     "reshape and slice of an einsum (Funnel)": (_ThroughSlicesOfAnEinsum, (2, 3, 4), True),
     "slices of a 3-d linear, twice": (_ThroughASliceOfALinear, (2, 3, 4), True),
