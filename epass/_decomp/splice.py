@@ -76,6 +76,8 @@ class _Builder(writeback.WriteBack):
         self.chains: dict[torch.fx.Node, list[torch.fx.Node]] = {}
         # A view a decomposition returned -> the tensor it made and views.
         self.view_bases: dict[torch.fx.Node, torch.fx.Node] = {}
+        # A chain of views a decomposition returned of a tensor it made (einsum's).
+        self.view_chains: set[torch.fx.Node] = set()
         # A view made again after a write back into its base -> that base.
         self.written_back: dict[torch.fx.Node, torch.fx.Node] = {}
         self.views = views.Views(plan.views, plan.through, self, self.emit_node)

@@ -100,6 +100,7 @@ class Views:
         self.copies: set[torch.fx.Node] = set()  # "views" whose nodes copy (reshape)
         self.writers: dict[torch.fx.Node, torch.fx.Node] = {}  # view -> last write through it
         self.prefixes: dict[torch.fx.Node, Prefix] = {}  # owner -> see Prefix
+        self.remade: set[torch.fx.Node] = set()  # such tensors made again for a reader
         # A size a view made after a write computes of its own -> that view: the
         # retrace makes the size's node at once on the view it made then, which the
         # view made again at its first read replaces; a decomposition reading that
@@ -161,6 +162,7 @@ class Views:
                     for alias in chain or [read]:
                         self.builder.env[alias] = made[-1]
                     done.append(Regenerated(made, made[-1]))
+                    self.remade.add(made[-1])
                     prefix.synced = generation
                 continue
             # What a write through a view returns is that view: made again with it.
@@ -208,6 +210,11 @@ class Views:
         for root, nodes in roots.items():
             for first, end, made in _views_of(root, emitted, returned, root in fresh):
                 moves.setdefault(first, []).append((end, nodes + made))
+                if made and root in self.remade:
+                    raise Fallback(
+                        f"the decomposition of {reader.name} views a tensor made again "
+                        "from what its own decomposition views, after a write through it"
+                    )
                 if made and root in fresh:
                     # Made again where the decomposition views it: inside the
                     # reader's call, with its stack trace.
@@ -307,6 +314,13 @@ class Views:
         saved = {w: env.get(w) for w in (*info.chain, info.start)}
         prefix = self.prefixes.get(info.owner)
         if prefix is not None and self.generation.get(info.owner, 0) > 0:
+            if self.synced.get(view) == -1 and info.chain[-1].next is not reader:
+                # Functionalization makes the tensor again where the view is taken
+                # after the write, which is here only where it is read at once.
+                raise Fallback(
+                    f"a view ({view.name}) of {info.owner.name}, a view its decomposition "
+                    "made and written through, taken after the write and read later"
+                )
             # The tensor is a view of another: made again first, the chain on it.
             env[info.start] = self._remake(prefix, reader, like=info.chain[0])[-1]
         parent = info.start

@@ -96,6 +96,7 @@ class WriteBack:
         through: Mapping[torch.fx.Node, torch.fx.Node]
         views: views.Views
         view_bases: dict[torch.fx.Node, torch.fx.Node]
+        view_chains: set[torch.fx.Node]
         copied: set[torch.fx.Node]
         written_back: dict[torch.fx.Node, torch.fx.Node]
         tables: table.Tables
@@ -128,7 +129,8 @@ class WriteBack:
             safety.exact_here("a write through a chain of views")
         owner = info.owner
         prefix = self.views.prefixes.get(owner)
-        if prefix is None and self.env[owner] in self.view_bases:
+        made = self.env[owner]
+        if prefix is None and (made in self.view_bases or made in self.view_chains):
             prefix = self.views.prefixes[owner] = self._prefix(node, owner)
         steps = [] if prefix is None else list(prefix.steps)
         steps.extend(self._steps(info))
@@ -212,8 +214,16 @@ class WriteBack:
         if not isinstance(result, torch.fx.Node) or result.target not in VIEWS:
             return
         base = result.args[0]
-        if isinstance(base, torch.fx.Node) and base in emitted and base.target not in VIEWS:
+        if (
+            isinstance(base, torch.fx.Node)
+            and base in emitted
+            and base.target not in VIEWS
+            and not _program.is_view_op(base.target)
+        ):
             self.view_bases[result] = base
+        elif isinstance(base, torch.fx.Node) and base in emitted and base.target in _MADE:
+            # A chain of views (einsum's): written back through as a chain (``_prefix``).
+            self.view_chains.add(result)
 
     def _into_view(
         self, node: torch.fx.Node, args: Any
@@ -340,7 +350,11 @@ class WriteBack:
         made = []
         for view in chain:
             meta = {k: v for k, v in like.meta.items() if k != "val"}
-            meta["original_aten"] = view.target
+            # The view written back again keeps the name functionalization saw it
+            # under (``_unsafe_view``); the decomposition's views their own.
+            meta["original_aten"] = (
+                view.meta.get("original_aten", view.target) if view is chain[0] else view.target
+            )
             args = (value, *view.args[1:])
             value = self._emit(view.target, args, {}, view.target.overloadpacket.__name__, meta)
             value.meta["val"] = self._value(

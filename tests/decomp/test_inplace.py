@@ -1189,3 +1189,72 @@ def test_a_size_a_view_made_after_a_write_computes_is_read_only_where_torch_read
         assert "that a view (flatten) of a tensor written in place" in result.notes["fallback"]
     else:
         assert result.notes["method"] == "incremental" and result.notes["checked"]
+
+
+class _ReadAfterAWriteThroughAProduct(nn.Module):
+    def __init__(self, reader: str) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 6))
+        self.fc = nn.Linear(6, 5)
+        self.reader = reader
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.w
+        y.view(y.shape[0], -1).mul_(2)
+        if self.reader == "linear":
+            return self.fc(y)
+        t = y.transpose(1, 2)
+        return F.linear(t, torch.ones(5, 3))
+
+
+@pytest.mark.parametrize(
+    ("reader", "why"),
+    [
+        ("linear", "the decomposition of linear views a tensor made again from what its own"),
+        ("a later view", "a view (transpose) of matmul, a view its decomposition made and"),
+    ],
+)
+def test_reads_of_a_product_written_through_a_view_it_cannot_place_keep_the_retrace(reader, why):
+    module = _ReadAfterAWriteThroughAProduct(reader).eval()
+    ep = torch.export.export(module, (torch.randn(2, 3, 4),))
+    result = Decompose()(ep)
+    assert result.notes["fallback"].startswith(why), result.notes["fallback"]
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(result.program.module()(x), module(x))
+
+
+_WRITTEN_PRODUCTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "matmul by a matrix": lambda x: x @ torch.eye(6),
+    "linear": lambda x: F.linear(x, torch.eye(6)),
+    "einsum": lambda x: torch.einsum("bij,jk->bik", x, torch.eye(6)),
+}
+
+
+class _ReluOfAProduct(nn.Module):
+    def __init__(self, product: str, reader: str) -> None:
+        super().__init__()
+        self.product = _WRITTEN_PRODUCTS[product]
+        self.reader = reader
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.product(x)
+        y.relu_()
+        read = F.linear(y, torch.ones(5, 6)) if self.reader == "linear" else y.softmax(-1)
+        return read, y * 1
+
+
+@pytest.mark.parametrize("reader", ["softmax", "linear"])
+@pytest.mark.parametrize("product", list(_WRITTEN_PRODUCTS))
+def test_a_write_into_a_product_read_through_a_decompositions_views(product, reader):
+    # The view written back is made again under the name functionalization saw it by
+    # (_unsafe_view); einsum's chain of views keeps the retrace.
+    module = _ReluOfAProduct(product, reader).eval()
+    ep = torch.export.export(module, (torch.randn(2, 4, 6),))
+    result = Decompose(check=True)(ep)
+    if product == "einsum":
+        assert result.notes["fallback"] == (
+            "a write (aten.relu_.default at relu_) into a tensor its decomposition makes "
+            "a view (aten.view.default)"
+        )
+    else:
+        assert result.notes["method"] == "incremental" and result.notes["checked"]
