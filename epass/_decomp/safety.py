@@ -3,6 +3,7 @@ retrace sees of the program's state."""
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Mapping
 from typing import Any
@@ -310,12 +311,17 @@ def _copies(node: torch.fx.Node) -> bool:
     sizes = (*val.shape, *val.stride(), *out.shape)
     if not all(isinstance(s, int) for s in sizes):
         return False
-    probe = torch.empty_strided(tuple(val.shape), tuple(val.stride()), device="meta")
+    return not _views_as(tuple(val.shape), tuple(val.stride()), tuple(out.shape))
+
+
+@functools.lru_cache(maxsize=1024)
+def _views_as(shape: tuple[int, ...], stride: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether a tensor of ``shape`` and ``stride`` can be viewed with sizes ``out``."""
     try:
-        probe.view(tuple(out.shape))
-    except RuntimeError:  # no view has these sizes: the reshape copies
-        return True
-    return False
+        torch.empty_strided(shape, stride, device="meta").view(out)
+    except RuntimeError:  # no view has these sizes: a reshape copies
+        return False
+    return True
 
 
 class _Aliases:
