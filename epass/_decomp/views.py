@@ -54,11 +54,15 @@ class _Builder(Protocol):
 
 
 class Regenerated:
-    """The nodes one regeneration emitted and the value they give."""
+    """The nodes one regeneration emitted, the value they give and the program's
+    node they make again (None: a tensor made again, see :class:`Prefix`)."""
 
-    def __init__(self, nodes: list[torch.fx.Node], value: torch.fx.Node) -> None:
+    def __init__(
+        self, nodes: list[torch.fx.Node], value: torch.fx.Node, view: torch.fx.Node | None = None
+    ) -> None:
         self.nodes = nodes
         self.value = value
+        self.view = view
 
 
 class Prefix:
@@ -198,6 +202,7 @@ class Views:
                 is not a view).
         """
         fresh = {r.value: r.nodes for r in regenerated}
+        views_of = {r.value: r.view for r in regenerated}
         roots = dict(fresh)
         for read in reader.all_input_nodes:
             value = self.builder.env.get(read)
@@ -216,6 +221,14 @@ class Views:
                         "from what its own decomposition views, after a write through it"
                     )
                 if made and root in fresh:
+                    view = views_of.get(root)
+                    if view is not None and any(user is not reader for user in view.users):
+                        # torch makes it again twice then: for the decomposition, and
+                        # as the view itself for its later reads.
+                        raise Fallback(
+                            f"a view ({view.name}) of a tensor written in place, made again "
+                            f"where the decomposition of {reader.name} views it, is read again"
+                        )
                     # Made again where the decomposition views it: inside the
                     # reader's call, with its stack trace.
                     for node in nodes:
@@ -356,7 +369,7 @@ class Views:
                     node.meta[field] = copy.copy(reader.meta[field])
                 else:
                     node.meta.pop(field, None)
-        return Regenerated(nodes, value)
+        return Regenerated(nodes, value, view)
 
 
 def _take_stack_trace(node: torch.fx.Node, source: torch.fx.Node) -> None:
