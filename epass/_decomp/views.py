@@ -152,8 +152,25 @@ class Views:
             )
 
     def refresh(self, reader: torch.fx.Node) -> list[Regenerated]:
-        """Regenerate every view ``reader`` reads that is stale, before ``reader``."""
+        """Regenerate every view ``reader`` reads that is stale, before ``reader``.
+
+        Raises:
+            Fallback: where ``reader`` is a view taken after a write of a view made
+                before it: functionalization makes that view again there, under the
+                new view's stack trace.
+        """
         if reader in self.views:
+            for read in reader.all_input_nodes:
+                info = self.views.get(read)
+                if (
+                    info is not None
+                    and self.synced.get(read, -1) != -1
+                    and self.synced[read] != self.generation.get(info.owner, 0)
+                ):
+                    raise Fallback(
+                        f"a view ({reader.name}) taken after a write of a view "
+                        f"({read.name}) of {info.owner.name} made before it"
+                    )
             return []  # a view of a view: regenerated where that one is read
         done = []
         for read in reader.all_input_nodes:

@@ -1288,3 +1288,22 @@ def test_a_view_a_decomposition_views_again_and_read_later_keeps_the_retrace(rea
         )
     else:
         assert result.notes["method"] == "incremental" and result.notes["checked"]
+
+
+class _ViewOfAnOlderView(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 1
+        y = h.transpose(1, 2)
+        h[:, 1:].add_(1)
+        return y.transpose(1, 2).softmax(-1)
+
+
+def test_a_view_taken_after_a_write_of_a_view_made_before_it_keeps_the_retrace():
+    # Functionalization makes the older view again where the new one is taken, with
+    # the new view's stack trace.
+    result = Decompose(check=True)(
+        torch.export.export(_ViewOfAnOlderView(), (torch.randn(2, 4, 6),))
+    )
+    assert result.notes["fallback"] == (
+        "a view (transpose_1) taken after a write of a view (transpose) of mul made before it"
+    )
