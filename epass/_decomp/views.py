@@ -171,21 +171,17 @@ class Views:
                         f"a view ({reader.name}) taken after a write of a view "
                         f"({read.name}) of {info.owner.name} made before it"
                     )
+                # Taking a view syncs a tensor made again from what its decomposition
+                # views: functionalization makes it again here, dead unless read later.
+                self._sync(read, reader)
             return []  # a view of a view: regenerated where that one is read
         done = []
         for read in reader.all_input_nodes:
             chain = self.builder.chains.get(read)
-            prefix = self.prefixes.get(chain[0] if chain is not None else read)
-            if prefix is not None and read not in self.views:
-                generation = self.generation.get(chain[0] if chain is not None else read, 0)
-                if prefix.synced != generation:
-                    made = self._remake(prefix, reader)
-                    for alias in chain or [read]:
-                        self.builder.env[alias] = made[-1]
-                    done.append(Regenerated(made, made[-1]))
-                    self.remade.add(made[-1])
-                    prefix.synced = generation
-                continue
+            if self.prefixes.get(chain[0] if chain is not None else read) is not None:
+                if read not in self.views:
+                    done.extend(self._sync(read, reader))
+                    continue
             # What a write through a view returns is that view: made again with it.
             view = self.through.get(read, read)
             info = self.views.get(view)
@@ -279,6 +275,25 @@ class Views:
             node.replace_all_uses_with(existing)
             node.graph.erase_node(node)
 
+    def _sync(self, read: torch.fx.Node, reader: torch.fx.Node) -> list[Regenerated]:
+        """Make ``read`` again for ``reader`` where it is a tensor written through a
+        view of it and itself a view its decomposition made (:class:`Prefix`) that
+        holds a value before the last write; no-op otherwise."""
+        chain = self.builder.chains.get(read)
+        owner = chain[0] if chain is not None else read
+        prefix = self.prefixes.get(owner)
+        if prefix is None or read in self.views:
+            return []
+        generation = self.generation.get(owner, 0)
+        if prefix.synced == generation:
+            return []
+        made = self._remake(prefix, reader)
+        for alias in chain or [read]:
+            self.builder.env[alias] = made[-1]
+        self.remade.add(made[-1])
+        prefix.synced = generation
+        return [Regenerated(made, made[-1])]
+
     def _stale(self, read: torch.fx.Node) -> bool:
         """Whether ``read`` (a node of the program) is a tensor written in place, or a
         view of one, read after a write: views made of it are made again where read."""
@@ -344,13 +359,6 @@ class Views:
         saved = {w: env.get(w) for w in (*info.chain, info.start)}
         prefix = self.prefixes.get(info.owner)
         if prefix is not None and self.generation.get(info.owner, 0) > 0:
-            if self.synced.get(view) == -1 and info.chain[-1].next is not reader:
-                # Functionalization makes the tensor again where the view is taken
-                # after the write, which is here only where it is read at once.
-                raise Fallback(
-                    f"a view ({view.name}) of {info.owner.name}, a view its decomposition "
-                    "made and written through, taken after the write and read later"
-                )
             # The tensor is a view of another: made again first, the chain on it.
             env[info.start] = self._remake(prefix, reader, like=info.chain[0])[-1]
         parent = info.start
