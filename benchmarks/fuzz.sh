@@ -16,6 +16,7 @@ if [ "$#" -eq 0 ]; then
     set -- \
         tests/decomp/test_splice.py::test_random_modules_and_tables_match_torch \
         tests/decomp/test_splice.py::test_random_multi_output_and_complex_ops_match_torch \
+        tests/decomp/test_writes_random.py \
         tests/test_properties.py \
         tests/test_properties_guarantees.py
 fi
