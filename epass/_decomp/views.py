@@ -2,14 +2,16 @@
 regenerates them.
 
 A view of a tensor that has been written in place holds the tensor's value at the
-time it was last synced. Functionalization regenerates it, replaying its chain of
-view operators on the tensor's current value, where it is next read (by an operator
-that is not itself a view) after a write; a view made after a write is regenerated
-at its first read, and the node made when it was created is left dead. The
-regenerated nodes carry the reading node's ``nn_module_stack`` and ``torch_fn``, the
-stack trace of the view they replay (of the write, for a view written through), and the
-``original_aten`` of the node they make again: the view operator, or the operator a
-decomposition made it for (``split`` for the ``split_with_sizes`` of its template).
+time it was last synced. Functionalization regenerates it, replaying its whole chain
+of view operators on the tensor's current value (through a view written through, for a
+view of what that write returned), where it is next used after a write: read by an
+operator that is not a view, or viewed again. A view made after a write is regenerated
+at its first use, and the node made when it was created is left dead. The regenerated
+nodes carry the using node's ``nn_module_stack`` and ``torch_fn``, the stack trace of
+the view they replay, every link of its chain alike (of the write, for a view written
+through), and the ``original_aten`` of the node they make again: the view operator, or
+the operator a decomposition made it for (``split`` for the ``split_with_sizes`` of its
+template).
 
 A view a decomposition makes of such a tensor is regenerated the same way, where an
 operator of that decomposition that is not a view first reads it (:meth:`Views.place`).
@@ -160,28 +162,26 @@ class Views:
                 new view's stack trace.
         """
         if reader in self.views:
+            # Taking a view syncs what it views: functionalization makes a view of a
+            # tensor written in place again here (dead unless read later), and so a
+            # tensor made again from what its decomposition views.
             for read in reader.all_input_nodes:
-                info = self.views.get(read)
-                if (
-                    info is not None
-                    and self.synced.get(read, -1) != -1
-                    and self.synced[read] != self.generation.get(info.owner, 0)
-                ):
-                    raise Fallback(
-                        f"a view ({reader.name}) taken after a write of a view "
-                        f"({read.name}) of {info.owner.name} made before it"
-                    )
-                # Taking a view syncs a tensor made again from what its decomposition
-                # views: functionalization makes it again here, dead unless read later.
                 self._sync(read, reader)
-            return []  # a view of a view: regenerated where that one is read
+                view = self.through.get(read, read)
+                info = self.views.get(view)
+                if info is not None and view in self.synced and view not in self.copies:
+                    generation = self.generation.get(info.owner, 0)
+                    if self.synced[view] != generation:
+                        self._regenerate(view, info, reader)
+                        self.synced[view] = generation
+            return []  # a view itself: made again where it is read
         done = []
         for read in reader.all_input_nodes:
             chain = self.builder.chains.get(read)
-            if self.prefixes.get(chain[0] if chain is not None else read) is not None:
-                if read not in self.views:
-                    done.extend(self._sync(read, reader))
-                    continue
+            owner = chain[0] if chain is not None else read
+            if owner in self.prefixes and read not in self.views:
+                done.extend(self._sync(read, reader))
+                continue
             # What a write through a view returns is that view: made again with it.
             view = self.through.get(read, read)
             info = self.views.get(view)
@@ -288,6 +288,9 @@ class Views:
         if prefix.synced == generation:
             return []
         made = self._remake(prefix, reader)
+        if reader.op == "output":
+            for node in made:
+                _synced_as_the_trace_ends(node)
         for alias in chain or [read]:
             self.builder.env[alias] = made[-1]
         self.remade.add(made[-1])
@@ -304,12 +307,10 @@ class Views:
         owner = chain[0] if chain is not None else read  # written through a view too
         return self.generation.get(owner, 0) > 0
 
-    def _remake(
-        self, prefix: Prefix, reader: torch.fx.Node, like: torch.fx.Node | None = None
-    ) -> list[torch.fx.Node]:
+    def _remake(self, prefix: Prefix, reader: torch.fx.Node) -> list[torch.fx.Node]:
         """The views of ``prefix`` made again on what they view now, for ``reader``:
-        with the meta of the views the decomposition made, the reader's module stack,
-        and the stack trace of ``like`` where given."""
+        with the meta of the views the decomposition made and the reader's module
+        stack."""
         value, made = prefix.base, []
         for (target, rest), old in zip(prefix.steps, prefix.made, strict=True):
             args = (value, *rest)
@@ -319,11 +320,6 @@ class Views:
                     meta[field] = copy.copy(reader.meta[field])
                 else:
                     meta.pop(field, None)
-            if like is not None:
-                if "stack_trace" in like.meta:
-                    meta["stack_trace"] = like.meta["stack_trace"]
-                else:
-                    meta.pop("stack_trace", None)
             target = REPLAYED_AS.get(target, target)
             value = self.builder._emit(target, args, {}, target.overloadpacket.__name__, meta)
             value.meta["val"] = self.builder._value(
@@ -351,16 +347,47 @@ class Views:
         return all(_views_down_to(item, target) for item in items)
 
     def _regenerate(self, view: torch.fx.Node, info: View, reader: torch.fx.Node) -> Regenerated:
+        """``view`` made again for ``reader`` on what its tensor holds now: its chain of
+        views replayed from the tensor, every node under one stack trace (the view's,
+        or the write's for a view written through)."""
+        builder = self.builder
+        before = len(builder.graph.nodes)
+        value = self._replay(view, info, reader)
+        nodes = list(builder.graph.nodes)[before:]
+        writer = self.writers.get(view)
+        trace = (writer if writer is not None else view).meta.get("stack_trace")
+        for node in nodes:
+            if reader.op == "output":
+                _synced_as_the_trace_ends(node)
+                continue
+            if trace is not None:
+                node.meta["stack_trace"] = trace
+            else:
+                node.meta.pop("stack_trace", None)
+            for field in _READER_META:
+                if field in reader.meta:
+                    node.meta[field] = copy.copy(reader.meta[field])
+                else:
+                    node.meta.pop(field, None)
+        return Regenerated(nodes, value, view)
+
+    def _replay(self, view: torch.fx.Node, info: View, reader: torch.fx.Node) -> torch.fx.Node:
+        """Emit ``view``'s chain of views on its tensor's current value; the value."""
         if any(w.target is operator.getitem for w in info.chain):
             exact_here("an item of a split of a tensor written in place")
         builder = self.builder
         env = builder.env
-        before = len(builder.graph.nodes)
         saved = {w: env.get(w) for w in (*info.chain, info.start)}
         prefix = self.prefixes.get(info.owner)
-        if prefix is not None and self.generation.get(info.owner, 0) > 0:
+        written = self.through.get(info.start)
+        if written is not None and written in self.views:
+            # A view of what a write through a view returned: functionalization
+            # replays it from the tensor, through the view written through.
+            saved[written] = env.get(written)
+            env[info.start] = self._replay(written, self.views[written], reader)
+        elif prefix is not None and self.generation.get(info.owner, 0) > 0:
             # The tensor is a view of another: made again first, the chain on it.
-            env[info.start] = self._remake(prefix, reader, like=info.chain[0])[-1]
+            env[info.start] = self._remake(prefix, reader)[-1]
         parent = info.start
         for w in info.chain:
             # Each view emitted on the value its parent has now (propagated again).
@@ -371,30 +398,19 @@ class Views:
                 builder.changed.discard(parent)
             parent = w
         value = env[view]
-        for w in (*info.chain[:-1], info.start):
-            env[w] = saved[w]
-        nodes = list(builder.graph.nodes)[before:]
-        writer = self.writers.get(view)
-        for node in nodes:
-            if reader.op == "output":
-                # Synced as the trace ends, outside any module and operator call: the
-                # tracer's empty module stack, no stack trace, no operator.
-                node.meta.pop("stack_trace", None)
-                node.meta.pop("torch_fn", None)
-                node.meta["nn_module_stack"] = collections.OrderedDict()
-                node.meta.pop("original_aten", None)
-                continue
-            if writer is not None:
-                if "stack_trace" in writer.meta:
-                    node.meta["stack_trace"] = writer.meta["stack_trace"]
-                else:
-                    node.meta.pop("stack_trace", None)
-            for field in _READER_META:
-                if field in reader.meta:
-                    node.meta[field] = copy.copy(reader.meta[field])
-                else:
-                    node.meta.pop(field, None)
-        return Regenerated(nodes, value, view)
+        for w, was in saved.items():
+            if w is not view:
+                env[w] = was
+        return value
+
+
+def _synced_as_the_trace_ends(node: torch.fx.Node) -> None:
+    """Functionalization syncs a returned view as the trace ends, outside any module
+    and operator call: the tracer's empty module stack, no stack trace, no operator."""
+    node.meta.pop("stack_trace", None)
+    node.meta.pop("torch_fn", None)
+    node.meta["nn_module_stack"] = collections.OrderedDict()
+    node.meta.pop("original_aten", None)
 
 
 def _take_stack_trace(node: torch.fx.Node, source: torch.fx.Node) -> None:

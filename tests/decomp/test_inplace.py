@@ -1334,20 +1334,96 @@ def test_a_view_a_decomposition_views_again_and_read_later_keeps_the_retrace(rea
         assert result.notes["method"] == "incremental" and result.notes["checked"]
 
 
-class _ViewOfAnOlderView(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+class _ViewsOfViews(nn.Module):
+    """Views of views of a tensor written in place, each taken on a line of its own."""
+
+    def __init__(self, case: str) -> None:
+        super().__init__()
+        self.case = case
+
+    def forward(self, x: torch.Tensor) -> Any:
         h = x * 1
-        y = h.transpose(1, 2)
-        h[:, 1:].add_(1)
-        return y.transpose(1, 2).softmax(-1)
+        a = h[..., 1:]
+        b = a.unsqueeze(1)
+        if self.case == "a chain made before a write into the tensor":
+            h.relu_()
+            return b * 2
+        if self.case == "a view of a view made before a write":
+            y = h.transpose(1, 2)
+            h[:, 1:].add_(1)
+            return y.transpose(1, 2).softmax(-1)
+        if self.case == "a view of a view made before a write through its view":
+            b.relu_()
+            t = a.transpose(0, 1)
+            return t * 2
+        if self.case == "a view of a view below the view written through":
+            a.relu_()
+            t = b.transpose(0, 1)
+            return t * 2
+        # Views of what a write through a view returned, the first read after the second.
+        a.relu_()
+        t = a.transpose(0, 1)
+        u = t.unsqueeze(0)
+        y = x * 3
+        return u * 2, y, t * 3
 
 
-def test_a_view_taken_after_a_write_of_a_view_made_before_it_keeps_the_retrace():
-    # Functionalization makes the older view again where the new one is taken, with
-    # the new view's stack trace.
-    result = Decompose(check=True)(
-        torch.export.export(_ViewOfAnOlderView(), (torch.randn(2, 4, 6),))
+@only_exact_release
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "a chain made before a write into the tensor",
+        "a view of a view made before a write",
+        "a view of a view made before a write through its view",
+        "a view of a view below the view written through",
+        "views of what a write through a view returned",
+    ],
+)
+def test_views_of_views_are_made_again_from_the_tensor_under_the_views_stack_trace(case, dynamic):
+    # Taking a view syncs what it views; a view is made again through its whole chain
+    # from the tensor (through the view written through), every node under the stack
+    # trace of the view made again.
+    module = _ViewsOfViews(case)
+    shapes = ({0: Dim("batch", min=2, max=8)},) if dynamic else None
+    ep = torch.export.export(module, (torch.randn(3, 4, 6),), dynamic_shapes=shapes)
+    program = _incremental(ep)
+    x = torch.randn(5 if dynamic else 3, 4, 6)
+    torch.testing.assert_close(program.module()(x), module(x))
+
+
+class _SizeOfAnUnreadView(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + 1
+        h.reshape(x.shape[0], -1)  # read by nothing
+        h[..., 0] = 1.0
+        return h.softmax(-1)
+
+
+@only_exact_release
+def test_a_size_the_program_queries_for_a_view_nothing_reads_binds_later_reads():
+    # The retrace reads the batch from the program's own size query, which stays live.
+    ep = torch.export.export(
+        _SizeOfAnUnreadView(), (torch.randn(3, 4, 6),), dynamic_shapes=({0: Dim("b", max=16)},)
     )
-    assert result.notes["fallback"] == (
-        "a view (transpose_1) taken after a write of a view (transpose) of mul made before it"
+    program = _incremental(ep)
+    (query,) = [n for n in program.graph.nodes if n.target is aten.sym_size.int]
+    assert query.args[0].op == "placeholder"
+
+
+class _ReturnAProductWrittenThroughAView(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x @ x.transpose(1, 2)
+        h.transpose(1, 2).add_(1.5)
+        return h
+
+
+@only_exact_release
+def test_a_product_written_through_a_view_and_returned_is_made_again_as_the_trace_ends():
+    program = _incremental(
+        torch.export.export(_ReturnAProductWrittenThroughAView(), (torch.randn(3, 4, 6),))
     )
+    (out,) = program.graph.output_node().args[0]
+    assert "stack_trace" not in out.meta and out.meta["nn_module_stack"] == {}
+    x = torch.randn(3, 4, 6)
+    torch.testing.assert_close(program.module()(x), _ReturnAProductWrittenThroughAView()(x))
