@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import copy
 import operator
+from collections.abc import Container
 from typing import Any
 
 import torch
@@ -462,7 +463,7 @@ def _decompose(
     for leaf in _program.tree_leaves(out_node.args[0]):
         if not isinstance(leaf, torch.fx.Node):
             raise Fallback("an output became a constant")
-    _drop_dead(graph, builder.merged)
+    _drop_dead(graph, builder.merged, builder.copied)
     live = set(graph.nodes)
     for again in builder.written_back:
         # Read only by a size query the runtime-assertion pass replaced: the retrace's
@@ -508,12 +509,23 @@ def _walk(builder: _Builder, old_graph: torch.fx.Graph) -> None:
         builder.emit_node(node)
 
 
-def _drop_dead(graph: torch.fx.Graph, merged: dict[torch.fx.Node, torch.fx.Node]) -> None:
-    """Delete dead nodes as the retrace does. Its trace loses every dead node without
-    effects (the DCE after tracing); its runtime-assertion pass then replaces each node
-    computing a size an earlier live node computes (``merged``) by that node, and
-    deletes nothing more: what only the replaced node read stays, dead (a step of size
-    arithmetic, say)."""
+def _drop_dead(
+    graph: torch.fx.Graph,
+    merged: dict[torch.fx.Node, torch.fx.Node],
+    copied: Container[torch.fx.Node],
+) -> None:
+    """Delete dead nodes as the retrace does. Its trace reads a size the program
+    queries of its own from that query's node (``copied``), live then even where only
+    a dead view read it. It loses every dead node without effects (the DCE after
+    tracing); its runtime-assertion pass then replaces each node computing a size an
+    earlier live node computes (``merged``) by that node, and deletes nothing more:
+    what only the replaced node read stays, dead (a step of size arithmetic, say)."""
+    present = set(graph.nodes)
+    for node, first in list(merged.items()):
+        if node in present and first in copied and first.target in table.SIZE_OPS:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+            del merged[node]
     graph.eliminate_dead_code()
     live = set(graph.nodes)
     bound: dict[torch.fx.Node, torch.fx.Node] = {}  # first binding -> the live node now

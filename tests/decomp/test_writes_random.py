@@ -350,6 +350,33 @@ def _check(
     read_before=False,
     dynamic=False,
 )
+# A size the program queries for a view nothing reads, then read by a decomposition.
+@example(
+    producer="add",
+    chain=["reshape_batch"],
+    writes=[("index_fill", False)],
+    reads=["base_softmax"],
+    read_before=False,
+    dynamic=True,
+)
+# A matmul written through a view of it, returned: made again as the trace ends.
+@example(
+    producer="bmm",
+    chain=["transpose"],
+    writes=[("add_", True)],
+    reads=["return_base"],
+    read_before=False,
+    dynamic=False,
+)
+# A view of what a write through a view returned, read.
+@example(
+    producer="add",
+    chain=["transpose"],
+    writes=[("add_", True)],
+    reads=["view_transpose", "view"],
+    read_before=False,
+    dynamic=False,
+)
 def test_random_writes_through_views_are_torchs_graph_or_retrace(
     producer, chain, writes, reads, read_before, dynamic
 ):
