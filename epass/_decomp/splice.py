@@ -349,9 +349,12 @@ class _Builder(writeback.WriteBack):
         origin, dim = found
         new.args = (origin, dim)  # the trace asks the node that made the size
         after = origin
+        # The comparisons run from the last dimension; a decomposition's own result
+        # makes its sizes from the first.
+        descending = origin in self.copied
         while after.next in self.placed and self.placed[after.next][0] is origin:
             placed_dim = self.placed[after.next][1]
-            if placed_dim < dim:  # the comparisons run from the last dimension
+            if (placed_dim < dim) if descending else (placed_dim > dim):
                 break
             after = after.next
         after.append(new)
@@ -520,14 +523,25 @@ def _drop_dead(
     tracing); its runtime-assertion pass then replaces each node computing a size an
     earlier live node computes (``merged``) by that node, and deletes nothing more:
     what only the replaced node read stays, dead (a step of size arithmetic, say)."""
-    present = set(graph.nodes)
-    for node, first in list(merged.items()):
-        if node in present and first in copied and first.target in table.SIZE_OPS:
-            node.replace_all_uses_with(first)
-            graph.erase_node(node)
-            del merged[node]
+    queries = {first for first in merged.values() if first in copied}
+    queries = {q for q in queries if q.target in table.SIZE_OPS}
+    before = {q: (q.prev, q.args, q.kwargs) for q in queries}  # DCE clears the args
     graph.eliminate_dead_code()
     live = set(graph.nodes)
+    for query in queries - live:
+        if not any(first is query and node in live for node, first in merged.items()):
+            continue
+        # Read by a decomposition in the retrace: made again where it was.
+        anchor, args, kwargs = before[query]
+        while anchor not in live:
+            anchor = anchor.prev
+        with graph.inserting_after(anchor):
+            again = graph.create_node(query.op, query.target, args, kwargs, query.name)
+        again.meta = dict(query.meta)
+        live.add(again)
+        for node, first in list(merged.items()):
+            if first is query:
+                merged[node] = again
     bound: dict[torch.fx.Node, torch.fx.Node] = {}  # first binding -> the live node now
     for node in list(graph.nodes):  # in order, as the pass walks the graph
         first = merged.get(node)
