@@ -112,6 +112,7 @@ class Views:
         # view made again at its first read replaces; a decomposition reading that
         # size keeps the first view in the graph, dead (see ``read_size``).
         self.own_sizes: dict[Any, torch.fx.Node] = {}
+        self.replaying = 0  # chains of views being made again
 
     def written(self, owner: torch.fx.Node) -> None:
         """A write into ``owner``: its views hold the value before it."""
@@ -127,6 +128,8 @@ class Views:
 
     def created(self, view: torch.fx.Node) -> None:
         """``view`` was just copied or spliced where the program makes it."""
+        if self.replaying:
+            return  # a link of a chain made again, not the view the program takes
         info = self.views[view]
         if any(w in self.copies for w in info.chain[:-1]) or not self._is_view(view, info):
             # A copy (a reshape that copies), or a view of one: never stale.
@@ -161,6 +164,8 @@ class Views:
                 before it: functionalization makes that view again there, under the
                 new view's stack trace.
         """
+        if reader in self.views and self.replaying:
+            return []  # a link of a chain made again: on what it views now
         if reader in self.views:
             # Taking a view syncs what it views: functionalization makes a view of a
             # tensor written in place again here (dead unless read later), and so a
@@ -216,6 +221,9 @@ class Views:
         """
         fresh = {r.value: r.nodes for r in regenerated}
         views_of = {r.value: r.view for r in regenerated}
+        if reader not in self.views:
+            for r in self._replay_viewed(reader, emitted, fresh):
+                fresh[r.value] = r.nodes
         roots = dict(fresh)
         for read in reader.all_input_nodes:
             value = self.builder.env.get(read)
@@ -253,6 +261,51 @@ class Views:
             for _, nodes in sorted(placed, key=lambda item: order.index(item[0])):
                 for made in nodes:
                     first.prepend(made)
+
+    def _replay_viewed(
+        self,
+        reader: torch.fx.Node,
+        emitted: list[torch.fx.Node],
+        fresh: Mapping[torch.fx.Node, list[torch.fx.Node]],
+    ) -> list[Regenerated]:
+        """A view of a tensor written in place that ``reader`` reads as it is now
+        (synced after a write through it), and that ``reader``'s decomposition views:
+        functionalization replays its chain from the tensor for those views, inside
+        the reader's call; the view itself keeps its value for other reads.
+
+        Raises:
+            Fallback: where the decomposition also reads that view as it is.
+        """
+        env = self.builder.env
+        done = []
+        for read in reader.all_input_nodes:
+            view = self.through.get(read, read)
+            info = self.views.get(view)
+            value = env.get(read)
+            if (
+                info is None
+                or view in self.copies
+                or not self.generation.get(info.owner, 0)
+                or self.synced.get(view) != self.generation[info.owner]
+                or not isinstance(value, torch.fx.Node)
+                or value in fresh
+            ):
+                continue
+            users = [n for n in emitted if value in n.all_input_nodes and n.target not in SIZE_OPS]
+            viewing = [n for n in users if _program.is_view_op(n.target) and n.args[0] is value]
+            if not viewing:
+                continue
+            if len(viewing) != len(users):
+                raise Fallback(
+                    f"the decomposition of {reader.name} reads a view ({view.name}) of a "
+                    "tensor written in place both as it is and through views of it"
+                )
+            again = self._regenerate(view, info, reader)
+            env[view] = env[read] = value  # other reads still see it as it is
+            for n in viewing:
+                n.replace_input_with(value, again.value)
+            done.append(Regenerated(again.nodes, again.value))
+        return done
 
     def _unbind_sizes(
         self, first: torch.fx.Node, moving: set[torch.fx.Node], emitted: list[torch.fx.Node]
@@ -389,6 +442,7 @@ class Views:
             # The tensor is a view of another: made again first, the chain on it.
             env[info.start] = self._remake(prefix, reader)[-1]
         parent = info.start
+        self.replaying += 1
         for w in info.chain:
             # Each view emitted on the value its parent has now (propagated again).
             was_changed = parent in builder.changed
@@ -397,6 +451,7 @@ class Views:
             if not was_changed:
                 builder.changed.discard(parent)
             parent = w
+        self.replaying -= 1
         value = env[view]
         for w, was in saved.items():
             if w is not view:

@@ -377,6 +377,24 @@ def _check(
     read_before=False,
     dynamic=False,
 )
+# A view a decomposition views, read after a write through it: replayed from the tensor.
+@example(
+    producer="add",
+    chain=["unsqueeze"],
+    writes=[("add_", True)],
+    reads=["view_linear"],
+    read_before=False,
+    dynamic=False,
+)
+# A view of a matmul, read after a write into it through another view of it.
+@example(
+    producer="bmm",
+    chain=["transpose"],
+    writes=[("index_fill", False)],
+    reads=["view", "base"],
+    read_before=False,
+    dynamic=False,
+)
 def test_random_writes_through_views_are_torchs_graph_or_retrace(
     producer, chain, writes, reads, read_before, dynamic
 ):
