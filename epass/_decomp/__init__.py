@@ -62,6 +62,7 @@ INTERNALS = (
     "torch.fx.experimental.proxy_tensor.make_fx",
     "torch.fx.experimental.proxy_tensor.get_proxy_mode",  # .tracer.graph
     "torch._dispatch.python.enable_python_dispatcher",
+    "torch._prims_common.is_contiguous_or_false",
     "torch._subclasses.fake_tensor.disable_fake_tensor_cache",  # sets cache_enabled
     "torch.fx.traceback.preserve_node_meta",
     "torch.fx.traceback.set_current_meta",

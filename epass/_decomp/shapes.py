@@ -482,14 +482,19 @@ def origin(
     copied: Container[torch.fx.Node],
 ) -> tuple[torch.fx.Node, int]:
     """The node whose result first holds the very SymInt that is size ``dim`` of
-    ``inp``'s value (an expression ``expr``, not a symbol), and the last dimension
-    holding it there (the first compared): the operators from the first ancestor
-    holding ``expr`` to ``inp`` run again (``rerun``: a node's value on the arguments
-    given) as the retrace runs them. ``copied``: the nodes copied from the program.
+    ``inp``'s value (an expression ``expr``, not a symbol), and the dimension holding
+    it there whose size node the trace makes first: the last for a node copied from the
+    program (``copied``: its result's sizes are compared from the last), the first for
+    a node a decomposition made. The operators from the first ancestor holding
+    ``expr`` to ``inp`` run again (``rerun``: a node's value on the arguments given) as
+    the retrace runs them. A decomposition's node is asked whether it is contiguous
+    without adding a guard.
 
     Raises:
         Fallback: where that node is not certain to make the size's node at once.
     """
+    from torch._prims_common import is_contiguous_or_false
+
     chain = carriers(inp, expr)
     again: dict[torch.fx.Node, Any] = {}
     for n in chain:
@@ -503,10 +508,10 @@ def origin(
         if wanted.node not in size_nodes(value):
             continue
         if (
-            n not in copied
-            or n.target is operator.getitem
+            n.target is operator.getitem
             or not isinstance(value, torch.Tensor)
-            or not value.is_contiguous()
+            # The retrace compares a program node's sizes, guarding as it goes.
+            or not (value.is_contiguous() if n in copied else is_contiguous_or_false(value))
         ):
             raise Fallback(
                 f"the size {expr} of {inp.name} is first held by {n.name}, "
@@ -515,7 +520,7 @@ def origin(
         dims = [d for d, s in enumerate(value.shape) if same_symint(s, wanted)]
         if not dims:
             raise Fallback(f"the size {expr} of {inp.name} is not a size of {n.name}")
-        return n, dims[-1]
+        return n, dims[-1] if n in copied else dims[0]
     raise Fallback(f"the size {expr} of {inp.name} is held by no node before it")
 
 

@@ -374,3 +374,41 @@ def test_settled_values_stop_being_skipped_once_the_decomposition_learns_somethi
     assert not settled.skip("conv2d")
     settled.finish()  # this decomposition learnt something: nothing is kept
     assert not shapes.Settled(ep.graph, shape_env).skip("conv2d")
+
+
+class _Convs(nn.Module):
+    """Convolutions whose output sizes a later decomposition reads: a strided 1-d
+    stack as in speech encoders (dynamic audio length), and a 2-d one with dynamic
+    height and width."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.c1 = nn.Conv1d(1, 8, 10, stride=5, bias=False)
+        self.c2 = nn.Conv1d(8, 8, 3, stride=2, bias=False)
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 8)
+        self.c2d = nn.Conv2d(3, 4, 3, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "1-d":
+            h = nn.functional.gelu(self.c1(x[:, None]))
+            return self.fc(self.norm(self.c2(h).transpose(1, 2)))
+        return self.c2d(x).flatten(2).sum(-1)
+
+
+@pytest.mark.parametrize("kind", ["1-d", "2-d"])
+def test_sizes_a_decompositions_convolution_computes_are_read_where_the_retrace_reads_them(kind):
+    # The convolution conv1d and conv2d decompose into makes its sizes from the first
+    # dimension on; asked whether it is contiguous without adding a guard.
+    if kind == "1-d":
+        x, dims = torch.randn(2, 1600), {0: Dim("b", max=8), 1: Dim("t", min=800, max=4000)}
+    else:
+        x = torch.randn(2, 3, 32, 32)
+        dims = {0: Dim("b", max=8), 2: Dim("h", min=8, max=64), 3: Dim("w", min=8, max=64)}
+    module = _Convs(kind).eval()
+    ep = torch.export.export(module, (x,), dynamic_shapes=(dims,))
+    result = Decompose(method="incremental", check=True)(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"]
+    y = torch.randn(3, 2000) if kind == "1-d" else torch.randn(3, 3, 40, 24)
+    torch.testing.assert_close(result.program.module()(y), module(y))
