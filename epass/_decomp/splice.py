@@ -517,31 +517,13 @@ def _drop_dead(
     merged: dict[torch.fx.Node, torch.fx.Node],
     copied: Container[torch.fx.Node],
 ) -> None:
-    """Delete dead nodes as the retrace does. Its trace reads a size the program
-    queries of its own from that query's node (``copied``), live then even where only
-    a dead view read it. It loses every dead node without effects (the DCE after
-    tracing); its runtime-assertion pass then replaces each node computing a size an
-    earlier live node computes (``merged``) by that node, and deletes nothing more:
-    what only the replaced node read stays, dead (a step of size arithmetic, say)."""
-    queries = {first for first in merged.values() if first in copied}
-    queries = {q for q in queries if q.target in table.SIZE_OPS}
-    before = {q: (q.prev, q.args, q.kwargs) for q in queries}  # DCE clears the args
-    graph.eliminate_dead_code()
-    live = set(graph.nodes)
-    for query in queries - live:
-        if not any(first is query and node in live for node, first in merged.items()):
-            continue
-        # Read by a decomposition in the retrace: made again where it was.
-        anchor, args, kwargs = before[query]
-        while anchor not in live:
-            anchor = anchor.prev
-        with graph.inserting_after(anchor):
-            again = graph.create_node(query.op, query.target, args, kwargs, query.name)
-        again.meta = dict(query.meta)
-        live.add(again)
-        for node, first in list(merged.items()):
-            if first is query:
-                merged[node] = again
+    """Delete dead nodes as the retrace does. Its trace loses every dead node without
+    effects (the DCE after tracing), except a size query of the program's own
+    (``copied``) that a decomposition reads (:func:`_keep_read_queries`); its
+    runtime-assertion pass then replaces each node computing a size an earlier live
+    node computes (``merged``) by that node, and deletes nothing more: what only the
+    replaced node read stays, dead (a step of size arithmetic, say)."""
+    live = _keep_read_queries(graph, merged, copied)
     bound: dict[torch.fx.Node, torch.fx.Node] = {}  # first binding -> the live node now
     for node in list(graph.nodes):  # in order, as the pass walks the graph
         first = merged.get(node)
@@ -553,3 +535,33 @@ def _drop_dead(
             graph.erase_node(node)
         else:  # the first node computing it was dead and went with the DCE
             bound[first] = node
+
+
+def _keep_read_queries(
+    graph: torch.fx.Graph,
+    merged: dict[torch.fx.Node, torch.fx.Node],
+    copied: Container[torch.fx.Node],
+) -> set[torch.fx.Node]:
+    """Run the DCE, keeping each size query of the program's (``copied``) that a live
+    node of a decomposition computes again (``merged``): the retrace's trace reads that
+    size from the program's node, live then even where only a dead view read it. The
+    nodes left."""
+    queries = {q for q in merged.values() if q in copied and q.target in table.SIZE_OPS}
+    before = {q: (q.prev, q.args, q.kwargs) for q in queries}  # DCE clears the args
+    graph.eliminate_dead_code()
+    live = set(graph.nodes)
+    for query in queries - live:
+        if not any(first is query and node in live for node, first in merged.items()):
+            continue
+        # Made again where it was.
+        anchor, args, kwargs = before[query]
+        while anchor not in live:
+            anchor = anchor.prev
+        with graph.inserting_after(anchor):
+            again = graph.create_node(query.op, query.target, args, kwargs, query.name)
+        again.meta = dict(query.meta)
+        live.add(again)
+        for node, first in list(merged.items()):
+            if first is query:
+                merged[node] = again
+    return live

@@ -221,9 +221,8 @@ class Views:
         """
         fresh = {r.value: r.nodes for r in regenerated}
         views_of = {r.value: r.view for r in regenerated}
-        if reader not in self.views:
-            for r in self._replay_viewed(reader, emitted, fresh):
-                fresh[r.value] = r.nodes
+        replayed = [] if reader in self.views else self._replay_viewed(reader, emitted, fresh)
+        fresh.update((r.value, r.nodes) for r in replayed)
         roots = dict(fresh)
         for read in reader.all_input_nodes:
             value = self.builder.env.get(read)

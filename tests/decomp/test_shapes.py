@@ -266,8 +266,8 @@ def test_a_change_to_the_shape_environment_outside_a_trace_is_caught(monkeypatch
     real = splice._drop_dead
     programs = []
 
-    def drop_dead_and_guard(graph, merged):
-        real(graph, merged)
+    def drop_dead_and_guard(graph, merged, copied):
+        real(graph, merged, copied)
         _guard_on_the_batch(programs[-1])
 
     monkeypatch.setattr(splice, "_drop_dead", drop_dead_and_guard)
