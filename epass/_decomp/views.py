@@ -157,13 +157,8 @@ class Views:
             )
 
     def refresh(self, reader: torch.fx.Node) -> list[Regenerated]:
-        """Regenerate every view ``reader`` reads that is stale, before ``reader``.
-
-        Raises:
-            Fallback: where ``reader`` is a view taken after a write of a view made
-                before it: functionalization makes that view again there, under the
-                new view's stack trace.
-        """
+        """Regenerate every view ``reader`` reads that is stale, before ``reader``; a
+        view ``reader`` itself syncs what it views and is made again where read."""
         if reader in self.views and self.replaying:
             return []  # a link of a chain made again: on what it views now
         if reader in self.views:
@@ -407,15 +402,11 @@ class Views:
         value = self._replay(view, info, reader)
         nodes = list(builder.graph.nodes)[before:]
         writer = self.writers.get(view)
-        trace = (writer if writer is not None else view).meta.get("stack_trace")
         for node in nodes:
             if reader.op == "output":
                 _synced_as_the_trace_ends(node)
                 continue
-            if trace is not None:
-                node.meta["stack_trace"] = trace
-            else:
-                node.meta.pop("stack_trace", None)
+            _take_stack_trace(node, writer if writer is not None else view)
             for field in _READER_META:
                 if field in reader.meta:
                     node.meta[field] = copy.copy(reader.meta[field])
@@ -442,15 +433,17 @@ class Views:
             env[info.start] = self._remake(prefix, reader)[-1]
         parent = info.start
         self.replaying += 1
-        for w in info.chain:
-            # Each view emitted on the value its parent has now (propagated again).
-            was_changed = parent in builder.changed
-            builder.changed.add(parent)
-            self.emit(w)
-            if not was_changed:
-                builder.changed.discard(parent)
-            parent = w
-        self.replaying -= 1
+        try:
+            for w in info.chain:
+                # Each view emitted on the value its parent has now (propagated again).
+                was_changed = parent in builder.changed
+                builder.changed.add(parent)
+                self.emit(w)
+                if not was_changed:
+                    builder.changed.discard(parent)
+                parent = w
+        finally:
+            self.replaying -= 1
         value = env[view]
         for w, was in saved.items():
             if w is not view:
