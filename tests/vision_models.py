@@ -180,6 +180,8 @@ CORPUS: dict[str, VisionCase] = {
     "timm_mixnet_s": VisionCase("timm", _timm("mixnet_s")),
     "timm_gcresnet33ts": VisionCase("timm", _timm("gcresnet33ts")),
     "timm_skresnet18": VisionCase("timm", _timm("skresnet18")),
+    # autocast turned off around its attention: a region the retrace inlines
+    "timm_efficientvit_b0": VisionCase("timm", _timm("efficientvit_b0")),
     "timm_swin_tiny": VisionCase(
         "timm", _timm("swin_tiny_patch4_window7_224", img_size=112), size=112
     ),

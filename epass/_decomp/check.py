@@ -19,6 +19,18 @@ COMPARED_META = ("stack_trace", "nn_module_stack", "original_aten", "custom")
 _SUFFIX = re.compile(r"_\d+$")
 
 
+# fx names the file of each GraphModule's generated code by a process-wide counter;
+# the retrace runs copies of a region's body, so two retraces of one program record
+# two numbers in the stack traces of the body's nodes.
+_CODE_FILE = re.compile(r"<eval_with_key>\.\d+")
+
+
+def _code_file(stack_trace: Any) -> Any:
+    if isinstance(stack_trace, str):
+        return _CODE_FILE.sub("<eval_with_key>", stack_trace)
+    return stack_trace
+
+
 def _plain_name(name: str) -> str:
     return _SUFFIX.sub("", name)
 
@@ -60,6 +72,8 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
                 ma, mb = a.meta.get(key), b.meta.get(key)
                 if key == "original_aten":
                     ma, mb = str(ma) if ma else None, str(mb) if mb else None
+                elif key == "stack_trace":
+                    ma, mb = _code_file(ma), _code_file(mb)
                 if ma != mb:
                     return f"{where}: meta {key!r} {ma!r:.200} / torch: {mb!r:.200}"
     if len(a_nodes) != len(b_nodes):

@@ -27,6 +27,7 @@ __all__ = [
     "exact_here",
     "is_plain_call",
     "retrace_grads",
+    "returns_a_view_of_an_input",
     "returns_its_input",
     "unsafe_reason",
     "written_argument",
@@ -153,6 +154,8 @@ def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str
     if table.has_packet_keys(tables):
         return "the table has an operator packet key"
     for node in ep.graph.nodes:
+        if node.op == "get_attr" and _is_body(node):
+            continue
         if node.op in ("get_attr", "call_module"):
             return f"a {node.op} node ({node.name})"
         val = node.meta.get("val")
@@ -185,12 +188,28 @@ def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str
                 # a product of sym_size nodes); a copy would keep the query.
                 return f"a symbolic {target.overloadpacket.__name__} ({node.name})"
         elif _program.is_higher_order(target):
-            return f"a higher-order op ({target.name()} at {node.name})"
+            if target not in table.REGIONS:
+                return f"a higher-order op ({target.name()} at {node.name})"
         elif not is_plain_call(target):
             return f"an unknown call target ({target!r} at {node.name})"
         if "val" not in node.meta and not _returns_nothing(target):
             return f"node {node.name} carries no value"
     return None
+
+
+def _is_body(node: torch.fx.Node) -> bool:
+    """Whether the ``get_attr`` ``node`` holds a region's body (``table.REGIONS``) and
+    nothing else reads it: the region's trace runs it, and the retrace keeps no
+    attribute."""
+    return bool(node.users) and all(
+        user.op == "call_function"
+        and user.target in table.REGIONS
+        and len(user.args) > table.REGIONS[user.target]
+        and user.args[table.REGIONS[user.target]] is node
+        and list(user.args).count(node) == 1
+        and node not in user.kwargs.values()
+        for user in node.users
+    )
 
 
 # Size queries other than ``sym_size``: a trace re-derives a symbolic one.
@@ -510,6 +529,20 @@ def _state_tensors(ep: ExportedProgram) -> dict[str, Any]:
             if spec.target in store:
                 found[spec.arg.name] = store[spec.target]
     return found
+
+
+def returns_a_view_of_an_input(graph: torch.fx.Graph) -> bool:
+    """Whether a traced graph returns one of its inputs, or a view of one."""
+    for leaf in _program.tree_leaves(graph.output_node().args[0]):
+        node = leaf
+        while isinstance(node, torch.fx.Node) and node.op == "call_function":
+            base = _view_of(node)
+            if base is None:
+                break
+            node = base
+        if isinstance(node, torch.fx.Node) and node.op == "placeholder":
+            return True
+    return False
 
 
 def returns_its_input(template: Any, inputs: list[torch.fx.Node], args: Any, op: Any) -> bool:

@@ -124,6 +124,13 @@ class _Builder(writeback.WriteBack):
     def emit_node(self, node: torch.fx.Node) -> None:
         """Copy ``node``, or splice in its decomposition where the table rewrites it."""
         src = node.args[0] if node.target is operator.getitem else None
+        if node.op == "get_attr":
+            # A region's body (safety lets no other attribute through): the region's
+            # trace runs it, and the program keeps no attribute.
+            program = self.session.program
+            assert program is not None
+            self.env[node] = operator.attrgetter(str(node.target))(program.graph_module)
+            return
         if isinstance(src, torch.fx.Node) and isinstance(self.env.get(src), (tuple, list)):
             # An item of a producer whose decomposition returned a tuple: that item.
             self.env[node] = self.env[src][node.args[1]]  # type: ignore[index]
@@ -211,19 +218,25 @@ class _Builder(writeback.WriteBack):
         # Decompositions see the values as they are now, after upstream rewrites (a
         # decomposition may return other strides than the fused kernel did).
         mapped = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
-        args, kwargs = keys.normalize(op, mapped[0], dict(mapped[1]))
-        # The node's own value is the operator's on these arguments while none of
-        # them changed (a template read from disk must return its like).
-        same = not regenerated and not any(i in self.changed for i in node.all_input_nodes)
-        template, inputs = templates.find(
-            op,
-            args,
-            kwargs,
-            self.tables,
-            self.fake_mode,
-            self.session,
-            node.meta.get("val") if same else None,
-        )
+        if op in table.REGIONS:
+            args, kwargs = mapped[0], dict(mapped[1])
+            template, inputs = templates.region(
+                op, args, kwargs, self.tables, self.fake_mode, self.session
+            )
+        else:
+            args, kwargs = keys.normalize(op, mapped[0], dict(mapped[1]))
+            # The node's own value is the operator's on these arguments while none of
+            # them changed (a template read from disk must return its like).
+            same = not regenerated and not any(i in self.changed for i in node.all_input_nodes)
+            template, inputs = templates.find(
+                op,
+                args,
+                kwargs,
+                self.tables,
+                self.fake_mode,
+                self.session,
+                node.meta.get("val") if same else None,
+            )
         # An in-place op whose decomposition returns what it was to write (dropout_ in
         # eval) writes nothing: functionalization sees no write, and its views stay.
         writes = not safety.returns_its_input(template, inputs, args, op)
@@ -317,6 +330,10 @@ class _Builder(writeback.WriteBack):
                 new.meta[field] = node.meta[field]
         for field, value in template.own[t].items():
             new.meta[field] = value if field == "original_aten" else copy.copy(value)
+        if "stack_trace" not in meta and t.meta.get("stack_trace"):
+            # The node had no stack trace of its own (a region): the tracer recorded
+            # the frames it ran in, the body's code.
+            new.meta["stack_trace"] = t.meta["stack_trace"]
         if t.meta.get("custom"):
             # Annotations made while the decomposition ran (torch's dynamo
             # guard on a decomposition records itself here).

@@ -19,6 +19,7 @@ __all__ = [
     "DefaultSide",
     "DefaultSplit",
     "FUNCTIONALIZED",
+    "REGIONS",
     "SIZE_OPS",
     "SPLITS",
     "Tables",
@@ -31,6 +32,15 @@ __all__ = [
     "split_table",
 ]
 
+
+# Higher-order ops the retrace inlines whatever the table: its trace calls each one,
+# which runs the body (a submodule) under the autocast or grad mode it names, so the
+# body's operators land in the program, decomposed where the table says. Each maps to
+# the position of its body among its arguments.
+REGIONS = {
+    torch.ops.higher_order.wrap_with_autocast: 4,
+    torch.ops.higher_order.wrap_with_set_grad_enabled: 1,
+}
 
 # Size queries: the retrace re-emits them as they are.
 SIZE_OPS = frozenset(
@@ -340,9 +350,10 @@ def cia_binding_code() -> types.CodeType | None:
 
 def splices(node: torch.fx.Node, tables: Tables) -> bool:
     """Whether the engine replaces ``node`` with its operator's decomposition: a
-    call of an operator overload that :func:`rewrites` says the table rewrites."""
-    return (
-        node.op == "call_function"
-        and _program.is_op_overload(node.target)
-        and rewrites(node.target, tables)
-    )
+    call of an operator overload that :func:`rewrites` says the table rewrites, or a
+    region (:data:`REGIONS`), which is always inlined."""
+    if node.op != "call_function":
+        return False
+    if _program.is_op_overload(node.target):
+        return rewrites(node.target, tables)
+    return node.target in REGIONS

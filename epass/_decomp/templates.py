@@ -304,6 +304,33 @@ def find(
     return template, inputs
 
 
+def region(
+    op: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    tables: table.Tables,
+    fake_mode: Any,
+    session: Session,
+) -> tuple[tracing.Template, list[torch.fx.Node]]:
+    """The template of a region (``table.REGIONS``): its own trace, each time. Its key
+    would be its body's whole graph, so no cache keeps it.
+
+    Raises:
+        Fallback: when the body returns a view of one of its inputs, or writes into one.
+    """
+    inputs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.fx.Node)]
+    flags = [keys.requires_grad(a, session.grads) for a in inputs]
+    values = [a.meta["val"] for a in inputs]
+    with session.watching(fake_mode).retrace(f"the trace of {op.name()}"):
+        template = tracing.trace(
+            op, args, kwargs, values, flags, tables, fake_mode, session.overrides, frames=True
+        )
+    session.traced += 1
+    if safety.returns_a_view_of_an_input(template.graph):
+        raise Fallback(f"the body of {op.name()} returns a view of its input")
+    return template, inputs
+
+
 def missing_templates(ep: ExportedProgram, tables: table.Tables) -> tuple[int, int]:
     """How many distinct templates decomposing ``ep`` would trace (neither in memory nor
     on disk), estimated from the nodes' values before any rewrite, and how many nodes

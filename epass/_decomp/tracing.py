@@ -155,8 +155,11 @@ def capture(
     tables: table.Tables,
     fake_mode: Any,
     overrides: Overrides,
+    frames: bool = False,
 ) -> torch.fx.GraphModule:
-    """``make_fx(fn)(*fakes)`` under the stack a template trace runs in."""
+    """``make_fx(fn)(*fakes)`` under the stack a template trace runs in. ``frames``:
+    record on each node the ``forward`` frames it was made in, as the retrace's tracer
+    does for a node with no stack trace of its own (a region's body)."""
     from torch._dispatch.python import enable_python_dispatcher
     from torch._export.utils import _compiling_state_context
     from torch._subclasses.functional_tensor import FunctionalTensorMode
@@ -180,6 +183,7 @@ def capture(
             decomposition_table=dict(tables.python),
             record_module_stack=True,
             pre_dispatch=False,
+            record_stack_traces=frames,
         )(*fakes)
 
 
@@ -206,8 +210,10 @@ def trace(
     tables: table.Tables,
     fake_mode: Any,
     overrides: Overrides,
+    frames: bool = False,
 ) -> Template:
-    """Trace ``op`` on fresh fake inputs with the table, functionalized as export does."""
+    """Trace ``op`` on fresh fake inputs with the table, functionalized as export does
+    (``frames``: see :func:`capture`)."""
     flat, spec = pytree.tree_flatten((args, kwargs))
     blank = blank_node()
 
@@ -219,7 +225,7 @@ def trace(
     known = shapes.snapshot(shape_env)
     with shapes.as_traced(fake_mode, suppress=False):
         fakes = keys.fresh_fakes(fake_mode, inputs, grads)
-    gm = capture(fn, fakes, tables, fake_mode, overrides)
+    gm = capture(fn, fakes, tables, fake_mode, overrides, frames)
     if shape_env is not None and symbol_count(shape_env) != before:
         raise Fallback(f"the decomposition of {op} creates new symbols")
     check_template(gm.graph, op, tables)

@@ -1,0 +1,123 @@
+"""Regions: higher-order ops the retrace inlines (``wrap_with_autocast``,
+``wrap_with_set_grad_enabled``), taken by the incremental path with torch's program,
+node for node (timm's EfficientViT turns autocast off around its attention)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from decomp_helpers import assert_same_as_torch
+from fingerprint import fingerprint
+from torch import nn
+from torch.export import Dim
+
+from epass import Decompose
+from epass._decomp import check
+
+
+class _Autocast(nn.Module):
+    """A linear attention with autocast set around it, as EfficientViT writes it."""
+
+    def __init__(self, enabled: bool) -> None:
+        super().__init__()
+        self.enabled = enabled
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).relu().chunk(3, dim=-1)
+        v = nn.functional.pad(v, (0, 1), value=1.0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.enabled):
+            kv = k.transpose(-1, -2).float() @ v.float()
+            out = q.float() @ kv
+            out = out[..., :-1] / (out[..., -1:] + 1e-5)
+        return out.float().softmax(-1) + x
+
+
+class _GradMode(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        with torch.no_grad():
+            g = torch.nn.functional.gelu(h @ h.transpose(-1, -2)).sum(-1, keepdim=True)
+        return h * g
+
+
+def _program(module: nn.Module, dynamic: bool) -> torch.export.ExportedProgram:
+    shapes = ({0: Dim("batch", min=1, max=32)},) if dynamic else None
+    return torch.export.export(module.eval(), (torch.randn(2, 5, 8),), dynamic_shapes=shapes)
+
+
+def _regions(ep: torch.export.ExportedProgram) -> list[str]:
+    return [
+        n.target.name()
+        for n in ep.graph.nodes
+        if isinstance(n.target, torch._ops.HigherOrderOperator)
+    ]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize(
+    ("module", "region"),
+    [
+        (lambda: _Autocast(enabled=False), "wrap_with_autocast"),
+        (lambda: _Autocast(enabled=True), "wrap_with_autocast"),
+        (_GradMode, "wrap_with_set_grad_enabled"),
+    ],
+    ids=["autocast off", "autocast on (bfloat16)", "no_grad"],
+)
+def test_a_region_is_inlined_as_the_retrace_inlines_it(module, region, dynamic):
+    torch.manual_seed(0)
+    m = module()
+    ep = _program(m, dynamic)
+    assert _regions(ep) == [region]  # the program has one; torch's has none
+    before = fingerprint(ep)
+    result = assert_same_as_torch(ep)
+    assert result.notes["method"] == "incremental", result.notes
+    assert result.notes["checked"] is True
+    out = result.program
+    assert _regions(out) == []
+    assert not [n for n in out.graph.nodes if n.op == "get_attr"]
+    assert fingerprint(ep) == before
+    x = torch.randn(3 if dynamic else 2, 5, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(out.module()(x), m(x))
+
+
+def test_the_bodys_nodes_carry_the_frames_the_retrace_records():
+    ep = _program(_Autocast(enabled=False), dynamic=False)
+    out = Decompose()(ep).program
+    inside = [
+        n for n in out.graph.nodes if n.meta.get("torch_fn", ("",))[0] == "wrap_with_autocast"
+    ]
+    assert inside  # the body's nodes, under the region's module stack and torch_fn
+    for node in inside:
+        trace = node.meta["stack_trace"]
+        assert trace.startswith('File "<eval_with_key>.') and "in forward" in trace, trace
+
+
+def test_check_mode_reads_the_code_files_counter_as_the_same_file():
+    a = 'File "<eval_with_key>.117", line 12, in forward\n    matmul = x'
+    b = 'File "<eval_with_key>.153", line 12, in forward\n    matmul = x'
+    assert check._code_file(a) == check._code_file(b)
+    assert check._code_file(a) != check._code_file(b.replace("line 12", "line 13"))
+
+
+class _ReturnsAView(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        with torch.no_grad():
+            y = h.transpose(0, 1)
+        return y + 1
+
+
+def test_a_body_returning_a_view_of_its_input_keeps_the_retrace_and_says_why():
+    # The program's alias analysis cannot see through the region to what it views.
+    ep = torch.export.export(_ReturnsAView(), (torch.randn(2, 3),))
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "retrace"
+    assert "the body of wrap_with_set_grad_enabled returns a view of its input" in (
+        result.notes["fallback"] or ""
+    )
