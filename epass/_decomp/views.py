@@ -107,11 +107,12 @@ class Views:
         self.writers: dict[torch.fx.Node, torch.fx.Node] = {}  # view -> last write through it
         self.prefixes: dict[torch.fx.Node, Prefix] = {}  # owner -> see Prefix
         self.remade: set[torch.fx.Node] = set()  # such tensors made again for a reader
-        # A size a view made after a write computes of its own -> that view: the
+        # A size a view made after a write computes of its own -> those views: the
         # retrace makes the size's node at once on the view it made then, which the
         # view made again at its first read replaces; a decomposition reading that
         # size keeps the first view in the graph, dead (see ``read_size``).
-        self.own_sizes: dict[Any, torch.fx.Node] = {}
+        self.own_sizes: dict[Any, list[torch.fx.Node]] = {}
+        self.carriers: dict[tuple[torch.fx.Node, Any], set[torch.fx.Node]] = {}
         self.replaying = 0  # chains of views being made again
 
     def written(self, owner: torch.fx.Node) -> None:
@@ -139,22 +140,40 @@ class Views:
         generation = self.generation.get(info.owner, 0)
         if generation:
             for expr in _own_sizes(view, self.builder.env.get(view)):
-                self.own_sizes.setdefault(expr, view)
+                self.own_sizes.setdefault(expr, []).append(view)
         # Made after a write, a view is regenerated at its first read.
         self.synced[view] = generation if generation == 0 else -1
+
+    def _carriers(self, view: torch.fx.Node, expr: Any) -> set[torch.fx.Node]:
+        """``view`` and the program's nodes that hold its size ``expr`` as passed on
+        from it: read from it, directly or through others holding that size too."""
+        found = self.carriers.get((view, expr))
+        if found is None:
+            found = {view}
+            todo = list(view.users)
+            while todo:
+                node = todo.pop()
+                if node not in found and expr in _exprs(node.meta.get("val")):
+                    found.add(node)
+                    todo.extend(node.users)
+            self.carriers[(view, expr)] = found
+        return found
 
     def read_size(self, expr: Any, reader: torch.fx.Node) -> None:
         """``reader`` reads the size ``expr``.
 
         Raises:
-            Fallback: where ``expr`` is a size a view made after a write computes.
+            Fallback: where ``expr`` is a size a view made after a write computes and
+                ``reader`` reads it from that view (or from a node it passed the size
+                on to). A tensor of that size made otherwise has its own (Mixtral's
+                sorted expert indices, beside the view of its routing weights).
         """
-        view = self.own_sizes.get(expr)
-        if view is not None:
-            raise Fallback(
-                f"{reader.name} reads a size ({expr}) that a view ({view.name}) of a "
-                "tensor written in place, made after the write, computes"
-            )
+        for view in self.own_sizes.get(expr, ()):
+            if not self._carriers(view, expr).isdisjoint(reader.all_input_nodes):
+                raise Fallback(
+                    f"{reader.name} reads a size ({expr}) that a view ({view.name}) of a "
+                    "tensor written in place, made after the write, computes"
+                )
 
     def refresh(self, reader: torch.fx.Node) -> list[Regenerated]:
         """Regenerate every view ``reader`` reads that is stale, before ``reader``; a
@@ -465,6 +484,17 @@ def _take_stack_trace(node: torch.fx.Node, source: torch.fx.Node) -> None:
         node.meta["stack_trace"] = source.meta["stack_trace"]
     else:
         node.meta.pop("stack_trace", None)
+
+
+def _exprs(value: Any) -> set[Any]:
+    """The symbolic sizes ``value`` holds: its shape's, or its own (a SymInt)."""
+    if isinstance(value, torch.SymInt):
+        return {value.node.expr}
+    if isinstance(value, torch.Tensor):
+        return {s.node.expr for s in value.shape if isinstance(s, torch.SymInt)}
+    if isinstance(value, (tuple, list)):
+        return set().union(*(_exprs(v) for v in value))
+    return set()
 
 
 def _own_sizes(view: torch.fx.Node, made: Any) -> list[Any]:
