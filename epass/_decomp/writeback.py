@@ -252,9 +252,16 @@ class WriteBack:
             raise Fallback(refused)
         owner = safety.argument(node, at)
         aliases = self.chains.get(owner, [owner])
-        viewed = [v.name for v, info in self.views.views.items() if info.owner in aliases]
-        if viewed:
-            raise Fallback(f"{refused}, of a tensor the program views ({', '.join(viewed)})")
+        viewed = {v for v, info in self.views.views.items() if info.owner in aliases}
+        # A view read only before the write (timm's MViT-v2 adds to a view of its
+        # attention, then copies the sum back) is never synced: functionalization
+        # makes nothing of it.
+        read_after = sorted(v.name for v in viewed if _read_after(v, node, viewed))
+        if read_after:
+            raise Fallback(
+                f"{refused}, of a tensor the program views and reads after it "
+                f"({', '.join(read_after)})"
+            )
         return base, written
 
     def _write_into_view(
@@ -362,3 +369,11 @@ class WriteBack:
             )
             made.append(value)
         return made
+
+
+def _read_after(view: torch.fx.Node, write: torch.fx.Node, views: set[torch.fx.Node]) -> bool:
+    """Whether an operator other than the views ``views`` reads ``view`` after ``write``
+    (the program's order), or the program returns it."""
+    return any(
+        user not in views and (user.op == "output" or user > write) for user in view.users
+    )
