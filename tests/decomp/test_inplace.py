@@ -885,8 +885,36 @@ def test_a_write_into_a_decompositions_view_of_a_tensor_the_program_views_keeps_
     assert result.notes["method"] == "retrace"
     assert result.notes["fallback"] == (
         "a write (aten.relu_.default at relu_) into a tensor its decomposition makes a view "
-        "(aten.view.default), of a tensor the program views (select)"
+        "(aten.view.default), of a tensor the program views and reads after it (select)"
     )
+
+
+class _IntoAProductViewedBefore(nn.Module):
+    """timm's MViT-v2: a sum with a view of the attention product, copied back into it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x @ self.weight
+        b = h.shape[0]
+        summed = h[:, 0:].view(b, 2, 2, 8) + torch.arange(8.0)
+        h.copy_(summed.view(b, 4, 8))
+        return h.softmax(-1)
+
+
+@only_exact_release
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_write_into_a_decompositions_view_of_a_tensor_viewed_only_before_it(dynamic):
+    dims = ({0: torch.export.Dim("batch", min=2, max=16)},) if dynamic else None
+    module = _IntoAProductViewedBefore()
+    ep = torch.export.export(module, (torch.randn(2, 4, 8),), dynamic_shapes=dims)
+    assert any(n.target == aten.copy_.default for n in ep.graph.nodes)
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"], result.notes
+    x = torch.randn(3 if dynamic else 2, 4, 8)
+    torch.testing.assert_close(result.program.module()(x), module(x))
 
 
 # --- views a decomposition makes of a tensor written in place ---
@@ -1191,6 +1219,34 @@ def test_a_size_a_view_made_after_a_write_computes_is_read_only_where_torch_read
         assert "that a view (flatten) of a tensor written in place" in result.notes["fallback"]
     else:
         assert result.notes["method"] == "incremental" and result.notes["checked"]
+
+
+class _Router(nn.Module):
+    """Mixtral's routing, twice: the top-k weights normalized in place and flattened,
+    and an inverse permutation of the sorted expert indices (the same size)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(2):
+            w, idx = torch.topk(x.softmax(-1), 2)
+            w /= w.sum(-1, keepdim=True)
+            flat_w = w.reshape(-1)
+            _, perm = idx.reshape(-1).sort()
+            inv = torch.empty_like(perm)
+            inv[perm] = torch.arange(perm.numel())
+            x = x + (flat_w[perm] * inv).sum()
+        return x
+
+
+def test_a_size_of_a_view_made_after_a_write_is_not_read_from_it_by_a_tensor_of_its_own():
+    # The sort's indices have the size the view of the written weights computes
+    # (4*s), their own: the retrace reads it from them.
+    dims = ({1: torch.export.Dim("s", min=2, max=32)},)
+    ep = torch.export.export(_Router(), (torch.randn(2, 5, 8),), dynamic_shapes=dims)
+    result = Decompose(check=True)(ep)
+    assert result.notes["method"] == "incremental", result.notes
+    assert result.notes["checked"] is True
+    x = torch.randn(2, 7, 8)
+    torch.testing.assert_close(result.program.module()(x), _Router()(x))
 
 
 class _ReadAfterAWriteThroughAProduct(nn.Module):
