@@ -135,7 +135,8 @@ class _Builder(writeback.WriteBack):
             # An item of a producer whose decomposition returned a tuple: that item.
             self.env[node] = self.env[src][node.args[1]]  # type: ignore[index]
         elif table.splices(node, self.tables) and (
-            self.limit is None or self.decomposed < self.limit
+            # a region's body has no attribute left to copy it with
+            self.limit is None or self.decomposed < self.limit or node.target in table.REGIONS
         ):
             self.splice(node)
         else:
@@ -248,7 +249,8 @@ class _Builder(writeback.WriteBack):
         result, emitted = self._emit_template(node, template, inputs)
         self._record_view(result, emitted)
         self.views.place(node, regenerated, emitted, result)
-        self.decomposed += 1
+        if op not in table.REGIONS:  # inlined whole, whatever the limit: no rewrite
+            self.decomposed += 1
         if node in self.through:
             self._write_back(node, result)
             return

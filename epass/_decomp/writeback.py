@@ -374,6 +374,4 @@ class WriteBack:
 def _read_after(view: torch.fx.Node, write: torch.fx.Node, views: set[torch.fx.Node]) -> bool:
     """Whether an operator other than the views ``views`` reads ``view`` after ``write``
     (the program's order), or the program returns it."""
-    return any(
-        user not in views and (user.op == "output" or user > write) for user in view.users
-    )
+    return any(user not in views and (user.op == "output" or user > write) for user in view.users)

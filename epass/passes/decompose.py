@@ -15,7 +15,7 @@ from torch.export import ExportedProgram
 from epass import _graph, _program
 from epass._decomp import identity, keys, safety, shapes, splice, state, templates
 from epass._decomp.check import first_difference
-from epass._decomp.table import Tables, rewrites, splices, split_table
+from epass._decomp.table import REGIONS, Tables, rewrites, splices, split_table
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -350,7 +350,7 @@ class Decompose:
         tables = self._tables()
         counter = RewriteCounter(limit)
         for node in ep.graph.nodes:  # the order in which the engine splices them
-            if splices(node, tables):
+            if splices(node, tables) and node.target not in REGIONS:
                 counter.allow(node.target, node.name)
         fast, rewritten, fallback = self._incremental(ep, limit)
         if fast is None:

@@ -121,3 +121,14 @@ def test_a_body_returning_a_view_of_its_input_keeps_the_retrace_and_says_why():
     assert "the body of wrap_with_set_grad_enabled returns a view of its input" in (
         result.notes["fallback"] or ""
     )
+
+
+@pytest.mark.parametrize("limit", [0, 2])
+def test_a_region_is_inlined_whole_under_max_rewrites_and_not_counted(limit):
+    ep = _program(_Autocast(enabled=False), dynamic=False)
+    full = Decompose()(ep)
+    result = Decompose(max_rewrites=limit)(ep)
+    assert result.method == "incremental"
+    assert _regions(result.program) == []
+    assert result.notes["rewrites"] == result.rewritten == limit
+    assert result.notes["held_back"] == full.rewritten - limit
