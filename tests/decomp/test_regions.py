@@ -11,7 +11,7 @@ from fingerprint import fingerprint
 from torch import nn
 from torch.export import Dim
 
-from epass import Decompose
+from epass import Decompose, _program
 from epass._decomp import check
 
 
@@ -45,17 +45,13 @@ class _GradMode(nn.Module):
         return h * g
 
 
-def _program(module: nn.Module, dynamic: bool) -> torch.export.ExportedProgram:
+def _exported(module: nn.Module, dynamic: bool) -> torch.export.ExportedProgram:
     shapes = ({0: Dim("batch", min=1, max=32)},) if dynamic else None
     return torch.export.export(module.eval(), (torch.randn(2, 5, 8),), dynamic_shapes=shapes)
 
 
 def _regions(ep: torch.export.ExportedProgram) -> list[str]:
-    return [
-        n.target.name()
-        for n in ep.graph.nodes
-        if isinstance(n.target, torch._ops.HigherOrderOperator)
-    ]
+    return [n.target.name() for n in ep.graph.nodes if _program.is_higher_order(n.target)]
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
@@ -71,7 +67,7 @@ def _regions(ep: torch.export.ExportedProgram) -> list[str]:
 def test_a_region_is_inlined_as_the_retrace_inlines_it(module, region, dynamic):
     torch.manual_seed(0)
     m = module()
-    ep = _program(m, dynamic)
+    ep = _exported(m, dynamic)
     assert _regions(ep) == [region]  # the program has one; torch's has none
     before = fingerprint(ep)
     result = assert_same_as_torch(ep)
@@ -87,7 +83,7 @@ def test_a_region_is_inlined_as_the_retrace_inlines_it(module, region, dynamic):
 
 
 def test_the_bodys_nodes_carry_the_frames_the_retrace_records():
-    ep = _program(_Autocast(enabled=False), dynamic=False)
+    ep = _exported(_Autocast(enabled=False), dynamic=False)
     out = Decompose()(ep).program
     inside = [
         n for n in out.graph.nodes if n.meta.get("torch_fn", ("",))[0] == "wrap_with_autocast"
@@ -125,7 +121,7 @@ def test_a_body_returning_a_view_of_its_input_keeps_the_retrace_and_says_why():
 
 @pytest.mark.parametrize("limit", [0, 2])
 def test_a_region_is_inlined_whole_under_max_rewrites_and_not_counted(limit):
-    ep = _program(_Autocast(enabled=False), dynamic=False)
+    ep = _exported(_Autocast(enabled=False), dynamic=False)
     full = Decompose()(ep)
     result = Decompose(max_rewrites=limit)(ep)
     assert result.method == "incremental"
