@@ -154,9 +154,7 @@ def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str
     if table.has_packet_keys(tables):
         return "the table has an operator packet key"
     for node in ep.graph.nodes:
-        if node.op == "get_attr" and _is_body(node):
-            continue
-        if node.op in ("get_attr", "call_module"):
+        if node.op in ("get_attr", "call_module") and not _is_body(node):
             return f"a {node.op} node ({node.name})"
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and (val.is_conj() or val.is_neg()):
@@ -201,14 +199,18 @@ def _is_body(node: torch.fx.Node) -> bool:
     """Whether the ``get_attr`` ``node`` holds a region's body (``table.REGIONS``) and
     nothing else reads it: the region's trace runs it, and the retrace keeps no
     attribute."""
-    return bool(node.users) and all(
-        user.op == "call_function"
-        and user.target in table.REGIONS
-        and len(user.args) > table.REGIONS[user.target]
-        and user.args[table.REGIONS[user.target]] is node
-        and list(user.args).count(node) == 1
-        and node not in user.kwargs.values()
-        for user in node.users
+    return (
+        node.op == "get_attr"
+        and bool(node.users)
+        and all(
+            user.op == "call_function"
+            and user.target in table.REGIONS
+            and len(user.args) > table.REGIONS[user.target]
+            and user.args[table.REGIONS[user.target]] is node
+            and list(user.args).count(node) == 1
+            and node not in user.kwargs.values()
+            for user in node.users
+        )
     )
 
 
