@@ -1237,6 +1237,7 @@ class _Router(nn.Module):
         return x
 
 
+@only_exact_release
 def test_a_size_of_a_view_made_after_a_write_is_not_read_from_it_by_a_tensor_of_its_own():
     # The sort's indices have the size the view of the written weights computes
     # (4*s), their own: the retrace reads it from them.
