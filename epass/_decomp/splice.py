@@ -434,14 +434,11 @@ class _Builder(writeback.WriteBack):
 def decompose(
     ep: ExportedProgram,
     tables: table.Tables,
-    deadline: float | None = None,
     limit: int | None = None,
 ) -> tuple[ExportedProgram, int]:
     """The program ``ep.run_decompositions`` would produce, by rewriting only the nodes
     the table decomposes. Returns it and the number of nodes rewritten.
 
-    ``deadline`` (a :func:`time.perf_counter` value): trace no template after it and
-    raise :class:`templates.OutOfTime` instead; for filling the cache within a time budget.
     ``limit``: splice only the first ``limit`` nodes that would be spliced (in graph
     order) and copy the others as they are (``Decompose(max_rewrites=...)``).
 
@@ -452,7 +449,7 @@ def decompose(
     (:func:`state.collector_paused`).
     """
     with state.LOCK, state.collector_paused():
-        session = templates.Session(tables, deadline)
+        session = templates.Session(tables)
         try:
             result = _decompose(ep, tables, session, limit)
             if session.watch is not None:  # made as the build began

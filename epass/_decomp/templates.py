@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +28,6 @@ from epass._decomp.safety import Fallback
 from epass._program import pytree
 
 __all__ = [
-    "OutOfTime",
     "Session",
     "cache_info",
     "clear_cache",
@@ -89,9 +87,8 @@ class Session:
     table, entered at the first trace and left (with torch's state put back) at the
     end of the decomposition, and the templates one batched trace made for it."""
 
-    def __init__(self, tables: table.Tables, deadline: float | None = None) -> None:
+    def __init__(self, tables: table.Tables) -> None:
         self.tables = tables
-        self.deadline = deadline
         self.name = identity.cache_name(tables)
         # The templates of a table without a name: this decomposition's alone.
         self.local: dict[Any, tracing.Template] = {}
@@ -144,10 +141,6 @@ class Session:
         self._entered = False
         self.batched.clear()
         self.local.clear()
-
-
-class OutOfTime(Exception):
-    """A cache-filling decomposition reached its deadline."""
 
 
 def pending_calls(
@@ -286,8 +279,6 @@ def find(
         else _load(disk_key, (op, args, kwargs), flags, tables, watch, expected)
     )
     if template is None:
-        if session.deadline is not None and time.perf_counter() > session.deadline:
-            raise OutOfTime
         template = session.take(key, fake_mode)
         if template is None:
             with watch.retrace(f"the trace of {op}"):
