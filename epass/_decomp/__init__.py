@@ -71,6 +71,7 @@ INTERNALS = (
     "torch.fx.experimental.symbolic_shapes.ShapeEnv",
     "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static",  # .cache_clear
     "torch.export.exported_program.ExportedProgram._guards_code",
+    "torch.export._unlift._unlift_exported_program_lifted_states",  # its _guards_fn
     "torch.fx.passes.runtime_assert.insert_deferred_runtime_asserts",
     "torch._export.passes._node_metadata_hook._set_node_metadata_hook",
     "torch._export.passes._node_metadata_hook._node_metadata_hook",

@@ -19,6 +19,7 @@ from epass._decomp.safety import Fallback
 __all__ = [
     "origin",
     "RUNTIME_ASSERT_TRACE",
+    "run_guards",
     "rebind_sizes",
     "Changed",
     "Renaming",
@@ -440,6 +441,24 @@ def carriers(inp: torch.fx.Node, expr: Any) -> list[torch.fx.Node]:
                 todo.append(a)
     order = {n: i for i, n in enumerate(inp.graph.nodes)}
     return sorted(seen, key=order.__getitem__)
+
+
+def run_guards(ep: Any) -> None:
+    """Run the program's guards on its own inputs, as the retrace does: it traces
+    ``ep.module()``, whose first call checks them (``_guards_fn``). Where sympy cannot
+    settle one statically, evaluating it adds guards to the shape environment (in a
+    simpler form, ``x + 1 > 1`` for ``x + 1 != 1``), which every program made after it
+    carries in its ``_guards_code``. A program without guards code has nothing to run."""
+    if not ep._guards_code:
+        return
+    guards = getattr(ep.module(), "_guards_fn", None)
+    if guards is None:  # ep.module() makes none (called from ExecuTorch, say)
+        return
+    users = set(ep.graph_signature.user_inputs)
+    values = [
+        n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder" and n.name in users
+    ]
+    guards(*values)
 
 
 # The stack trace the retrace gives the nodes its runtime-assertion pass adds

@@ -469,6 +469,8 @@ def _decompose(
     if plan.reason is not None:
         raise Fallback(plan.reason)
     fake_mode = keys.fake_mode_of(ep)
+    with _program.quiet_leaf_specs():  # ep.module() deep-copies the call graph
+        shapes.run_guards(ep)
     session.program = ep
     session.grads = safety.retrace_grads(ep)
     builder = _Builder(tables, fake_mode, session, plan, ep.graph, limit)

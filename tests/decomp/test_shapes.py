@@ -306,6 +306,51 @@ def test_first_difference_compares_the_guards_each_program_carries():
     assert first_difference(fast, ref) == "guards [] / torch: [\"L['x'].size()[0] < 16\"]"
 
 
+class _Inception(nn.Module):
+    """GoogLeNet's shape in small: a strided stem, then pools with ``ceil_mode`` and
+    concatenated branches, four times over. Exported with ``Dim.AUTO`` height and
+    width, its guards include some sympy cannot settle statically."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 7, 2, 3)
+        self.pool = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.one = nn.Conv2d(4, 2, 1)
+        self.three = nn.Conv2d(4, 2, 3, padding=1)
+        self.head = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for _ in range(4):
+            x = self.pool(x)
+            x = torch.cat([self.one(x), self.three(x)], 1)
+        return self.head(x)
+
+
+def _inception(model: nn.Module) -> torch.export.ExportedProgram:
+    auto = torch.export.Dim.AUTO
+    x = torch.randn(1, 3, 96, 96)
+    return torch.export.export(model, (x,), dynamic_shapes=({2: auto, 3: auto},))
+
+
+def test_the_guards_the_retrace_runs_are_run_and_carried_as_the_retrace_carries_them():
+    # The retrace traces ep.module(), whose first call checks the program's guards;
+    # evaluating those sympy cannot settle adds guards to the shape environment, which
+    # the decomposed program carries in its _guards_code.
+    model = _Inception()
+    ep = _inception(model)
+    ref = state.run_decompositions(ep)
+    learnt = [g for g in ref._guards_code if g not in ep._guards_code]
+    assert learnt, "the retrace learnt no guard here: the test shows nothing"
+    fast = Decompose(method="incremental")(_inception(model)).program
+    assert fast._guards_code == ref._guards_code
+    result = Decompose(check=True)(_inception(model))
+    assert result.notes["method"] == "incremental", result.notes
+    assert result.notes["checked"] is True
+    x = torch.randn(1, 3, 80, 112)
+    torch.testing.assert_close(result.program.module()(x), model(x))
+
+
 def _recomputations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the copied nodes whose values the engine recomputes, from now on."""
     names: list[str] = []
