@@ -448,7 +448,10 @@ def run_guards(ep: Any) -> None:
     ``ep.module()``, whose first call checks them (``_guards_fn``). Where sympy cannot
     settle one statically, evaluating it adds guards to the shape environment (in a
     simpler form, ``x + 1 > 1`` for ``x + 1 != 1``), which every program made after it
-    carries in its ``_guards_code``. A program without guards code has nothing to run."""
+    carries in its ``_guards_code``. The function's other checks (each input size
+    within its range, sizes that are one symbol equal) are statically true, so a
+    program without guards code has nothing to run, and no copy of its graph is made
+    for it (``ep.module()`` makes one)."""
     if not ep._guards_code:
         return
     guards = getattr(ep.module(), "_guards_fn", None)
