@@ -218,7 +218,7 @@ def declared_key(fn: Any) -> str | None:
 
     Raises:
         TypeError: when ``cache_key`` is there but is not a string (or a method
-            returning one).
+            returning one), or when reading or calling it raises.
     """
     try:
         value = getattr(fn, CACHE_KEY, None)
@@ -227,7 +227,12 @@ def declared_key(fn: Any) -> str | None:
     if value is None:
         return None
     if callable(value):
-        value = value()
+        try:
+            value = value()
+        except Exception as exc:  # named like a bad value: that one function is uncached
+            raise TypeError(
+                f"{_label(fn)}.{CACHE_KEY}() raised {type(exc).__name__}: {exc}"
+            ) from exc
     if not isinstance(value, str) or not value:
         raise TypeError(
             f"{_label(fn)}.{CACHE_KEY} must be a non-empty string (or a method returning "

@@ -191,6 +191,24 @@ def test_a_declared_identity_that_is_not_a_string_is_named_in_the_note(value):
     assert "silu.cache_key must be a non-empty string" in result.notes["cache"]
 
 
+def test_a_cache_key_method_that_raises_is_named_and_keeps_the_fast_path():
+    def silu(x):
+        return aten.mul.Tensor(x, aten.sigmoid.default(x))
+
+    def refuse():
+        raise ValueError("no key today")
+
+    silu.cache_key = refuse
+    ep = torch.export.export(nn.Sequential(nn.SiLU(), nn.GELU()), (torch.randn(2, 3),))
+    table = {**torch.export.default_decompositions(), aten.silu.default: silu}
+    result = Decompose(table=table, method="auto")(ep)
+    assert result.method == "incremental" and result.fallback is None
+    note = result.notes["cache"]
+    assert "silu.cache_key() raised ValueError: no key today" in note
+    assert [n.kind for n in result.notices] == ["cache"]
+    assert first_difference(result.program, ep.run_decompositions(table)) is None
+
+
 def test_a_python_kernel_registered_for_an_aten_operator_turns_the_disk_cache_off():
     from torch import library
 
