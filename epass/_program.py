@@ -23,6 +23,7 @@ from torch.export.graph_signature import ExportGraphSignature
 from torch.utils import _pytree as pytree
 
 __all__ = [
+    "INTERNALS",
     "PRIVATE_FIELDS",
     "archive_records",
     "copy_call_graph",
@@ -54,6 +55,29 @@ __all__ = [
     "tensor_marks",
     "tree_leaves",
 ]
+
+# The torch internals this module uses, by dotted path, beside the private fields
+# below; tests/test_program.py pins each one, tests/test_torch_internals.py checks that
+# epass uses no other (with the decomposition engine's ``_decomp.INTERNALS``).
+INTERNALS = (
+    "torch._C.PyTorchFileReader",
+    "torch._export.serde.schema",  # the archive's schema: ExportedProgram, SCHEMA_VERSION
+    "torch._export.serde.serialize._SYM_OPS",
+    "torch._export.serde.union._Union",
+    "torch._export.verifier.Verifier",
+    "torch._ops.HigherOrderOperator",
+    "torch._ops.OperatorBase",
+    "torch._ops.OpOverload",
+    "torch._ops.OpOverload._schema",
+    "torch._ops.OpOverloadPacket",
+    "torch.nn.Module._buffers",
+    "torch.export.exported_program._create_graph_module_for_export",
+    "torch.export.exported_program._get_updated_range_constraints",
+    "torch.export.pt2_archive._package.load_pt2",
+    "torch.fx._lazy_graph_module._LazyGraphModule",
+    "torch.fx.graph._Namespace._obj_to_name",
+    "torch.utils._pytree",  # TreeSpec, tree_flatten, tree_leaves, the serialized types
+)
 
 # Private ExportedProgram attributes epass reads or writes directly. Setting them
 # avoids the constructor, which re-validates the graph (tens of ms per pass).
@@ -297,23 +321,23 @@ def _constructed_without_code(**fields: Any) -> ExportedProgram:
     The constructor makes its module with ``_create_graph_module_for_export``; that
     name is replaced for the one call, under a lock, and only this thread's calls
     take the replacement (any other thread gets torch's function meanwhile)."""
-    from torch.export import exported_program as module
+    from torch.export import exported_program as torch_program
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
     owner = threading.get_ident()
     with _WITHOUT_CODE:
-        made_with = module._create_graph_module_for_export
+        made_with = torch_program._create_graph_module_for_export
 
         def without_code(root: Any, graph: torch.fx.Graph) -> torch.fx.GraphModule:
             if threading.get_ident() != owner:
                 return made_with(root, graph)  # type: ignore[no-any-return]
             return _LazyGraphModule(root, graph)
 
-        module._create_graph_module_for_export = without_code
+        torch_program._create_graph_module_for_export = without_code
         try:
             return ExportedProgram(**fields)
         finally:
-            module._create_graph_module_for_export = made_with
+            torch_program._create_graph_module_for_export = made_with
 
 
 def flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> list[Any]:

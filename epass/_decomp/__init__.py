@@ -45,7 +45,12 @@ INTERNALS = (
     "torch._export.utils._collect_all_valid_cia_ops_for_aten_namespace",
     "torch._export.utils._materialize_cpp_cia_ops",
     "torch._ops._OpNamespace",
-    "torch._ops.OpOverloadPacket.op_overloads",
+    "torch._C.DispatchKey.CompositeImplicitAutograd",
+    "torch._decomp.global_decomposition_table",  # torch's own decompositions (identity)
+    "torch._ops.HigherOrderOperator",
+    "torch._ops.OpOverload",
+    "torch._ops.OpOverloadPacket",
+    "torch._ops.OpOverloadPacket.overloads",  # each name looked up (_torch.op_overloads)
     "torch._ops.OpOverload._overloadpacket",
     "torch._ops.OpOverload._overloadname",
     "torch._decomp._core_aten_decompositions_post_autograd",

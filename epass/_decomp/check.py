@@ -13,8 +13,11 @@ from epass._decomp import keys
 __all__ = ["COMPARED_META", "first_difference"]
 
 
-# Node meta compared by the check. ``from_node`` and ``seq_nr`` are left out on purpose:
-# the retrace records its own trace history there, which a rewrite cannot reproduce.
+# Node meta compared by the check: what a user reads, prints or saves with the
+# program (docs/compat.md, "What check mode compares"). ``from_node`` and ``seq_nr``
+# are left out on purpose: the retrace records its own trace history there, which a
+# rewrite cannot reproduce. An empty value counts as none: an empty ``custom`` dict
+# annotates nothing, and releases differ in which of the two they leave.
 COMPARED_META = ("stack_trace", "nn_module_stack", "original_aten", "custom")
 _SUFFIX = re.compile(r"_\d+$")
 
@@ -69,7 +72,7 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
                 return f"{where}: value {va} / torch: {vb}"
         if a.op == "call_function":
             for key in COMPARED_META:
-                ma, mb = a.meta.get(key), b.meta.get(key)
+                ma, mb = a.meta.get(key) or None, b.meta.get(key) or None
                 if key == "original_aten":
                     ma, mb = str(ma) if ma else None, str(mb) if mb else None
                 elif key == "stack_trace":

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _program, _torch
 
 __all__ = [
     "LOCK",
@@ -116,7 +116,7 @@ def patchable_ops() -> frozenset[Any]:
         if space_name == "aten" or not isinstance(space, torch._ops._OpNamespace):
             continue
         for packet_name in list(space):
-            for op in getattr(space, packet_name).op_overloads():
+            for op in _torch.op_overloads(getattr(space, packet_name)):
                 if _is_preservable_cia_op(op):
                     ops.add(op)
     return frozenset(ops)
@@ -130,16 +130,34 @@ def is_preservable(op: Any) -> bool:
     return bool(_is_preservable_cia_op(op))
 
 
-def run_decompositions(ep: ExportedProgram, table: Any = None) -> ExportedProgram:
+def run_decompositions(
+    ep: ExportedProgram, table: Any = None
+) -> tuple[ExportedProgram, str | None]:
     """``ep.run_decompositions(table)``, under :func:`torch_state` for every operator its
-    CompositeImplicitAutograd override can patch. The only way epass calls it."""
-    ops = set(patchable_ops())
-    if table is not None:
-        # keys(): a CustomDecompTable is a dict whose entries live elsewhere
-        keys = table.keys()
-        ops.update(op for op in keys if _program.is_op_overload(op))
-    with torch_state(ops), _program.quiet_leaf_specs():
-        return ep.run_decompositions(table)
+    CompositeImplicitAutograd override can patch. The only way epass calls it.
+
+    Returns torch's program, and None, or why it ran without that guard: finding the
+    operators leans on torch internals, and where this release lacks or changed one
+    the retrace, which is torch's public API, runs all the same (under :data:`LOCK`).
+    """
+    from epass._decomp import INTERNALS
+
+    with contextlib.ExitStack() as stack:
+        bare = None
+        try:
+            ops = set(patchable_ops())
+            if table is not None:
+                # keys(): a CustomDecompTable is a dict whose entries live elsewhere
+                ops.update(op for op in table.keys() if _program.is_op_overload(op))  # noqa: SIM118
+            stack.enter_context(torch_state(ops))
+        except Exception as exc:
+            bare = (
+                "run_decompositions ran without the guard that puts back the kernels "
+                f"its override patches: {_torch.unexpected(exc, INTERNALS)}"
+            )
+            stack.enter_context(LOCK)
+        stack.enter_context(_program.quiet_leaf_specs())
+        return ep.run_decompositions(table), bare
 
 
 @contextlib.contextmanager

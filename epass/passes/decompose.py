@@ -12,8 +12,8 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _program
-from epass._decomp import identity, keys, safety, shapes, splice, state, templates
+from epass import _graph, _program, _torch
+from epass._decomp import INTERNALS, identity, keys, safety, shapes, splice, state, templates
 from epass._decomp.check import first_difference
 from epass._decomp.table import REGIONS, Tables, rewrites, splices, split_table
 from epass.errors import (
@@ -114,7 +114,11 @@ class DecomposeResult(PassResult):
         notices: made from the above: a ``"fallback"`` notice when the program was
             retraced because the incremental path could not take it (not when
             ``method="retrace"`` asked for it, nor when auto chose the retrace as
-            cheaper), and a ``"cache"`` notice when templates were kept nowhere.
+            cheaper), a ``"cache"`` notice when templates were kept nowhere, and a
+            ``"torch"`` notice from ``bare``.
+        bare: set when the retrace ran without epass's guard of torch's global
+            state, which leans on internals this torch lacks or changed, and why
+            (the program is torch's all the same).
     """
 
     method: str = "retrace"
@@ -124,6 +128,7 @@ class DecomposeResult(PassResult):
     decision: str | None = None
     cache: str | None = None
     counted: Mapping[str, Any] | None = None
+    bare: str | None = None
     notices: tuple[Notice, ...] = attrs.field(init=False)
 
     @notices.default
@@ -135,6 +140,8 @@ class DecomposeResult(PassResult):
             notices.append(Notice("fallback", f"retraced: {self.fallback}"))
         if self.cache is not None:
             notices.append(Notice("cache", self.cache))
+        if self.bare is not None:
+            notices.append(Notice("torch", self.bare))
         return tuple(notices)
 
     @property
@@ -268,10 +275,11 @@ class Decompose:
             decision, estimate, batched = self._weigh(ep)
             if decision is not None and decision.startswith("retrace"):
                 began = time.perf_counter()
-                ref = self._retrace(ep)
+                ref, bare = self._retrace(ep)
                 spent = time.perf_counter() - began
                 decision += f"; {self._fill(ep, batched, estimate - spent)}"
-                return self._result(ep, ref, "retrace", decision, None, False, decision)
+                result = self._result(ep, ref, "retrace", decision, None, False, decision)
+                return attrs.evolve(result, bare=bare)
         if self.method != "retrace":
             fast, rewritten, fallback = self._incremental(ep, check=check)
             if fast is None and self.method == "incremental":
@@ -283,9 +291,10 @@ class Decompose:
         # which runs on the same environment, must find nothing more to learn.
         shape_env = getattr(keys.detected_fake_mode(ep), "shape_env", None)
         known = shapes.snapshot(shape_env)
-        ref = self._retrace(ep)
+        ref, bare = self._retrace(ep)
         if fast is None:
-            return self._result(ep, ref, "retrace", fallback, None, False, decision)
+            result = self._result(ep, ref, "retrace", fallback, None, False, decision)
+            return attrs.evolve(result, bare=bare)
         difference = (
             first_difference(fast, ref)
             or _learnt(known, shapes.snapshot(shape_env))
@@ -382,8 +391,7 @@ class Decompose:
         except safety.Fallback as exc:
             return None, None, exc.reason
         except Exception as exc:  # torch's retrace decides, and explains its failure
-            text = str(exc).strip().splitlines()
-            return None, None, f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+            return None, None, _torch.unexpected(exc, (*INTERNALS, *_program.INTERNALS))
         return out, rewritten, None
 
     def _tables(self) -> Tables:
@@ -392,7 +400,8 @@ class Decompose:
             return split_table(None, keep=self.keep)
         return split_table(self.decomp_table())
 
-    def _retrace(self, ep: ExportedProgram) -> ExportedProgram:
+    def _retrace(self, ep: ExportedProgram) -> tuple[ExportedProgram, str | None]:
+        """torch's program, and why the retrace ran bare, if it did."""
         # The default table is built by run_decompositions itself, exactly as a bare call.
         table = None if self.table is None and not self.keep else self.decomp_table()
         try:

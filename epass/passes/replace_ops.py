@@ -17,7 +17,7 @@ from epass._decomp import state
 from epass.errors import ArgumentTypeError
 from epass.options import checked
 from epass.passes.lift_constants import lift_constants
-from epass.protocol import PassResult, RewriteCounter
+from epass.protocol import Notice, PassResult, RewriteCounter
 
 __all__ = ["ReplaceOps", "ReplaceOpsResult"]
 
@@ -164,10 +164,10 @@ class ReplaceOps:
 
     def __call__(self, ep: ExportedProgram) -> ReplaceOpsResult:
         counter = RewriteCounter(self.max_rewrites)
-        ep, modified = self._trace_in(ep, counter)
+        ep, modified, bare = self._trace_in(ep, counter)
         retarget = {op: new for op, new in self.ops.items() if _program.is_op_overload(new)}
         if not retarget and not self.patterns:
-            return ReplaceOpsResult(ep, modified, notes=counter.notes)
+            return ReplaceOpsResult(ep, modified, notes=counter.notes, bare=bare)
         gm = _graph.copy_graph(ep)
         changed = False
         for node in gm.graph.nodes:
@@ -183,14 +183,16 @@ class ReplaceOps:
             )
             changed |= bool(replaced)
         if not changed:
-            return ReplaceOpsResult(ep, modified, notes=counter.notes)
+            return ReplaceOpsResult(ep, modified, notes=counter.notes, bare=bare)
         # lift_constants fills the fake values in, once the created tensors are inputs.
-        return ReplaceOpsResult(lift_constants(ep, gm), True, notes=counter.notes)
+        out = lift_constants(ep, gm)
+        return ReplaceOpsResult(out, True, notes=counter.notes, bare=bare)
 
     def _trace_in(
         self, ep: ExportedProgram, counter: RewriteCounter
-    ) -> tuple[ExportedProgram, bool]:
-        """Trace the Python replacements in, with one retrace for all of them."""
+    ) -> tuple[ExportedProgram, bool, str | None]:
+        """Trace the Python replacements in, with one retrace for all of them; says
+        why that retrace ran bare, if it did (``state.run_decompositions``)."""
         calls = [n for n in ep.graph.nodes if n.op == "call_function"]
         traced = {
             op: _not_reentrant(_counted(fn, op, counter, [n.name for n in calls if n.target is op]))
@@ -198,8 +200,9 @@ class ReplaceOps:
             if any(n.target is op for n in calls) and not _program.is_op_overload(fn)
         }
         if not traced:
-            return ep, False
-        return state.run_decompositions(ep, traced), True
+            return ep, False, None
+        out, bare = state.run_decompositions(ep, traced)
+        return out, True, bare
 
 
 def _ask(counter: RewriteCounter) -> Callable[..., bool]:
@@ -219,6 +222,14 @@ def _ask(counter: RewriteCounter) -> Callable[..., bool]:
 @attrs.frozen
 class ReplaceOpsResult(PassResult):
     """A :class:`PassResult` with the rewrite count in ``notes``
-    (:class:`~epass.protocol.RewriteCounter`)."""
+    (:class:`~epass.protocol.RewriteCounter`), and ``bare``: set when the retrace that
+    traced Python replacements in ran without epass's guard of torch's global state
+    (a ``"torch"`` notice says why)."""
 
     notes: dict[str, Any] = attrs.field(factory=dict)
+    bare: str | None = None
+    notices: tuple[Notice, ...] = attrs.field(init=False)
+
+    @notices.default
+    def _notices(self) -> tuple[Notice, ...]:
+        return () if self.bare is None else (Notice("torch", self.bare),)

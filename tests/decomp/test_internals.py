@@ -3,15 +3,13 @@ fails loudly when torch renames, moves or reshapes one of them."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 import pytest
 import torch
 from torch import nn
-from torch.export import ExportedProgram
 
-from epass import _decomp
+from epass import _decomp, _program, _torch
 from epass._decomp import identity, splice, state, templates, tracing
 from epass._decomp.check import first_difference
 from epass._decomp.table import DefaultSplit, split_table
@@ -19,49 +17,104 @@ from epass._decomp.table import DefaultSplit, split_table
 aten = torch.ops.aten
 
 
-def _resolve(path: str):
-    parts = path.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attr in parts[i:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ImportError(path)
-
-
 @pytest.mark.parametrize("path", _decomp.INTERNALS)
 def test_every_listed_internal_exists(path):
-    if path == "torch._ops.OpOverload._schema":  # an instance attribute
+    # _torch.absent is what names a missing internal to the user: the same lookup
+    # (an instance attribute on an example object, a class attribute on the class).
+    assert _torch.absent([path]) is None
+    if path == "torch._ops.OpOverload._schema":
         assert aten.add_.Tensor._schema.is_mutable
         assert [a.kwarg_only for a in aten.add.Tensor._schema.arguments] == [False, False, True]
-        return
-    if path in ("torch._ops.OpOverload.py_kernels", "torch._ops.OpOverload._dispatch_cache"):
-        assert isinstance(getattr(aten.linear.default, path.rsplit(".", 1)[1]), dict)
-        return
     if path in ("torch._ops.OpOverload._overloadpacket", "torch._ops.OpOverload._overloadname"):
         assert aten.add.Tensor._overloadpacket is aten.add
         assert aten.add.Tensor._overloadname == "Tensor"
         assert aten.add.default._overloadname == "default"
-        return
-    if path == "torch.export.exported_program.ExportedProgram._guards_code":
-        assert "_guards_code" in ExportedProgram.__annotations__  # an instance attribute
-        return
-    if path == "torch.fx.graph._Namespace._obj_to_name":  # instance attributes
-        namespace = torch.fx.Graph()._graph_namespace
-        assert isinstance(namespace._obj_to_name, dict)
-        assert isinstance(namespace._used_names, set)
-        return
-    assert _resolve(path) is not None
+
+
+def test_absent_names_a_missing_function_module_and_method():
+    assert _torch.absent(["torch._export.utils._no_such_function"]) == (
+        "torch._export.utils._no_such_function"
+    )
+    assert _torch.absent(["torch._no_such_module.f"]) == "torch._no_such_module.f"
+    # A method a class lacks, as OpOverloadPacket.op_overloads is lacking before 2.13.
+    assert _torch.absent(["torch._ops.OpOverloadPacket.no_such_method"]) == (
+        "torch._ops.OpOverloadPacket.no_such_method"
+    )
+    assert _torch.absent(["torch._ops.OpOverload._no_such_field"]) == (
+        "torch._ops.OpOverload._no_such_field"
+    )
+
+
+def test_op_overloads_walks_every_overload_as_torch_does():
+    overloads = _torch.op_overloads(aten.add)
+    assert aten.add.Tensor in overloads and aten.add.Scalar in overloads
+    assert overloads == [getattr(aten.add, name) for name in aten.add.overloads()]
+    if hasattr(torch._ops.OpOverloadPacket, "op_overloads"):  # torch 2.13 and later
+        assert overloads == aten.add.op_overloads()
+
+
+def test_a_walk_without_op_overloads_finds_the_same_operators(monkeypatch):
+    # torch 2.11 and 2.12 have no OpOverloadPacket.op_overloads: the walk must not
+    # call it (every Decompose once raised there, the retrace included).
+    walked = state.patchable_ops()
+    monkeypatch.delattr(torch._ops.OpOverloadPacket, "op_overloads", raising=False)
+    assert state.patchable_ops() == walked
+
+
+def test_a_missing_internal_steps_aside_for_the_retrace_and_names_it(monkeypatch):
+    # An internal only the incremental path calls (torch's retrace has bound it at
+    # import): without it, the user gets torch's program and a notice naming the
+    # internal and the release.
+    from torch.fx.experimental import proxy_tensor
+
+    import epass
+    from epass import Decompose
+    from epass._decomp import templates
+
+    class Net(nn.Module):
+        def forward(self, x):
+            return nn.functional.silu(x) * 2
+
+    ep = torch.export.export(Net(), (torch.randn(3, 4),))
+    templates.clear_cache()
+    monkeypatch.delattr(proxy_tensor, "make_fx")
+    ref = ep.run_decompositions()  # torch's public API does not need it
+    (record,) = epass.PassManager([Decompose(method="auto")])(ep).records
+    assert record.notes["method"] == "retrace"
+    fallback = record.notes["fallback"]
+    assert "torch.fx.experimental.proxy_tensor.make_fx" in fallback
+    assert f"torch {_torch.RELEASE}" in fallback
+    assert any(n.fallback and "make_fx" in n.text for n in record.notices)
+    out = epass.PassManager([Decompose(method="auto")]).run(ep)
+    assert first_difference(out, ref) is None
+    assert out.state_dict is ep.state_dict
+
+
+def test_the_retrace_runs_bare_when_its_guard_cannot_be_set_up(monkeypatch):
+    # Finding the operators torch's override patches leans on internals; the retrace
+    # itself is public API and must not depend on them.
+    import epass
+    from epass import Decompose
+
+    def broken():
+        raise AttributeError("The underlying op has no overload name 'op_overloads'")
+
+    ep = torch.export.export(nn.Linear(4, 2), (torch.randn(3, 4),))
+    ref = ep.run_decompositions()
+    monkeypatch.setattr(state, "patchable_ops", broken)
+    (record,) = epass.PassManager([Decompose(method="retrace")])(ep).records
+    (notice,) = record.notices
+    assert notice.kind == "torch" and "op_overloads" in notice.text
+    assert f"torch {_torch.RELEASE}" in notice.text
+    out = epass.PassManager([Decompose(method="retrace")]).run(ep)
+    assert first_difference(out, ref) is None
 
 
 def test_internals_are_listed_in_compat_docs():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "compat.md").read_text()
-    missing = [p for p in _decomp.INTERNALS if p not in text]
+    missing = [p for p in (*_decomp.INTERNALS, *_program.INTERNALS) if p not in text]
     assert not missing, f"docs/compat.md does not list {missing}"
 
 

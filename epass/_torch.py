@@ -1,0 +1,87 @@
+"""The torch release that runs, and how epass names a torch internal this release
+lacks: the one place that tells an internal missing from a bug of epass's own."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["RELEASE", "absent", "op_overloads", "resolve", "unexpected"]
+
+RELEASE: str = torch.__version__.split("+")[0]
+"""The running torch release without its build tag (``2.11.0`` for ``2.11.0+cu130``)."""
+
+
+def resolve(path: str) -> Any:
+    """The object a dotted path names: the longest importable module prefix, then
+    attributes (of a class too: ``torch._ops.OpOverload._schema`` is not one).
+
+    Raises:
+        ImportError, AttributeError: when this torch has no such object.
+    """
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"no module of {path!r} can be imported")
+
+
+# Attributes that live on instances, not on their class: resolved on an example.
+_INSTANCE_ATTRIBUTES = {
+    "torch._ops.OpOverload._schema": lambda: torch.ops.aten.add.Tensor,
+    "torch._ops.OpOverload._overloadpacket": lambda: torch.ops.aten.add.Tensor,
+    "torch._ops.OpOverload._overloadname": lambda: torch.ops.aten.add.Tensor,
+    "torch._ops.OpOverload.py_kernels": lambda: torch.ops.aten.add.Tensor,
+    "torch._ops.OpOverload._dispatch_cache": lambda: torch.ops.aten.add.Tensor,
+    "torch.fx.graph._Namespace._obj_to_name": lambda: torch.fx.Graph()._graph_namespace,
+    "torch.nn.Module._buffers": torch.nn.Module,
+}
+
+
+def absent(paths: Iterable[str]) -> str | None:
+    """The first of ``paths`` this torch lacks, or None. Imports the modules they
+    name: for a failure's diagnosis, not for every run."""
+    for path in paths:
+        owner, _, name = path.rpartition(".")
+        example = _INSTANCE_ATTRIBUTES.get(path)
+        try:
+            if example is not None:
+                getattr(example(), name)
+            elif path == "torch.export.exported_program.ExportedProgram._guards_code":
+                if name not in resolve(owner).__annotations__:
+                    return path
+            else:
+                resolve(path)
+        except (ImportError, AttributeError):
+            return path
+    return None
+
+
+def unexpected(exc: BaseException, internals: Iterable[str]) -> str:
+    """What to say when torch raised ``exc`` inside code that leans on ``internals``:
+    the internal this release lacks where one is missing, else the error itself;
+    the release either way."""
+    lines = str(exc).strip().splitlines()
+    error = f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
+    if isinstance(exc, (AttributeError, ImportError, NameError, TypeError)):
+        missing = absent(internals)
+        if missing is not None:
+            return f"torch {RELEASE} has no {missing}, an internal epass needs here ({error})"
+    return f"{error} (torch {RELEASE})"
+
+
+def op_overloads(packet: Any) -> list[Any]:
+    """Every overload of an operator packet, in the order torch walks them.
+
+    ``OpOverloadPacket.op_overloads()`` came with torch 2.13; it is exactly this
+    lookup of each name ``overloads()`` lists, which every declared release has.
+    """
+    return [getattr(packet, name) for name in packet.overloads()]
