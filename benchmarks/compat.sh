@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
-# The tests on another torch release, in a virtual environment outside the
-# repository: the quick suite (-m "not slow") and the fast-path test
-# (tests/decomp/test_fast_path.py).
+# One declared torch release, in a virtual environment outside the repository that
+# holds the README's install (torch, the matching torchvision, `pip install -e
+# ".[test]"`): the internals checks, the fast-path test, the real-model smoke
+# (benchmarks/smoke.py) and `epass demo`. docs/compat.md has the results.
 #
-#   bash benchmarks/compat.sh 2.15.0
-#   bash benchmarks/compat.sh 2.15.0 --install-only   # the environment, no tests
+#   bash benchmarks/compat.sh 2.11.0                 # install if needed, then test
+#   bash benchmarks/compat.sh 2.11.0 --install-only  # the environment, no tests
+#   bash benchmarks/compat.sh 2.11.0 --quick-suite   # the quick suite as well
 #
-# Linux wheels of torch on PyPI are CUDA builds of about 5.6 GB, so the environment
-# is kept for the next run, in $EPASS_COMPAT_DIR (default ~/.cache/epass-compat);
-# the project itself is reinstalled from this checkout every time. Set
-# EPASS_COMPAT_FRESH=1 to build the environment anew.
+# Linux wheels of torch on PyPI are CUDA builds of about 5.6 GB (PyPI serves no
+# smaller one), so the environment is kept for the next run, in $EPASS_COMPAT_DIR
+# (default ~/.cache/epass-compat); the project itself is reinstalled from this
+# checkout every time. Set EPASS_COMPAT_FRESH=1 to build the environment anew.
 #
 # The release must lie in the range pyproject.toml declares (pip refuses others).
-# .ci/run runs this for the newest and the oldest declared release; docs/compat.md
-# has the results.
+# .ci/run runs this for every declared release but the reference.
 set -euo pipefail
-version=${1:?usage: bash benchmarks/compat.sh TORCH_VERSION [--install-only]}
-install_only=0
-case "${2:-}" in
-    "") ;;
-    --install-only) install_only=1 ;;
-    *) echo "compat.sh: unknown option '$2' (only --install-only)" >&2; exit 2 ;;
+version=${1:?usage: bash benchmarks/compat.sh TORCH_VERSION [--install-only|--quick-suite]}
+mode=${2:-tests}
+case "$mode" in
+    tests | --install-only | --quick-suite) ;;
+    *) echo "compat.sh: unknown option '$mode' (--install-only or --quick-suite)" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 
@@ -30,22 +30,36 @@ if [ "${EPASS_COMPAT_FRESH:-0}" = 1 ] || ! "$venv_python" -c "import torch" >/de
     rm -rf "$work"
 fi
 
+# torchvision's minor release is torch's plus 15 (torch 2.11 with torchvision 0.26).
+minor=$(echo "$version" | cut -d. -f2)
+torchvision="0.$((minor + 15)).*"
+
 start=$SECONDS
 [ -x "$venv_python" ] || python -m venv "$work/venv"
 # torch named in the same command as the project, so that pip never moves it. A local
-# pip constraint file may cap torch below the release asked for: lifted here.
-export PIP_CONSTRAINT=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-"$venv_python" -m pip install -q "torch==$version" -e ".[test]"
+# pip constraint file may cap torch below the release asked for: lifted here. No pip
+# cache: the environment is the cache, and a second copy of the wheels would double
+# the disk it takes.
+export PIP_CONSTRAINT=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_NO_CACHE_DIR=1
+"$venv_python" -m pip install -q "torch==$version" "torchvision==$torchvision" -e ".[test]"
 # The environment is kept between runs: a plugin that an older test run installed
 # into it would be loaded by every `epass passes` (and import torch there).
 "$venv_python" -m pip uninstall -q -y epass-example-plugin 2>/dev/null || true
 "$venv_python" -c "import torch; print('torch', torch.__version__, 'in', '$work/venv')"
 installed=$SECONDS
-if [ "$install_only" = 1 ]; then
+if [ "$mode" = --install-only ]; then
     echo "torch $version: install $((installed - start)) s"
     exit 0
 fi
 
-"$venv_python" -m pytest -q -n auto -m "not slow"
-"$venv_python" -m pytest -q -n auto tests/decomp/test_fast_path.py
+if [ "$mode" = --quick-suite ]; then
+    "$venv_python" -m pytest -q -n auto -m "not slow"
+fi
+# The internals as epass calls them, and the fast path on the zoo (marked slow).
+"$venv_python" -m pytest -q -n auto tests/decomp/test_internals.py tests/test_torch_internals.py \
+    tests/decomp/test_fast_path.py
+"$venv_python" benchmarks/smoke.py
+demo=$(mktemp -d)
+(cd "$demo" && "$work/venv/bin/epass" demo >/dev/null && echo "epass demo: passed")
+rm -rf "$demo"
 echo "torch $version: install $((installed - start)) s, tests $((SECONDS - installed)) s"

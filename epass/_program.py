@@ -22,6 +22,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 from torch.utils import _pytree as pytree
 
+from epass import _torch
+
 __all__ = [
     "INTERNALS",
     "PRIVATE_FIELDS",
@@ -242,6 +244,10 @@ def copy_call_graph(call_graph: list[Any]) -> list[Any]:
 
 # torch's deprecation of LeafSpec, raised from torch's own deep copies.
 _LEAF_SPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+
+
+# torch.frombuffer's warning over bytes, raised from torch's archive loader (2.11, 2.12).
+_READ_ONLY_BUFFER_WARNING = r"The given buffer is not writable"
 
 
 # warnings.catch_warnings saves and restores the process's filter list: two threads
@@ -645,7 +651,11 @@ def load_pt2(f: Any, *, trust: bool = False) -> ExportedProgram:
     """
     from torch.export.pt2_archive._package import load_pt2 as _load_pt2
 
-    with _DESERIALIZING:
+    with _DESERIALIZING, _WARNINGS_LOCK, warnings.catch_warnings():
+        # torch 2.11 and 2.12 make each weight with torch.frombuffer over the bytes
+        # they read, which warns that bytes are not writable: the tensor is their only
+        # owner, so a write into it reaches nothing else. That one message, for this call.
+        warnings.filterwarnings("ignore", message=_READ_ONLY_BUFFER_WARNING, category=UserWarning)
         if trust:
             return torch.export.load(f)
         contents = _load_pt2(f)
@@ -664,7 +674,7 @@ def archive_records(f: Any) -> dict[str, tuple[int, int]]:
     """
     reader = torch._C.PyTorchFileReader(f)
     return {
-        name: (reader.get_record_offset(name), reader.get_record_size(name))
+        name: (reader.get_record_offset(name), _torch.record_size(reader, name))
         for name in reader.get_all_records()
     }
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RELEASE", "absent", "op_overloads", "resolve", "unexpected"]
+__all__ = ["RELEASE", "absent", "op_overloads", "record_size", "resolve", "unexpected"]
 
 RELEASE: str = torch.__version__.split("+")[0]
 """The running torch release without its build tag (``2.11.0`` for ``2.11.0+cu130``)."""
@@ -85,3 +85,15 @@ def op_overloads(packet: Any) -> list[Any]:
     lookup of each name ``overloads()`` lists, which every declared release has.
     """
     return [getattr(packet, name) for name in packet.overloads()]
+
+
+def record_size(reader: Any, name: str) -> int:
+    """The size of member ``name`` as torch's zip reader (``PyTorchFileReader``) reads it.
+
+    ``get_record_size`` came with torch 2.13; before, the reader tells the size only
+    by reading the member, which costs a read of each member once more at load time.
+    """
+    size = getattr(reader, "get_record_size", None)
+    if size is not None:
+        return int(size(name))
+    return len(reader.get_record(name))
