@@ -20,6 +20,7 @@ __all__ = [
     "check_untouched",
     "clone",
     "compare_outputs",
+    "private_copy",
     "run_program",
     "state_versions",
     "state_view",
@@ -164,6 +165,46 @@ def state_view(program: ExportedProgram, clone_state: str = "auto") -> ExportedP
                     else clone(value)
                 )
     return view
+
+
+def private_copy(program: ExportedProgram) -> ExportedProgram:
+    """A copy of ``program`` that owns its graph, dicts, state tensors and example
+    inputs: whatever a pass or a run does to it, in place, through ``.data`` or by
+    editing the graph, reaches nothing of ``program``. Entries that share storage in
+    ``program`` (tied weights) share it in the copy, so passes see the same aliasing.
+
+    For the tools that run the user's passes many times (``reduce``, ``bisect``, a
+    pass run again to localize a drift): the price is one copy of the state.
+    """
+    view = _program.private_view(program, copy_graph=True)
+    storages: dict[Any, Any] = {}
+    with torch.no_grad():
+        for d in (view.state_dict, view.constants):
+            for key, value in d.items():
+                if isinstance(value, torch.Tensor):
+                    d[key] = _own_tensor(value, storages)
+    if program.example_inputs is not None:
+        args, kwargs = program.example_inputs
+        view.example_inputs = (clone(tuple(args)), clone(dict(kwargs)))
+    return view
+
+
+def _own_tensor(value: torch.Tensor, storages: dict[Any, Any]) -> torch.Tensor:
+    """A copy of ``value`` over a copy of its storage, made once per storage."""
+    plain = type(value) in (torch.Tensor, torch.nn.Parameter) and not value.is_quantized
+    if not plain or value.layout != torch.strided or value.untyped_storage().data_ptr() == 0:
+        copied = clone(value)  # a subclass, a sparse layout, no data: a clone of its own
+    else:
+        storage = value.untyped_storage()
+        key = (storage.data_ptr(), str(value.device))
+        if key not in storages:
+            storages[key] = storage.clone()
+        copied = torch.empty(0, dtype=value.dtype, device=value.device).set_(
+            storages[key], value.storage_offset(), value.size(), value.stride()
+        )
+    if isinstance(value, torch.nn.Parameter):
+        return torch.nn.Parameter(copied, requires_grad=value.requires_grad)
+    return copied.requires_grad_(value.requires_grad) if value.requires_grad else copied
 
 
 def state_versions(program: ExportedProgram) -> dict[tuple[int, str], int | None]:

@@ -4,14 +4,14 @@ nodes that still make it fail, by delta debugging over its graph.
 Every candidate is a valid program (torch's verifier passes) built from a slice of
 the user's program: the nodes some roots (outputs, buffer writes, effects) need,
 with chosen nodes turned into inputs fed with the values they took on the real
-inputs. It shares the user's tensors; the user's program is never modified.
+inputs. A candidate shares the user's tensors, but the pipeline runs on a private
+copy of it, in a thread the search abandons when its time is up: the user's program
+and tensors are never modified, whatever a pass does.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,16 +19,35 @@ from typing import Any
 import attrs
 from torch.export import ExportedProgram
 
+from epass import _paths, io
 from epass.errors import ArgumentTypeError, ArgumentValueError
 from epass.instruments.divergence import node_values
 from epass.instruments.numerics import random_inputs
 from epass.instruments.reproducer import save_program, write_pipeline
 from epass.manager import PassManager, as_pipeline
 from epass.reduce._oracle import KINDS, Oracle, Outcome
-from epass.reduce._search import Budget, Progress, Search
+from epass.reduce._search import Budget, Progress, Search, Stop
 from epass.reduce._slice import Source
 
-__all__ = ["KINDS", "Outcome", "Progress", "ReduceResult", "reduce"]
+__all__ = ["FILES", "KINDS", "Outcome", "Progress", "ReduceResult", "check_output", "reduce"]
+
+# What a reduction writes into its folder (passes.pkl when the passes pickle).
+FILES = frozenset(
+    {"program.pt2", "graph.json", "pipeline.txt", "passes.pkl", "failure.txt", "repro.py"}
+)
+
+
+def check_output(
+    directory: str | os.PathLike[str], *, inputs: Sequence[str | os.PathLike[str]] = ()
+) -> Path:
+    """Check, before a reduction starts, that ``directory`` can take its files: not a
+    symlink, not a file, holding none of ``inputs`` and nothing but an earlier
+    reduction's files, in a folder that takes new entries.
+
+    Raises:
+        SaveError: naming the path and why.
+    """
+    return _paths.check_output_directory(directory, replaceable=FILES, inputs=inputs)
 
 
 @attrs.frozen
@@ -70,12 +89,16 @@ class ReduceResult:
     def write(self, directory: str | os.PathLike[str], *, imports: Sequence[str] = ()) -> Path:
         """Write ``program.pt2`` (with ``graph.json``, to load it back node for node),
         ``pipeline.txt``, ``passes.pkl`` (when the passes pickle), ``failure.txt`` and
-        a ``repro.py`` that replays the failure, into ``directory`` (created;
-        files of an earlier reduction are replaced, each whole or not at all)."""
-        where = Path(directory)
-        where.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=where, prefix=".reduce."))
-        try:
+        a ``repro.py`` that replays the failure, into the folder ``directory``.
+
+        The files are written into a new folder beside it, renamed into place: the
+        folder is there whole or not at all, and replaces only an earlier
+        reduction's folder. Raises SaveError (naming the path) when ``directory``
+        is a symlink or a file, holds anything else, or cannot be created
+        (:func:`check_output`).
+        """
+        where = check_output(directory)
+        with io.atomic_directory(where) as work:
             save_program(self.program, work)
             (work / "failure.txt").write_text(str(self.failure) + "\n", "utf-8", "backslashreplace")
             numerics = {"rtol": self.rtol, "atol": self.atol}
@@ -87,12 +110,6 @@ class ReduceResult:
                 imports=imports,
                 numerics=numerics if self.failure.kind == "drift" else None,
             )
-            if not (work / "passes.pkl").exists():  # an earlier reduction's is stale
-                (where / "passes.pkl").unlink(missing_ok=True)
-            for item in work.iterdir():
-                os.replace(item, where / item.name)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
         return where
 
 
@@ -122,13 +139,19 @@ def reduce(
         in_pass: the pass that must fail or drift (default: the one that does on ``ep``).
         inputs / kwargs: what to run ``ep`` on (default its ``example_inputs``, else
             random inputs); a node turned into an input is fed the value it took.
-        time_limit / max_steps: a budget in seconds and in candidates run; when it
-            is spent (or on Ctrl-C) the smallest program found so far is returned.
+        time_limit / max_steps: a budget in seconds (finite, above 0) and in
+            candidates run; when it is spent (or on Ctrl-C) the smallest program
+            found so far is returned. The time limit holds against a pass that
+            hangs: each candidate runs in a thread that is abandoned (left to run
+            in the background, on its own copies) when the time is up.
         progress: called with a :class:`Progress` after each candidate.
+
+    Every candidate runs on a private copy of its state tensors and inputs, so
+    that no pass, failing or not, changes ``ep``'s tensors or the next candidate's.
 
     Returns a :class:`ReduceResult`; ``result.write(directory)`` writes the program
     and a ``repro.py``. Raises ArgumentValueError when the pipeline does not fail
-    (that way) on ``ep``.
+    (that way) on ``ep``, or does not finish on it within ``time_limit``.
 
     Example::
 
@@ -141,7 +164,7 @@ def reduce(
     oracle = Oracle(manager, kind=failure, match=match, in_pass=in_pass, rtol=rtol, atol=atol)
     budget = Budget(time_limit, max_steps)
     source = Source(ep, node_values(ep, args, kw))
-    first, outcome = _first(source, oracle, ep, args, kw)
+    first, outcome = _first(source, oracle, budget, ep, (args, kw))
     nodes_before = len(ep.graph.nodes)
     search = Search(source, oracle, budget, progress, nodes_before, first, outcome)
     stopped = search.run()
@@ -165,24 +188,37 @@ def _pipeline(ep: Any, pipeline: Any) -> PassManager:
 def _first(
     source: Source,
     oracle: Oracle,
+    budget: Budget,
     ep: ExportedProgram,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
+    inputs: tuple[tuple[Any, ...], Mapping[str, Any]],
 ) -> tuple[ExportedProgram, Outcome]:
     """The whole program rebuilt as the reduction builds every candidate (flat inputs
     and outputs, the values it runs on as example inputs), and how the pipeline
-    fails on it: the failure every candidate must keep."""
+    fails on it: the failure every candidate must keep. The time limit holds here
+    too: a pipeline that does not finish leaves nothing to keep."""
+
+    def outcome(program: ExportedProgram, args: tuple[Any, ...], kwargs: Any) -> Outcome:
+        return oracle.keep(budget.run(lambda: oracle.run(program, args, kwargs)))
+
     try:
-        first = source.build(source.initial())
-        assert first.example_inputs is not None
-        return first, oracle.start(first, *first.example_inputs)
-    except Exception as exc:
-        oracle.start(ep, args, kwargs)  # says precisely what is missing when ep does not fail
+        try:
+            first = source.build(source.initial())
+            assert first.example_inputs is not None
+            return first, outcome(first, *first.example_inputs)
+        except Stop:
+            raise
+        except Exception as exc:
+            outcome(ep, *inputs)  # says precisely what is missing when ep does not fail
+            raise ArgumentValueError(
+                f"the pipeline fails on the program ({oracle.reference}) but not on the "
+                f"program rebuilt from its graph with flat inputs and outputs "
+                f"({type(exc).__name__}: {exc}); it cannot be reduced"
+            ) from exc
+    except Stop:
         raise ArgumentValueError(
-            f"the pipeline fails on the program ({oracle.reference}) but not on the program "
-            f"rebuilt from its graph with flat inputs and outputs ({type(exc).__name__}: "
-            f"{exc}); it cannot be reduced"
-        ) from exc
+            f"the pipeline did not finish on the program within time_limit "
+            f"({budget.seconds:g} s), before its failure was known; nothing was reduced"
+        ) from None
 
 
 def _inputs(

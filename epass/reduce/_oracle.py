@@ -13,6 +13,7 @@ from torch.export import ExportedProgram
 
 from epass.errors import ArgumentValueError, InstrumentError, PassError
 from epass.instruments import NumericsCheck
+from epass.instruments.values import clone, private_copy
 from epass.manager import PassManager
 
 __all__ = ["KINDS", "Oracle", "Outcome"]
@@ -78,7 +79,14 @@ class Oracle:
     def run(
         self, program: ExportedProgram, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> Outcome | None:
-        """How the pipeline goes wrong on ``program`` (None: it does not)."""
+        """How the pipeline goes wrong on ``program`` (None: it does not).
+
+        The pipeline runs on a private copy (graph, dicts, state tensors, inputs): a
+        pass that writes into what it is given, failing or not, changes neither
+        ``program`` (nor the user's tensors it shares) nor the next candidate.
+        """
+        program = private_copy(program)
+        args, kwargs = clone(tuple(args)), clone(dict(kwargs))
         check = None
         if self.kind != "error":
             check = NumericsCheck(
@@ -106,11 +114,9 @@ class Oracle:
             return None
         return Outcome("drift", drift.path, "", str(drift).removeprefix(f"{drift.path}: "))
 
-    def start(
-        self, program: ExportedProgram, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> Outcome:
-        """Run the first program and keep how it fails as the failure to keep."""
-        outcome = self.run(program, args, kwargs)
+    def keep(self, outcome: Outcome | None) -> Outcome:
+        """Keep ``outcome``, the first program's, as the failure to keep; raises
+        ArgumentValueError when it is not a failure of the kind asked for."""
         if outcome is None or not self._wanted(outcome):
             what = {"auto": "fail or drift", "error": "fail", "drift": "drift"}[self.kind]
             got = f" ({outcome})" if outcome is not None else ""

@@ -4,6 +4,7 @@ the cuts until no single step keeps the failure; simplify shapes where it can.""
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from epass.errors import ArgumentValueError
 from epass.reduce._oracle import Oracle, Outcome
 from epass.reduce._shapes import is_dynamic, specialize
 from epass.reduce._slice import Root, Slice, Source
+from epass.reduce._watchdog import Abandoned, within
 
 __all__ = ["Budget", "Progress", "Search", "Stop"]
 
@@ -50,14 +52,37 @@ class Budget:
 
     def __init__(self, seconds: float | None, steps: int | None) -> None:
         for name, value in (("time_limit", seconds), ("max_steps", steps)):
-            if value is not None and (isinstance(value, bool) or value <= 0):
-                raise ArgumentValueError(f"{name} must be None or positive, got {value!r}")
+            if value is None:
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ArgumentValueError(
+                    f"{name} must be None or a finite number above 0, got {value!r}"
+                )
+        if steps is not None and not isinstance(steps, int):
+            raise ArgumentValueError(f"max_steps must be None or an int, got {steps!r}")
         self.start = time.perf_counter()
         self.seconds = seconds
         self.steps = steps
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+    def left(self) -> float | None:
+        """Seconds left (None: no time limit)."""
+        return None if self.seconds is None else max(0.0, self.seconds - self.elapsed())
+
+    def run(self, work: Callable[[], T]) -> T:
+        """``work()`` in a thread abandoned when the time is spent (:class:`Stop`)
+        or on Ctrl-C (KeyboardInterrupt), so that a hung pass stops nothing else."""
+        try:
+            return within(self.left(), work)
+        except Abandoned:
+            raise Stop("time limit") from None
 
     def charge(self, done: int) -> None:
         if self.steps is not None and done >= self.steps:
@@ -129,7 +154,7 @@ class Search:
     def _judge(self, key: Any, piece: Slice, program: ExportedProgram) -> bool:
         assert program.example_inputs is not None
         args, kwargs = program.example_inputs
-        outcome = self.oracle.run(program, args, kwargs)
+        outcome = self.budget.run(lambda: self.oracle.run(program, args, kwargs))
         kept = self.oracle.keeps(outcome)
         self.cache[key] = kept
         if kept:
