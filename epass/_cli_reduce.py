@@ -8,16 +8,39 @@ and the library inside the function that runs it.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from epass.errors import ArgumentValueError, CliError, PipelineError
+from epass.errors import ArgumentValueError, CliError, PipelineError, SaveError
 
 __all__ = ["add_parser", "run"]
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+
+
+def _seconds(text: str) -> float:
+    """argparse type for --time-limit: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    """argparse type for --max-steps: a whole number above 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
+    return value
 
 
 def add_parser(sub: Any, tolerance: Callable[[str], float], trust: str, imports: str) -> Any:
@@ -30,7 +53,8 @@ def add_parser(sub: Any, tolerance: Callable[[str], float], trust: str, imports:
         "--output",
         default="reduced",
         metavar="DIR",
-        help="write program.pt2 and repro.py here (default: reduced)",
+        help="write program.pt2 and repro.py into this new folder, or one an earlier "
+        "reduction wrote (default: reduced)",
     )
     reduce.add_argument(
         "--failure",
@@ -45,12 +69,13 @@ def add_parser(sub: Any, tolerance: Callable[[str], float], trust: str, imports:
     reduce.add_argument("--rtol", type=tolerance, default=1e-4, help="drift: relative tolerance")
     reduce.add_argument(
         "--time-limit",
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
-        help="stop after this long, keeping the smallest program found",
+        help="stop after this long, even inside a pass that hangs, keeping the "
+        "smallest program found",
     )
     reduce.add_argument(
-        "--max-steps", type=int, metavar="N", help="stop after N candidate programs"
+        "--max-steps", type=_count, metavar="N", help="stop after N candidate programs"
     )
     reduce.add_argument("--trust", action="store_true", help=trust)
     reduce.add_argument(
@@ -82,15 +107,15 @@ class _StatusLine:
 
 
 def run(args: argparse.Namespace, out: Any) -> int:
-    """Load, reduce, write; the summary line on stdout."""
-    from pathlib import Path
-
+    """Check -o, load, reduce, write; the summary line on stdout."""
     from epass import io
     from epass.manager import PassManager
-    from epass.reduce import reduce
+    from epass.reduce import check_output, reduce
 
-    if Path(args.output).exists() and not Path(args.output).is_dir():
-        raise CliError(f"{args.output}: -o names a file; reduce writes a directory")
+    try:  # refused before any work: the output never replaces the input
+        check_output(args.output, inputs=[args.input])
+    except SaveError as exc:
+        raise CliError(f"-o {exc}") from exc
     io.import_modules(args.imports)
     try:
         pipeline = PassManager.from_text(args.pipeline)

@@ -7,12 +7,18 @@ import os
 import stat
 import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from epass.errors import LoadError, SaveError
 
-__all__ = ["check_exists", "check_input_path", "check_output_path", "directory_of"]
+__all__ = [
+    "check_exists",
+    "check_input_path",
+    "check_output_directory",
+    "check_output_path",
+    "directory_of",
+]
 
 
 def directory_of(p: Path) -> Path:
@@ -75,3 +81,59 @@ def check_output_path(path: str | os.PathLike[str], suffixes: Sequence[str]) -> 
     os.close(fd)
     os.unlink(probe)
     return p
+
+
+def check_output_directory(
+    path: str | os.PathLike[str],
+    *,
+    replaceable: Collection[str],
+    inputs: Sequence[str | os.PathLike[str]] = (),
+) -> Path:
+    """Check, before any work is done, that the folder ``path`` can be written whole
+    (a new folder renamed into place) without replacing anything but earlier output.
+
+    Raises:
+        SaveError: ``path`` is a symlink (dangling or not) or a file; it is or holds
+            one of ``inputs``; it holds an entry not named in ``replaceable``; or
+            neither it nor its nearest existing parent takes a new entry.
+    """
+    p = Path(path)
+    if p.is_symlink():  # the rename would replace the link, or write where it points
+        raise SaveError(f"{p}: is a symbolic link; give a folder of its own")
+    here = Path(os.path.realpath(p))
+    for given in inputs:
+        source = Path(os.path.realpath(given))
+        if source == here or here in source.parents:
+            what = "is" if source == here else "holds"
+            raise SaveError(f"{p}: {what} the input {given}; write the output elsewhere")
+    if here == Path(os.getcwd()) or here in Path(os.getcwd()).parents:
+        raise SaveError(f"{p}: holds the working folder, which a rename cannot replace")
+    if p.exists() and not p.is_dir():
+        raise SaveError(f"{p}: is a file; the output is a folder")
+    if p.is_dir():
+        try:
+            others = sorted(e.name for e in p.iterdir() if e.name not in replaceable)
+        except OSError as exc:
+            raise SaveError(f"{p}: cannot read ({exc.strerror or exc})") from exc
+        if others:
+            more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+            raise SaveError(
+                f"{p}: holds {', '.join(others[:3])}{more}, which an earlier output "
+                "did not write; give a new or empty folder"
+            )
+    _probe_folder(p)
+    return p
+
+
+def _probe_folder(p: Path) -> None:
+    """Raise SaveError unless a folder can be made beside ``p`` (where it is renamed
+    into place), in ``p``'s nearest existing parent when its own does not exist."""
+    parent = directory_of(p)
+    while not parent.exists() and not parent.is_symlink() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SaveError(f"{p}: cannot be created: {parent} is not a folder")
+    try:  # the one reliable test (permissions, read-only mounts, /proc) is to try
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=f".{p.name}.", suffix=".probe"))
+    except OSError as exc:
+        raise SaveError(f"{p}: cannot be created in {parent} ({exc.strerror or exc})") from exc

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import importlib
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from epass.records import op_histogram
 __all__ = [
     "ALLOWLIST",
     "ProgressCallback",
+    "atomic_directory",
     "atomic_write",
     "check_output_path",
     "declared_imports",
@@ -277,6 +279,55 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a new empty folder beside ``path``; on success rename it to ``path``.
+
+    A folder already at ``path`` (an earlier output) is moved aside first and removed
+    once the new one is in place: ``path`` holds the old files or the new ones, never
+    a mix. On any error the new folder is removed and ``path`` is as it was. The
+    caller decides what ``path`` may replace (:func:`epass._paths.check_output_directory`).
+
+    Example::
+
+        with atomic_directory("repro") as tmp:
+            (tmp / "a.txt").write_text("a")
+    """
+    p = Path(os.path.abspath(path))
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise SaveError(f"{path}: cannot write ({exc.strerror or exc})") from exc
+    try:
+        yield work
+        os.chmod(work, 0o777 & ~_umask())  # mkdtemp's folder is the owner's alone
+        _rename_into_place(work, p, path)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _rename_into_place(work: Path, p: Path, given: str | os.PathLike[str]) -> None:
+    old = None
+    try:
+        if p.is_dir() and not p.is_symlink():
+            old = Path(tempfile.mkdtemp(dir=p.parent, prefix=f".{p.name}.", suffix=".old"))
+            os.replace(p, old)  # over the empty folder just made: the name stays ours
+        try:
+            os.rename(work, p)
+        except BaseException:
+            if old is not None:
+                os.rename(old, p)
+                old = None
+            raise
+    except OSError as exc:
+        raise SaveError(f"{given}: cannot write ({exc.strerror or exc})") from exc
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _hold(p: Path) -> int | None:

@@ -7,8 +7,6 @@ import logging
 import operator
 import pickle
 import re
-import shutil
-import tempfile
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,7 +19,7 @@ from epass import registry
 from epass._text import escape_char, printable_lines
 from epass.errors import InstrumentError
 from epass.instrumentation import Instrument
-from epass.io import module_origin
+from epass.io import atomic_directory, module_origin
 from epass.manager import to_text
 from epass.protocol import adapt
 from epass.records import PassInfo
@@ -340,14 +338,8 @@ class Reproducer(Instrument):
             number += 1  # keep reproducers from earlier runs
         where = self.directory / f"{number:03d}-{safe}"
         # Written into a hidden folder and renamed: a reproducer is there whole or not at all.
-        self.directory.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=self.directory, prefix=f".{where.name}."))
-        try:
+        with atomic_directory(where) as work:
             self._fill(work, passes, program, manager, error)
-            work.rename(where)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
         self.written.append(where)
         logger.info("reproducer for %s written to %s", path, where)
         return where
