@@ -10,7 +10,8 @@ from typing import Any, Literal
 import attrs
 from torch.export import ExportedProgram
 
-from epass.errors import ArgumentValueError, PassError
+from epass.errors import ArgumentTypeError, ArgumentValueError, PassError
+from epass.instruments.values import private_copy
 from epass.manager import PassManager, resolve_pass
 from epass.protocol import adapt, pass_name
 
@@ -164,7 +165,10 @@ def bisect(
     raises also counts as a failure at its position. The passes run one at a
     time through a ``PassManager`` (so state is linked and outputs verified as in
     a real pipeline), and every program computed is cached, so each pass runs at
-    most once per bisection.
+    most once per bisection. They run on a private copy of ``ep`` (its graph,
+    dicts, state tensors and example inputs): a pass that writes into the weights,
+    raising or not, leaves the user's tensors as they were. The programs of the
+    result hold that copy's tensors.
 
     Args:
         ep: the input program; the predicate must hold on it.
@@ -192,11 +196,26 @@ def bisect(
         found = bisect(ep, passes, lambda p: torch.allclose(p.module()(x), expected))
         print(found)  # culprit: pass 'swap-add' at position 3
     """
+    if not isinstance(ep, ExportedProgram):
+        raise ArgumentTypeError(f"bisect takes an ExportedProgram, got {type(ep).__name__}")
+    if method not in ("auto", "binary", "linear"):
+        raise ArgumentValueError(f"method must be 'auto', 'binary' or 'linear', got {method!r}")
+    return _bisect(private_copy(ep), passes, predicate, method, recursive, verify, rewrites)
+
+
+def _bisect(
+    ep: ExportedProgram,
+    passes: Sequence[Any],
+    predicate: Predicate,
+    method: Literal["auto", "binary", "linear"],
+    recursive: bool,
+    verify: bool,
+    rewrites: bool,
+) -> BisectResult | None:
+    """:func:`bisect` on ``ep``, a program the bisection owns (no copy is made)."""
     if isinstance(passes, PassManager):
         passes = passes.passes
     passes = [resolve_pass(p, i) for i, p in enumerate(passes)]
-    if method not in ("auto", "binary", "linear"):
-        raise ArgumentValueError(f"method must be 'auto', 'binary' or 'linear', got {method!r}")
     prefixes = _Prefixes(ep, passes, {"verify": verify})
     if not prefixes.good(0, predicate):
         _, error = prefixes.verdicts[0]
@@ -247,12 +266,14 @@ def _found(
     inner = None
     if recursive and isinstance(culprit, PassManager) and culprit.passes:
         # verify=culprit.verify: the nested pipeline's own setting decides.
-        inner = bisect(
+        inner = _bisect(
             before,
             culprit.passes,
             predicate,
-            method=method,
-            verify=culprit.verify,  # type: ignore[arg-type]
+            method,
+            recursive,
+            culprit.verify,  # type: ignore[arg-type]
+            rewrites,
         )
     rewrite = None
     if rewrites and inner is None:

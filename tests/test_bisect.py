@@ -16,7 +16,7 @@ from test_instruments import (
     swap_add,
 )
 
-from epass import Decompose, FxPass, PassError, PassManager, bisect
+from epass import Decompose, FxPass, PassError, PassManager, PassResult, bisect
 
 aten = torch.ops.aten
 
@@ -145,3 +145,40 @@ def test_bad_method_is_rejected() -> None:
     _, ep, _ = export_residual()
     with pytest.raises(ValueError, match="method"):
         bisect(ep, [Decompose()], lambda p: True, method="fast")
+
+
+class WriteWeights:
+    """Writes into every weight it is given, past ``_version`` and through it; then
+    raises, or returns the program unchanged."""
+
+    def __init__(self, name: str, raises: bool) -> None:
+        self.name = name
+        self.raises = raises
+
+    def __call__(self, ep: torch.export.ExportedProgram) -> Any:
+        with torch.no_grad():
+            for t in ep.state_dict.values():
+                t.data.add_(7)
+                if self.raises:
+                    t.add_(1)
+        if self.raises:
+            raise RuntimeError("the backend gave up")
+        return PassResult(ep, False)
+
+
+@pytest.mark.parametrize("raises", [True, False], ids=["then-raises", "quietly"])
+def test_a_pass_that_writes_into_the_weights_is_the_culprit_and_the_users_stay(
+    raises: bool,
+) -> None:
+    ep = export_residual()[1]
+    before = fingerprint(ep)
+    weights = {k: v.clone() for k, v in ep.state_dict.items()}
+    passes = [FxPass(neg_neg, name="neg-neg"), WriteWeights("writer", raises), "dce"]
+
+    def weights_as_given(program: torch.export.ExportedProgram) -> bool:
+        return all(torch.equal(program.state_dict[k], v) for k, v in weights.items())
+
+    found = bisect(ep, passes, weights_as_given, method="linear")
+    assert found is not None and (found.index, found.name) == (1, "writer")
+    assert (found.error is not None) == raises
+    assert fingerprint(ep) == before

@@ -19,7 +19,13 @@ from test_rewrites import fast_gelu, widths
 import epass
 from epass import Decompose, FxPass, PassManager, registry
 from epass.cli import main
-from epass.instruments.divergence import HANDLE, first_divergence, node_values, tagged
+from epass.instruments.divergence import (
+    HANDLE,
+    first_divergence,
+    node_values,
+    rerun_tagged,
+    tagged,
+)
 from epass.passes import ReplaceOps
 
 aten = torch.ops.aten
@@ -166,3 +172,50 @@ def test_the_cli_line_the_json_report_and_the_html_verdict_name_the_node(
     assert main([*argv, "r.html"]) == 1
     page = (drift_module / "r.html").read_text()
     assert "first diverging node: <code>add (aten.add.Tensor)" in page
+
+
+# --- a pass that writes into the weights when it runs again -----------------------------
+
+
+class DriftThenWrite:
+    """Drifts the first time (add becomes sub); run again, it writes into every
+    weight it is given, past ``_version`` and through it, and raises."""
+
+    name = "drift-then-write"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, ep: torch.export.ExportedProgram) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            add_to_sub(ep.graph_module)
+            ep.graph_module.recompile()
+            return ep
+        with torch.no_grad():
+            for t in [*ep.state_dict.values(), *ep.constants.values()]:
+                t.data.add_(7)
+                t.add_(1)
+        raise RuntimeError("the second run gave up")
+
+
+def test_localizing_a_drift_never_lets_the_pass_write_into_the_users_weights() -> None:
+    ep = block()
+    before = fingerprint(ep)
+    hostile = DriftThenWrite()
+    check = epass.NumericsCheck(rtol=1e-5, atol=1e-6)
+    PassManager([hostile], instruments=[check]).run(ep)
+    assert hostile.calls == 2  # it ran again, to localize the drift
+    drift = check.first_drift
+    assert drift is not None and drift.node is not None and drift.node.node == "add"
+    assert fingerprint(ep) == before
+
+
+def test_a_pass_run_again_on_a_tagged_copy_writes_into_tensors_of_its_own() -> None:
+    ep = block()
+    before = fingerprint(ep)
+    hostile = DriftThenWrite()
+    hostile.calls = 1
+    with pytest.raises(epass.PassError, match=r"drift-then-write.*wrote in place"):
+        rerun_tagged(hostile, ep)
+    assert fingerprint(ep) == before

@@ -19,6 +19,7 @@ from epass.instruments.values import (
     check_untouched,
     clone,
     compare_outputs,
+    private_copy,
     state_versions,
     state_view,
 )
@@ -86,7 +87,10 @@ def source_line(node: torch.fx.Node) -> str:
 def tagged(program: ExportedProgram) -> ExportedProgram:
     """A private copy of ``program`` (own graph and dicts, the same tensors) whose
     top-level nodes carry their names as debug handles (:data:`HANDLE`)."""
-    view = _program.private_view(program, copy_graph=True)
+    return _tag(_program.private_view(program, copy_graph=True))
+
+
+def _tag(view: ExportedProgram) -> ExportedProgram:
     for node in view.graph.nodes:
         custom = node.meta.get("custom")
         node.meta["custom"] = {**(custom if isinstance(custom, Mapping) else {}), HANDLE: node.name}
@@ -95,8 +99,12 @@ def tagged(program: ExportedProgram) -> ExportedProgram:
 
 def rerun_tagged(pass_: Any, before: ExportedProgram) -> tuple[ExportedProgram, ExportedProgram]:
     """Run ``pass_`` again on a tagged copy of ``before``: returns the tagged input
-    and the pass's output, whose nodes say which input node they came from."""
-    start = tagged(before)
+    and the pass's output, whose nodes say which input node they came from.
+
+    The copy owns its state tensors (:func:`~epass.instruments.values.private_copy`):
+    the pass already ran once in the pipeline, and running it again must not give
+    it a second chance to write into the user's weights."""
+    start = _tag(private_copy(before))
     return start, PassManager([pass_], verify=False).run(start)
 
 

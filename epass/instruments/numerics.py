@@ -74,8 +74,9 @@ class NumericsCheck(Instrument):
         clone_state: see :func:`run_program`.
         localize: at the first drifting pass, find the first node whose values
             part (``first_drift.node``): the pass runs once more, on a copy of its
-            input whose nodes carry debug handles, and both programs are run node
-            by node on the same inputs
+            input whose nodes carry debug handles and whose state tensors are its
+            own (what the pass writes there reaches no user tensor), and both
+            programs are run node by node on the same inputs
             (:func:`~epass.instruments.divergence.first_divergence`).
 
     After a run, ``checks`` lists a :class:`Drift` per modified pass and
