@@ -148,8 +148,9 @@ def _model(spec: Spec, device: str) -> tuple[torch.nn.Module, tuple[Any, ...], A
         case = hf_models.ZOO["llama" if name in EXTRA else name]
         args = case.inputs()
         shapes = case.dynamic() if dynamic and case.dynamic is not None else None
-    module = module.to(device, getattr(torch, dtype))
-    return module, tuple(a.to(device) for a in args), shapes
+    kind = getattr(torch, dtype)
+    args = tuple(a.to(device, kind) if a.is_floating_point() else a.to(device) for a in args)
+    return module.to(device, kind), args, shapes
 
 
 def _leaves(value: Any) -> list[torch.Tensor]:
