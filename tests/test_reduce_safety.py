@@ -142,14 +142,14 @@ def test_the_time_limit_stops_a_hung_pass_and_keeps_the_smallest_program(
 
 def test_ctrl_c_stops_a_hung_pass_and_keeps_the_smallest_program(hang: HangOnSlices) -> None:
     ep = chain()
-    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
     start = time.monotonic()
     timer.start()
     try:
         result = epass.reduce(ep, [hang])
     finally:
         timer.cancel()
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 8
     assert result.stopped == "interrupted"
     assert result.failure.message.endswith("two linear layers")
 
