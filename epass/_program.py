@@ -7,14 +7,11 @@ when torch renames or reshapes any of them.
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import functools
 import operator
 import threading
-import warnings
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -47,7 +44,6 @@ __all__ = [
     "prune_range_constraints",
     "pytree",
     "pytree_type_names",
-    "quiet_leaf_specs",
     "serialized_builtin_targets",
     "copy_meta",
     "set_signature",
@@ -240,29 +236,6 @@ def copy_call_graph(call_graph: list[Any]) -> list[Any]:
                 children = getattr(spec, "children", None)
                 specs.extend(children() if callable(children) else spec.children_specs)
     return copy.deepcopy(call_graph, memo)
-
-
-# torch's deprecation of LeafSpec, raised from torch's own deep copies.
-_LEAF_SPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
-
-
-# torch.frombuffer's warning over bytes, raised from torch's archive loader (2.11, 2.12).
-_READ_ONLY_BUFFER_WARNING = r"The given buffer is not writable"
-
-
-# warnings.catch_warnings saves and restores the process's filter list: two threads
-# that overlap would restore each other's filter, and leave it on for good.
-_WARNINGS_LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def quiet_leaf_specs() -> Iterator[None]:
-    """Silence torch's ``LeafSpec`` ``FutureWarning`` (see :func:`copy_call_graph`)
-    while torch itself deep-copies a program's call graph (``run_decompositions``
-    and ``_get_updated_module_call_graph`` do): that one message, for that call."""
-    with _WARNINGS_LOCK, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_LEAF_SPEC_WARNING, category=FutureWarning)
-        yield
 
 
 def graph_module_without_code(graph: torch.fx.Graph) -> torch.fx.GraphModule:
@@ -651,11 +624,7 @@ def load_pt2(f: Any, *, trust: bool = False) -> ExportedProgram:
     """
     from torch.export.pt2_archive._package import load_pt2 as _load_pt2
 
-    with _DESERIALIZING, _WARNINGS_LOCK, warnings.catch_warnings():
-        # torch 2.11 and 2.12 make each weight with torch.frombuffer over the bytes
-        # they read, which warns that bytes are not writable: the tensor is their only
-        # owner, so a write into it reaches nothing else. That one message, for this call.
-        warnings.filterwarnings("ignore", message=_READ_ONLY_BUFFER_WARNING, category=UserWarning)
+    with _DESERIALIZING, _torch.quiet_loader():
         if trust:
             return torch.export.load(f)
         contents = _load_pt2(f)

@@ -1,15 +1,29 @@
-"""The torch release that runs, and how epass names a torch internal this release
-lacks: the one place that tells an internal missing from a bug of epass's own."""
+"""The torch release that runs: how epass names a torch internal this release lacks
+(the one place that tells an internal missing from a bug of epass's own), the calls
+that differ between the releases epass declares, and the warnings torch raises from
+its own code on some of them, silenced where epass calls it."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Iterable
+import threading
+import warnings
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["RELEASE", "absent", "op_overloads", "record_size", "resolve", "unexpected"]
+__all__ = [
+    "RELEASE",
+    "absent",
+    "op_overloads",
+    "quiet_leaf_specs",
+    "quiet_loader",
+    "record_size",
+    "resolve",
+    "unexpected",
+]
 
 RELEASE: str = torch.__version__.split("+")[0]
 """The running torch release without its build tag (``2.11.0`` for ``2.11.0+cu130``)."""
@@ -97,3 +111,31 @@ def record_size(reader: Any, name: str) -> int:
     if size is not None:
         return int(size(name))
     return len(reader.get_record(name))
+
+
+# warnings.catch_warnings saves and restores the process's filter list: two threads
+# that overlap would restore each other's filter, and leave it on for good.
+_WARNINGS_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _quiet(message: str, category: type[Warning]) -> Iterator[None]:
+    with _WARNINGS_LOCK, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=message, category=category)
+        yield
+
+
+def quiet_leaf_specs() -> contextlib.AbstractContextManager[None]:
+    """Silence torch's ``LeafSpec`` ``FutureWarning`` (2.13 and later) while torch
+    itself deep-copies a program's call graph (``run_decompositions`` and
+    ``_get_updated_module_call_graph`` do): that one message, for that call. epass's
+    own copies share leaf specs (``_program.copy_call_graph``) and raise none."""
+    return _quiet(r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
+
+
+def quiet_loader() -> contextlib.AbstractContextManager[None]:
+    """Silence the ``UserWarning`` torch 2.11 and 2.12 raise while loading an archive:
+    they make each weight with ``torch.frombuffer`` over the bytes they read, which are
+    not writable. The tensor is their only owner, so a write into it reaches nothing
+    else. That one message, for that call."""
+    return _quiet(r"The given buffer is not writable", UserWarning)

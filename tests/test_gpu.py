@@ -165,6 +165,46 @@ def test_lower_of_a_gpu_program_matches_eager(name: str, dtype: str) -> None:
     s.check_untouched(out)
 
 
+# Loads an AOTInductor package and runs it on saved inputs, in a process of its own:
+# on some machines (gVisor sandboxes) the loader crashes the process, for torch's own
+# programs as much as for epass's, and a crash must not take the test session along.
+_RUN_PACKAGE = """
+import sys, torch
+package, inputs, output, device = sys.argv[1:]
+runner = torch._inductor.aoti_load_package(package)
+args = [a.to(device) for a in torch.load(inputs)]
+torch.save(runner(*args).cpu(), output)
+"""
+
+
+def _compiled_and_run(program: ExportedProgram, args: Any, folder: Path) -> Any:
+    """``program`` compiled with AOTInductor and run on ``args`` in a child process: its
+    output on the device, or the child's exit status when it did not finish."""
+    import subprocess
+    import sys
+
+    folder.mkdir()
+    package = torch._inductor.aoti_compile_and_package(program, package_path=str(folder / "m.pt2"))
+    torch.save([a.cpu() for a in args], folder / "inputs.pt")
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _RUN_PACKAGE,
+            package,
+            str(folder / "inputs.pt"),
+            str(folder / "out.pt"),
+            str(DEVICE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if child.returncode != 0:
+        return child.returncode, child.stderr.strip().splitlines()[-1:]
+    return torch.load(folder / "out.pt").to(DEVICE)
+
+
 @on_gpu
 @pytest.mark.parametrize(
     ("name", "dtype"), [("mlp", "bfloat16"), ("cnn", "float16"), ("decoder", "float32")]
@@ -172,11 +212,16 @@ def test_lower_of_a_gpu_program_matches_eager(name: str, dtype: str) -> None:
 def test_aot_inductor_runs_the_lowered_gpu_program(name: str, dtype: str, tmp_path: Path) -> None:
     s = subject(name, dtype)
     out = presets.lower().run(s.ep)
-    path = torch._inductor.aoti_compile_and_package(out, package_path=str(tmp_path / "m.pt2"))
+    got = _compiled_and_run(out, s.args, tmp_path / "lowered")
     s.check_untouched(out)
-    runner = torch._inductor.aoti_load_package(path)
-    s.check_numbers(runner(*s.args))
-    s.check_untouched(out)
+    if isinstance(got, tuple):
+        # The same compile and load of torch's own program tells a loader that cannot
+        # run here from a program epass broke.
+        theirs = _compiled_and_run(s.ep, s.args, tmp_path / "torch")
+        if isinstance(theirs, tuple):
+            pytest.skip(f"AOTInductor's loader fails here on torch's own program too: {theirs}")
+        pytest.fail(f"the lowered program failed under AOTInductor, torch's ran: {got}")
+    s.check_numbers(got)
 
 
 @on_gpu

@@ -75,13 +75,15 @@ def _load_torchvision_extension() -> None:
     spec = importlib.util.find_spec("torchvision")
     if spec is None or not spec.submodule_search_locations:
         return
+    # _C_stable: torchvision 0.29 and later, built on torch's stable ABI.
     for folder in spec.submodule_search_locations:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = Path(folder) / f"_C{suffix}"
-            if path.is_file():
-                with contextlib.suppress(OSError):
-                    torch.ops.load_library(str(path))
-                return
+        for name in ("_C", "_C_stable"):
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                path = Path(folder) / f"{name}{suffix}"
+                if path.is_file():
+                    with contextlib.suppress(OSError):
+                        torch.ops.load_library(str(path))
+                    return
 
 
 def make_torchvision_importable() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _program, _torch
 from epass._decomp import (
     keys,
     safety,
@@ -469,7 +469,7 @@ def _decompose(
     if plan.reason is not None:
         raise Fallback(plan.reason)
     fake_mode = keys.fake_mode_of(ep)
-    with _program.quiet_leaf_specs():  # ep.module() deep-copies the call graph
+    with _torch.quiet_leaf_specs():  # ep.module() deep-copies the call graph
         shapes.run_guards(ep)
     session.program = ep
     session.grads = safety.retrace_grads(ep)
@@ -497,7 +497,7 @@ def _decompose(
         with builder.watch.retrace("the runtime-assertion pass"):
             shapes.rebind_sizes(gm, fake_mode)
     new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
-    with _program.quiet_leaf_specs():  # it deep-copies the call graph
+    with _torch.quiet_leaf_specs():  # it deep-copies the call graph
         module_call_graph = _get_updated_module_call_graph(
             ep.graph_module, ep.graph_signature, gm, new_signature, ep.module_call_graph
         )

@@ -156,7 +156,7 @@ def run_decompositions(
                 f"its override patches: {_torch.unexpected(exc, INTERNALS)}"
             )
             stack.enter_context(LOCK)
-        stack.enter_context(_program.quiet_leaf_specs())
+        stack.enter_context(_torch.quiet_leaf_specs())
         return ep.run_decompositions(table), bare
 
 
