@@ -4,6 +4,7 @@ attributes to constants, and the helpers the built-in passes share."""
 
 from __future__ import annotations
 
+import copy
 import operator
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -49,6 +50,9 @@ __all__ = [
     "new_state_placeholder",
     "parameter_spec",
     "placeholders",
+    "placeholders_of",
+    "reads_attributes",
+    "adopt_graph",
     "meta_changed",
     "meta_snapshot",
     "remove_unused_state_placeholders",
@@ -67,7 +71,11 @@ _SPEC = "epass_input_spec"
 
 
 def placeholders(gm: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
-    for node in gm.graph.nodes:
+    return placeholders_of(gm.graph)
+
+
+def placeholders_of(graph: torch.fx.Graph) -> Iterator[torch.fx.Node]:
+    for node in graph.nodes:
         if node.op != "placeholder":
             break
         yield node
@@ -197,7 +205,7 @@ def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
     new graph's namespace avoids Python builtins), so :func:`build_program` finds
     the spec of an existing input through this tag rather than by name.
     """
-    gm = _program.copy_graph_module(ep.graph_module)
+    gm = _copy_module(ep.graph_module)
     specs = ep.graph_signature.input_specs
     nodes = list(placeholders(gm))
     if len(nodes) != len(specs):
@@ -205,6 +213,54 @@ def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
     for node, spec in zip(nodes, specs, strict=True):
         node.meta[_SPEC] = spec
     return gm
+
+
+def reads_attributes(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm``'s graph reads an attribute or calls a submodule (nested graphs
+    of ``torch.cond`` and ``while_loop`` are read this way)."""
+    return any(node.op in ("get_attr", "call_module") for node in gm.graph.nodes)
+
+
+def adopt_graph(ep: ExportedProgram, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A module over ``graph``, which a pass built with ``Graph.node_copy`` from
+    ``ep``'s graph, made what :func:`copy_graph` gives: each node's ``meta``
+    containers copied (``node_copy`` shares them with ``ep``'s), the placeholders
+    remembering their input specs, Python code generated only when read.
+
+    ``graph`` must keep every placeholder of ``ep``'s, in order, and read no
+    attribute (:func:`reads_attributes`).
+    """
+    nodes = list(placeholders_of(graph))
+    specs = ep.graph_signature.input_specs
+    if len(nodes) != len(specs):
+        raise ProgramError(f"{len(nodes)} placeholders but {len(specs)} input specs")
+    for node in graph.nodes:
+        node.meta = _program.copy_meta(node.meta)
+    for node, spec in zip(nodes, specs, strict=True):
+        node.meta[_SPEC] = spec
+    out = _program.graph_module_without_code(graph)
+    out.meta.update(_program.copy_meta(ep.graph_module.meta))
+    return out
+
+
+def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """:func:`epass._program.copy_graph_module`, for a graph that reads no attribute,
+    in a module that generates its Python code only when it is read or called.
+
+    The copy goes into a program whose constructor makes a module of its own, so
+    the code of this one is never read there; generating it costs more than the
+    copy itself, and each pass that edits a copy would pay it once per program.
+    """
+    if reads_attributes(gm):
+        return _program.copy_graph_module(gm)  # attributes and nested graphs to copy
+    graph = copy.deepcopy(gm.graph)
+    for old, node in zip(gm.graph.nodes, graph.nodes, strict=True):
+        if node.name != old.name:  # fx renames names that shadow Python builtins
+            _program.keep_node_name(graph, node, old.name)
+        node.meta = _program.copy_meta(node.meta)
+    out = _program.graph_module_without_code(graph)
+    out.meta.update(_program.copy_meta(gm.meta))
+    return out
 
 
 def original_name(node: torch.fx.Node) -> str:
@@ -242,8 +298,9 @@ def build_program(
             f"the pass changed the number of user inputs from {user_before} to "
             f"{user_after}; the calling convention must stay the same"
         )
+    # No code is generated for gm: the program's constructor makes its own module
+    # over gm's graph, whose code is generated when first read.
     outputs = _output_specs(ep.graph_signature.output_specs, gm)
-    gm.recompile()
     signature = ExportGraphSignature(input_specs=inputs, output_specs=outputs)
     sd = dict(ep.state_dict if state_dict is None else state_dict)
     consts = dict(ep.constants if constants is None else constants)

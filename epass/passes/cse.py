@@ -120,11 +120,18 @@ class CSE:
         return attrs.evolve(self, max_rewrites=limit)
 
     def __call__(self, ep: ExportedProgram) -> CSEResult:
-        gm = _graph.copy_graph(ep)
         counter = RewriteCounter(self.max_rewrites)
-        graph = _merge(gm, _banned(gm), counter)
+        if _graph.reads_attributes(ep.graph_module):
+            # Submodules (nested graphs) go with the graph: copied first.
+            gm = _graph.copy_graph(ep)
+            graph = _merge(gm, _banned(gm), counter)
+            new_gm = torch.fx.GraphModule(gm, graph)
+        else:
+            # _merge copies each node it keeps; the input's graph is only read.
+            gm = ep.graph_module
+            graph = _merge(gm, _banned(gm), counter)
+            new_gm = _graph.adopt_graph(ep, graph) if counter.count else gm
         if not counter.count:
             return CSEResult(ep, False, notes=counter.notes)
-        new_gm = torch.fx.GraphModule(gm, graph)
         new_gm.graph.eliminate_dead_code()
         return CSEResult(_graph.build_program(ep, new_gm), True, notes=counter.notes)
