@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import attrs
+import torch
 from torch.export import ExportedProgram
 
 from epass.errors import ArgumentTypeError, ArgumentValueError, PassError
@@ -121,7 +122,7 @@ class _Prefixes:
         current = self.programs[start]
         for j in range(start, k):
             try:
-                current = PassManager([self.passes[j]], **self.options).run(current)
+                current = _run_on_copy(self.passes[j], current, self.options)
             except PassError as exc:
                 self.errors[j + 1] = exc
                 return None
@@ -149,6 +150,40 @@ class _Prefixes:
         return pass_name(self.passes[k - 1]) if k else "<input>"
 
 
+def _run_on_copy(pass_: Any, program: ExportedProgram, options: Any) -> ExportedProgram:
+    """``pass_`` run on a copy of ``program``'s state: the cached program the pass
+    started from is judged later, and must still hold the values it had, whatever
+    the pass wrote. Entries the pass left equal are the input's tensors again, so
+    that the cached programs hold one copy of the state, not one per pass."""
+    copy = private_copy(program)
+    out = PassManager([pass_], **options).run(copy)
+    originals = {
+        id(mine): given
+        for d, theirs in (
+            (copy.state_dict, program.state_dict),
+            (copy.constants, program.constants),
+        )
+        for key, mine in d.items()
+        if isinstance((given := theirs.get(key)), torch.Tensor)
+    }
+    for d in (out.state_dict, out.constants):
+        for key, value in d.items():
+            given = originals.get(id(value))
+            if given is not None and _unchanged(value, given):
+                d[key] = given
+    return out
+
+
+def _unchanged(value: torch.Tensor, given: torch.Tensor) -> bool:
+    return (
+        value.dtype == given.dtype
+        and value.shape == given.shape
+        and value.stride() == given.stride()
+        and value.storage_offset() == given.storage_offset()
+        and bool(torch.equal(value, given))
+    )
+
+
 def bisect(
     ep: ExportedProgram,
     passes: Sequence[Any],
@@ -166,9 +201,11 @@ def bisect(
     time through a ``PassManager`` (so state is linked and outputs verified as in
     a real pipeline), and every program computed is cached, so each pass runs at
     most once per bisection. They run on a private copy of ``ep`` (its graph,
-    dicts, state tensors and example inputs): a pass that writes into the weights,
-    raising or not, leaves the user's tensors as they were. The programs of the
-    result hold that copy's tensors.
+    dicts, state tensors and example inputs), and each pass on a copy of its
+    input's state: a pass that writes into the weights, raising or not, leaves the
+    user's tensors as they were, and the programs before it hold the values they
+    had when the predicate judges them. The programs of the result hold copies of
+    the user's tensors (one copy for the entries no pass changed).
 
     Args:
         ep: the input program; the predicate must hold on it.

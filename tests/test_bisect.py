@@ -182,3 +182,22 @@ def test_a_pass_that_writes_into_the_weights_is_the_culprit_and_the_users_stay(
     assert found is not None and (found.index, found.name) == (1, "writer")
     assert (found.error is not None) == raises
     assert fingerprint(ep) == before
+
+
+@pytest.mark.parametrize("method", ["binary", "linear"])
+@pytest.mark.parametrize("raises", [True, False], ids=["then-raises", "quietly"])
+def test_a_pass_writing_into_the_weights_does_not_change_the_programs_before_it(
+    raises: bool, method: str
+) -> None:
+    ep = export_residual()[1]
+    weights = {k: v.clone() for k, v in ep.state_dict.items()}
+    harmless = [FxPass(lambda gm: gm, name=f"same-{i}") for i in range(3)]
+    passes = [*harmless, WriteWeights("writer", raises), "dce"]
+
+    def weights_as_given(program: torch.export.ExportedProgram) -> bool:
+        return all(torch.equal(program.state_dict[k], v) for k, v in weights.items())
+
+    # Binary search judges the programs before the writer after the writer ran.
+    found = bisect(ep, passes, weights_as_given, method=method)  # type: ignore[arg-type]
+    assert found is not None and (found.index, found.name) == (3, "writer")
+    assert weights_as_given(found.before)
