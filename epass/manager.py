@@ -13,7 +13,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program, _snapshot, pipeline, protocol, registry
+from epass import _heap, _program, _snapshot, pipeline, protocol, registry
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -332,11 +332,13 @@ class PassManager:
 
     def run(self, ep: ExportedProgram) -> ExportedProgram:
         """Run the pipeline and return the resulting program."""
-        return self._execute(ep, inherited=(), parent=None).program
+        with _heap.old_objects_frozen():
+            return self._execute(ep, inherited=(), parent=None).program
 
     def __call__(self, ep: ExportedProgram) -> PipelineResult:
         """Run the pipeline and return the program, ``modified`` and the records."""
-        return self._execute(ep, inherited=(), parent=None)
+        with _heap.old_objects_frozen():
+            return self._execute(ep, inherited=(), parent=None)
 
     # The pass is called straight from this loop, not from a helper: torch's tracer
     # symbolizes the whole Python stack for each node it creates without a stack
