@@ -8,9 +8,11 @@ and the library inside the function that runs it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from epass.errors import ArgumentValueError, CliError, PipelineError, SaveError
@@ -19,6 +21,7 @@ __all__ = ["add_parser", "run"]
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 
 
 def _seconds(text: str) -> float:
@@ -106,11 +109,30 @@ class _StatusLine:
             sys.stderr.flush()
 
 
+@contextlib.contextmanager
+def _sigterm_ends_search(terminated: type[BaseException]) -> Iterator[None]:
+    """SIGTERM raises ``terminated`` while the search runs, so that it ends as on
+    Ctrl-C and the smallest program found is still written (main thread only)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: signals are not ours to take
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace, out: Any) -> int:
     """Check -o, load, reduce, write; the summary line on stdout."""
     from epass import io
     from epass.manager import PassManager
-    from epass.reduce import check_output, reduce
+    from epass.reduce import Terminated, check_output, reduce
 
     try:  # refused before any work: the output never replaces the input
         check_output(args.output, inputs=[args.input])
@@ -127,24 +149,27 @@ def run(args: argparse.Namespace, out: Any) -> int:
     ep = io.load(args.input, trust=args.trust)
     status = _StatusLine() if sys.stderr.isatty() and not args.plain else None
     try:
-        result = reduce(
-            ep,
-            pipeline,
-            failure=args.failure,
-            match=args.match,
-            in_pass=args.in_pass,
-            rtol=args.rtol,
-            atol=args.atol,
-            time_limit=args.time_limit,
-            max_steps=args.max_steps,
-            progress=status,
-        )
+        with _sigterm_ends_search(Terminated):
+            result = reduce(
+                ep,
+                pipeline,
+                failure=args.failure,
+                match=args.match,
+                in_pass=args.in_pass,
+                rtol=args.rtol,
+                atol=args.atol,
+                time_limit=args.time_limit,
+                max_steps=args.max_steps,
+                progress=status,
+            )
     except ArgumentValueError as exc:
         raise CliError(str(exc), code=EXIT_FAILED) from exc
+    except Terminated:
+        raise CliError("terminated before the failure was known", code=EXIT_TERMINATED) from None
     finally:
         if status is not None:
             status.close()
     out.line(result.summary())
     where = result.write(args.output, imports=args.imports)
     out.line(f"wrote {where / 'program.pt2'} and {where / 'repro.py'}")
-    return EXIT_INTERRUPTED if result.stopped == "interrupted" else 0
+    return {"interrupted": EXIT_INTERRUPTED, "terminated": EXIT_TERMINATED}.get(result.stopped, 0)

@@ -24,7 +24,7 @@ import epass
 from epass import Decompose, FxPass, PassManager
 from epass.errors import ArgumentValueError
 from epass.instruments.reproducer import graph_listing, load_program
-from epass.reduce import _oracle
+from epass.reduce import _search
 
 ROOT = Path(__file__).resolve().parent.parent
 aten = torch.ops.aten
@@ -138,13 +138,13 @@ def test_a_drift_reduces_and_every_candidate_is_a_valid_program_over_the_users_t
     ep = chain()
     before = fingerprint(ep)
     seen: list[torch.export.ExportedProgram] = []
-    run = _oracle.Oracle.run
+    judge = _search.Search._judge  # in this process; the pipeline runs in a child
 
-    def spy(self: Any, program: Any, *args: Any) -> Any:
+    def spy(self: Any, key: Any, piece: Any, program: Any) -> Any:
         seen.append(program)
-        return run(self, program, *args)
+        return judge(self, key, piece, program)
 
-    monkeypatch.setattr(_oracle.Oracle, "run", spy)
+    monkeypatch.setattr(_search.Search, "_judge", spy)
     result = epass.reduce(ep, [FxPass(tanh_of_mul, name="tanh-of-mul")])
     assert [str(n.target) for n in result.program.graph.nodes if n.op == "call_function"] == [
         "aten.mul.Tensor",

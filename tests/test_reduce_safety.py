@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -25,23 +27,30 @@ from epass import FxPass, registry
 from epass.cli import main
 from epass.errors import ArgumentValueError, SaveError
 from epass.instruments.values import private_copy
+from epass.reduce import _watchdog
 
 aten = torch.ops.aten
 
 
 class WriteThenRaise:
     """Writes into every state tensor it is given, past ``_version`` and through it,
-    then raises; it records the first weight's sum as each call found it."""
+    then raises; it records the first weight's sum as each call found it, one line
+    of ``log`` a call (the calls run in child processes)."""
 
     name = "write-then-raise"
     changes_input = False
 
-    def __init__(self) -> None:
-        self.seen: list[float] = []
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    @property
+    def seen(self) -> list[float]:
+        return [float(line) for line in self.log.read_text().split()]
 
     def __call__(self, ep: torch.export.ExportedProgram) -> Any:
         tensors = [*ep.state_dict.values(), *ep.constants.values()]
-        self.seen.append(float(tensors[0].detach().sum()))
+        with self.log.open("a") as log:
+            log.write(f"{float(tensors[0].detach().sum())!r}\n")
         with torch.no_grad():
             for t in tensors:
                 t.data.add_(7)  # no write counter moves
@@ -53,15 +62,25 @@ def _versions(ep: torch.export.ExportedProgram) -> dict[str, int]:
     return {k: v._version for k, v in {**ep.state_dict, **ep.constants}.items()}
 
 
-def test_a_pass_writing_into_every_weight_then_raising_leaves_the_users_tensors_alone() -> None:
+@pytest.fixture(params=["process", "thread"])
+def runner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where candidates run: a child process, or a thread where fork cannot be used."""
+    if request.param == "thread":
+        monkeypatch.setattr(_watchdog, "_forkable", lambda: False)
+    return str(request.param)
+
+
+def test_a_pass_writing_into_every_weight_then_raising_leaves_the_users_tensors_alone(
+    runner: str, tmp_path: Path
+) -> None:
     ep = chain()
     before, versions = fingerprint(ep), _versions(ep)
-    hostile = WriteThenRaise()
+    hostile = WriteThenRaise(tmp_path / "seen.txt")
     result = epass.reduce(ep, [hostile])
     assert fingerprint(ep) == before and _versions(ep) == versions
     assert result.failure.error_type == "RuntimeError" and result.steps > 3
     # Every candidate found the weights as the user's program holds them.
-    first = float(ep.state_dict["a.weight"].sum())
+    first = float(ep.state_dict["a.weight"].detach().sum())
     assert len(hostile.seen) == result.steps
     assert all(math.isclose(s, first, rel_tol=1e-6) for s in hostile.seen)
     # The result is built over the user's own (untouched) tensors.
@@ -69,22 +88,23 @@ def test_a_pass_writing_into_every_weight_then_raising_leaves_the_users_tensors_
         assert value is ep.state_dict[key]
 
 
-def test_the_pass_gets_tensors_of_its_own() -> None:
+def test_the_pass_gets_tensors_of_its_own(runner: str) -> None:
     ep = chain()
-    got: list[torch.export.ExportedProgram] = []
-
-    def keep(program: torch.export.ExportedProgram) -> Any:
-        got.append(program)
-        raise RuntimeError("no")
-
-    epass.reduce(ep, [FxPass(lambda gm: gm, name="x"), keep], max_steps=2)
     user = {t.untyped_storage().data_ptr() for t in ep.state_dict.values()}
-    for key, weight in got[0].state_dict.items():
-        assert (
-            torch.equal(weight, ep.state_dict[key])
-            and weight.untyped_storage().data_ptr() not in user
-        )
-        assert isinstance(weight, torch.nn.Parameter) and weight.requires_grad
+
+    def check(program: torch.export.ExportedProgram) -> Any:
+        for key, weight in program.state_dict.items():
+            if not (
+                torch.equal(weight, ep.state_dict[key])
+                and weight.untyped_storage().data_ptr() not in user
+                and isinstance(weight, torch.nn.Parameter)
+                and weight.requires_grad
+            ):
+                raise TypeError(f"{key} is the user's, or not as the user's is")
+        raise RuntimeError("own tensors")
+
+    result = epass.reduce(ep, [FxPass(lambda gm: gm, name="x"), check], max_steps=2)
+    assert result.failure.message.endswith("own tensors"), result.failure
 
 
 def test_a_private_copy_aliases_as_the_users_tensors_do() -> None:
@@ -300,3 +320,77 @@ def test_an_earlier_reduction_is_replaced_whole_and_a_failed_write_leaves_it(
     os.symlink(where, workdir / "again")
     with pytest.raises(SaveError, match="again: is a symbolic link"):
         second.write(workdir / "again")
+
+
+# --- a pass that holds the GIL, or ends the process ---------------------------------------
+
+
+class HoldGilOnSlices(HangOnSlices):
+    """Raises on programs that hold both linear layers; on any smaller program it
+    spins in C with the GIL held (a regular expression that backtracks for ages),
+    where no thread, signal handler or watchdog of this process gets to run."""
+
+    name = "hold-gil-on-slices"
+
+    def __call__(self, ep: torch.export.ExportedProgram) -> Any:
+        if sum(n.target is aten.addmm.default for n in ep.graph.nodes) >= 2:
+            raise NotImplementedError("two linear layers")
+        re.match(r"(a+)+b", "a" * 64)
+        raise NotImplementedError("done backtracking")
+
+
+@pytest.mark.slow
+def test_the_time_limit_stops_a_pass_that_holds_the_gil(tmp_path: Path) -> None:
+    (tmp_path / "gil_passes.py").write_text(
+        "import epass\nfrom test_reduce_safety import HoldGilOnSlices\n\n"
+        "epass.register_pass('hold-gil-on-slices')(HoldGilOnSlices)\n"
+    )
+    torch.export.save(chain(), tmp_path / "p.pt2")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    argv = [sys.executable, "-m", "epass", "--plain", "reduce", "--import", "gil_passes"]
+    argv += ["p.pt2", "-p", "hold-gil-on-slices", "--time-limit", "2", "-o", "out"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].endswith("[stopped: time limit]")
+    assert (tmp_path / "out" / "program.pt2").is_file()
+
+
+def test_a_candidate_that_ends_its_process_is_not_the_failure_kept(runner: str) -> None:
+    if runner == "thread":
+        pytest.skip("os._exit in a thread ends the whole process")
+
+    class ExitOnSlices(HangOnSlices):
+        def __call__(self, ep: torch.export.ExportedProgram) -> Any:
+            if sum(n.target is aten.addmm.default for n in ep.graph.nodes) >= 2:
+                raise NotImplementedError("two linear layers")
+            os._exit(3)
+
+    result = epass.reduce(chain(), [ExitOnSlices()])
+    assert result.failure.message.endswith("two linear layers")
+    assert sum(n.target is aten.addmm.default for n in result.program.graph.nodes) == 2
+    with pytest.raises(ArgumentValueError, match=r"ended the process it ran in.*exit code 3"):
+        epass.reduce(chain(), [lambda ep: os._exit(3)])
+
+
+def test_no_worker_is_left_running_after_the_time_limit(hang: HangOnSlices) -> None:
+    before = set(threading.enumerate())
+    result = epass.reduce(chain(), [hang], time_limit=1)
+    assert result.stopped == "time limit"
+    assert set(threading.enumerate()) <= before
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # every child was reaped
+
+
+def test_sigterm_ends_the_search_and_writes_the_smallest_program(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        code = main([*ARGV, "p.pt2", "-p", "hang-on-slices", "-o", "out"])
+    finally:
+        timer.cancel()
+    assert code == 143
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith("[stopped: terminated]") and "two linear layers" in line
+    assert (workdir / "out" / "program.pt2").is_file()

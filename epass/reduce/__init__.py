@@ -5,8 +5,9 @@ Every candidate is a valid program (torch's verifier passes) built from a slice 
 the user's program: the nodes some roots (outputs, buffer writes, effects) need,
 with chosen nodes turned into inputs fed with the values they took on the real
 inputs. A candidate shares the user's tensors, but the pipeline runs on a private
-copy of it, in a thread the search abandons when its time is up: the user's program
-and tensors are never modified, whatever a pass does.
+copy of it, in a child process the search kills when its time is up (a thread it
+abandons where fork cannot be used): the user's program and tensors are never
+modified, whatever a pass does.
 """
 
 from __future__ import annotations
@@ -26,10 +27,20 @@ from epass.instruments.numerics import random_inputs
 from epass.instruments.reproducer import save_program, write_pipeline
 from epass.manager import PassManager, as_pipeline
 from epass.reduce._oracle import KINDS, Oracle, Outcome
-from epass.reduce._search import Budget, Progress, Search, Stop
+from epass.reduce._search import Budget, Progress, Search, Stop, Terminated
 from epass.reduce._slice import Source
+from epass.reduce._watchdog import Died
 
-__all__ = ["FILES", "KINDS", "Outcome", "Progress", "ReduceResult", "check_output", "reduce"]
+__all__ = [
+    "FILES",
+    "KINDS",
+    "Outcome",
+    "Progress",
+    "ReduceResult",
+    "Terminated",
+    "check_output",
+    "reduce",
+]
 
 # What a reduction writes into its folder (passes.pkl when the passes pickle).
 FILES = frozenset(
@@ -63,7 +74,9 @@ class ReduceResult:
         seconds: how long the reduction took.
         steps: how many candidates it built and ran.
         stopped: why it stopped: ``"done"`` (no single step keeps the failure),
-            ``"time limit"``, ``"step limit"`` or ``"interrupted"`` (Ctrl-C).
+            ``"time limit"``, ``"step limit"``, ``"interrupted"`` (Ctrl-C) or
+            ``"terminated"`` (SIGTERM, where the caller raises :class:`Terminated`
+            on it, as ``epass reduce`` does).
         rtol / atol: the tolerance of a drift.
     """
 
@@ -142,8 +155,11 @@ def reduce(
         time_limit / max_steps: a budget in seconds (finite, above 0) and in
             candidates run; when it is spent (or on Ctrl-C) the smallest program
             found so far is returned. The time limit holds against a pass that
-            hangs: each candidate runs in a thread that is abandoned (left to run
-            in the background, on its own copies) when the time is up.
+            hangs: each candidate runs in a forked child process, killed when the
+            time is up or on Ctrl-C, even in C code that holds the GIL; only the
+            outcome comes back. Where fork cannot be used (not Linux, or CUDA in
+            use) it runs in a thread that is abandoned then (left to run in the
+            background, on its own copies).
         progress: called with a :class:`Progress` after each candidate.
 
     Every candidate runs on a private copy of its state tensors and inputs, so
@@ -198,7 +214,12 @@ def _first(
     too: a pipeline that does not finish leaves nothing to keep."""
 
     def outcome(program: ExportedProgram, args: tuple[Any, ...], kwargs: Any) -> Outcome:
-        return oracle.keep(budget.run(lambda: oracle.run(program, args, kwargs)))
+        try:
+            return oracle.keep(budget.run(lambda: oracle.run(program, args, kwargs)))
+        except Died as exc:
+            raise ArgumentValueError(
+                f"the pipeline ended the process it ran in: {exc}; a crash cannot be reduced"
+            ) from None
 
     try:
         try:

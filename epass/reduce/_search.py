@@ -17,9 +17,9 @@ from epass.errors import ArgumentValueError
 from epass.reduce._oracle import Oracle, Outcome
 from epass.reduce._shapes import is_dynamic, specialize
 from epass.reduce._slice import Root, Slice, Source
-from epass.reduce._watchdog import Abandoned, within
+from epass.reduce._watchdog import Abandoned, Died, within
 
-__all__ = ["Budget", "Progress", "Search", "Stop"]
+__all__ = ["Budget", "Progress", "Search", "Stop", "Terminated"]
 
 logger = logging.getLogger("epass")
 
@@ -32,6 +32,11 @@ class Stop(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the search is by a handler its caller installs: it ends
+    the search as Ctrl-C does, keeping the smallest program found."""
 
 
 @attrs.frozen
@@ -77,8 +82,9 @@ class Budget:
         return None if self.seconds is None else max(0.0, self.seconds - self.elapsed())
 
     def run(self, work: Callable[[], T]) -> T:
-        """``work()`` in a thread abandoned when the time is spent (:class:`Stop`)
-        or on Ctrl-C (KeyboardInterrupt), so that a hung pass stops nothing else."""
+        """``work()`` in a child process killed when the time is spent
+        (:class:`Stop`) or on Ctrl-C (KeyboardInterrupt), so that a hung pass stops
+        nothing else; :class:`Died` when it ends without an answer."""
         try:
             return within(self.left(), work)
         except Abandoned:
@@ -154,7 +160,11 @@ class Search:
     def _judge(self, key: Any, piece: Slice, program: ExportedProgram) -> bool:
         assert program.example_inputs is not None
         args, kwargs = program.example_inputs
-        outcome = self.budget.run(lambda: self.oracle.run(program, args, kwargs))
+        try:
+            outcome = self.budget.run(lambda: self.oracle.run(program, args, kwargs))
+        except Died as exc:  # a crash is not the failure kept
+            logger.debug("reduce: %s", exc)
+            outcome = None
         kept = self.oracle.keeps(outcome)
         self.cache[key] = kept
         if kept:
@@ -179,7 +189,8 @@ class Search:
 
     def run(self) -> str:
         """Run every phase; returns why it stopped: ``"done"``, ``"time limit"``,
-        ``"step limit"`` or ``"interrupted"`` (Ctrl-C)."""
+        ``"step limit"``, ``"interrupted"`` (Ctrl-C) or ``"terminated"``
+        (:class:`Terminated`)."""
         try:
             self.phase = "shapes"
             self.shapes()
@@ -193,8 +204,8 @@ class Search:
             return "done"
         except Stop as stop:
             return stop.reason
-        except KeyboardInterrupt:
-            return "interrupted"
+        except KeyboardInterrupt as exc:
+            return "terminated" if isinstance(exc, Terminated) else "interrupted"
 
     def units(self) -> list[str]:
         """The calls the current slice computes, items of multi-output ops left out."""
