@@ -155,11 +155,9 @@ def reduce(
         time_limit / max_steps: a budget in seconds (finite, above 0) and in
             candidates run; when it is spent (or on Ctrl-C) the smallest program
             found so far is returned. The time limit holds against a pass that
-            hangs: each candidate runs in a forked child process, killed when the
-            time is up or on Ctrl-C, even in C code that holds the GIL; only the
-            outcome comes back. Where fork cannot be used (not Linux, or CUDA in
-            use) it runs in a thread that is abandoned then (left to run in the
-            background, on its own copies).
+            hangs: each candidate runs in a forked child process, killed then
+            (even in C code holding the GIL); where fork cannot be used, in a
+            thread abandoned then (docs/debugging.md).
         progress: called with a :class:`Progress` after each candidate.
 
     Every candidate runs on a private copy of its state tensors and inputs, so
