@@ -102,10 +102,12 @@ def check_output_directory(
         raise SaveError(f"{p}: is a symbolic link; give a folder of its own")
     here = Path(os.path.realpath(p))
     for given in inputs:
-        source = Path(os.path.realpath(given))
-        if source == here or here in source.parents:
-            what = "is" if source == here else "holds"
-            raise SaveError(f"{p}: {what} the input {given}; write the output elsewhere")
+        # The file and the name given for it: a symlink to the input is the user's too.
+        named = Path(os.path.realpath(directory_of(Path(given)))) / Path(given).name
+        for source in (Path(os.path.realpath(given)), named):
+            if source == here or here in source.parents:
+                what = "is" if source == here else "holds"
+                raise SaveError(f"{p}: {what} the input {given}; write the output elsewhere")
     if here == Path(os.getcwd()) or here in Path(os.getcwd()).parents:
         raise SaveError(f"{p}: holds the working folder, which a rename cannot replace")
     if p.exists() and not p.is_dir():

@@ -248,7 +248,10 @@ def _outputs(workdir: Path) -> dict[str, tuple[str, str]]:
     (workdir / "dangling").symlink_to(workdir / "nowhere")
     (workdir / "linked").symlink_to(workdir / "theirs")
     (workdir / "file").write_text("")
+    (workdir / "prev").mkdir()  # an earlier reduction's name, linked to the input
+    (workdir / "prev" / "program.pt2").symlink_to(workdir / "p.pt2")
     return {
+        "holds a link to the input": ("prev", "prev/program.pt2"),
         "holds the input": ("d", "d/program.pt2"),
         "holds the input deeper": (".", "d/program.pt2"),
         "is the input": ("p.pt2", "p.pt2"),
@@ -264,6 +267,7 @@ def _outputs(workdir: Path) -> dict[str, tuple[str, str]]:
     ("case", "says"),
     [
         ("holds the input", "d: holds the input d/program.pt2"),
+        ("holds a link to the input", "prev: holds the input prev/program.pt2"),
         ("holds the input deeper", ".: holds the input d/program.pt2"),
         ("is the input", "p.pt2: is the input p.pt2"),
         ("dangling symlink", "dangling: is a symbolic link"),
