@@ -28,7 +28,21 @@ from bench_core import Row, print_table  # noqa: E402
 STEPS = ("retrace", "decompose", "lower")
 
 
-def _export(layers: int, dynamic: bool):  # type: ignore[no-untyped-def]
+# Llama-2-70B's widths, for _export's ``shape``.
+SHAPE_70B = {"hidden": 8192, "intermediate": 28672, "heads": 64, "kv_heads": 8}
+
+
+def _export(  # type: ignore[no-untyped-def]
+    layers: int,
+    dynamic: bool,
+    *,
+    hidden: int = 4096,
+    intermediate: int = 11008,
+    heads: int = 32,
+    kv_heads: int = 8,
+):
+    """The decoder with ``layers`` layers, exported on meta weights; the widths are
+    Llama-7B's unless given (``SHAPE_70B``)."""
     import hf_models  # makes torchvision, which transformers imports, load
     import torch
     import transformers
@@ -36,11 +50,11 @@ def _export(layers: int, dynamic: bool):  # type: ignore[no-untyped-def]
 
     config = transformers.LlamaConfig(
         vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=11008,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=32,
-        num_key_value_heads=8,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         use_cache=False,
         attn_implementation="sdpa",
