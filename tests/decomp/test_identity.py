@@ -103,7 +103,7 @@ _SCRIPT = textwrap.dedent(
     found = {}
     for name, table in [*behaviours.TABLES.items(), ("default", None)]:
         result = Decompose(table=table)(ep)
-        ref = run_decompositions(ep, table)
+        ref, _ = run_decompositions(ep, table)
         found[name] = [
             result.notes["method"],
             first_difference(result.program, ref),
