@@ -17,7 +17,7 @@ from typing import Any
 
 from epass.errors import ArgumentValueError, CliError, PipelineError, SaveError
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "sigterm_raises"]
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
@@ -110,9 +110,10 @@ class _StatusLine:
 
 
 @contextlib.contextmanager
-def _sigterm_ends_search(terminated: type[BaseException]) -> Iterator[None]:
-    """SIGTERM raises ``terminated`` while the search runs, so that it ends as on
-    Ctrl-C and the smallest program found is still written (main thread only)."""
+def sigterm_raises(terminated: type[BaseException]) -> Iterator[None]:
+    """SIGTERM raises ``terminated`` inside the block, so that the command ends as on
+    Ctrl-C: the reduction still writes the smallest program found, ``epass`` cleans
+    up (main thread only; the command line uses it too)."""
 
     def handler(signum: int, frame: Any) -> None:
         raise terminated
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace, out: Any) -> int:
     ep = io.load(args.input, trust=args.trust)
     status = _StatusLine() if sys.stderr.isatty() and not args.plain else None
     try:
-        with _sigterm_ends_search(Terminated):
+        with sigterm_raises(Terminated):
             result = reduce(
                 ep,
                 pipeline,

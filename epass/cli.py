@@ -20,7 +20,6 @@ import gc
 import math
 import re
 import shlex
-import signal
 import sys
 import time
 import warnings
@@ -617,24 +616,6 @@ class _Terminated(BaseException):
     """SIGTERM, raised where the command is, so that it cleans up as on Ctrl-C."""
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise _Terminated
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises :class:`_Terminated` while the command runs (main thread only)."""
-    try:
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    except ValueError:  # not the main thread: signals are not ours to take
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 @contextlib.contextmanager
 def _collect_new_objects_only() -> Iterator[None]:
     """The pipeline runs with every object alive before it (torch's modules, the
@@ -657,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        with _sigterm_raises(), warnings.catch_warnings():
+        with _cli_reduce.sigterm_raises(_Terminated), warnings.catch_warnings():
             if not debug:
                 # torch's own deprecations and fallbacks: noise for a command-line
                 # user, who cannot act on them (--debug shows them).
