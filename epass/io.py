@@ -3,6 +3,9 @@
 ``load`` screens the file (``epass._screen``: members against :data:`ALLOWLIST`,
 ``models/model.json`` field by field against torch's schema) through a view in which
 every byte read stays as it was read, and hands torch that same view.
+
+One concept: a ``.pt2`` file's way in and out; load, save, prune and inspect share
+the screen and the path checks.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ Example::
 
     convert("floor-at", floor_at, {"floor": 1})  # {"floor": 1.0}
     convert("floor-at", floor_at, {"floor": "x"})  # OptionError: takes float
+
+One concept: an option's type, read once from a factory and used by every check.
 """
 
 from __future__ import annotations

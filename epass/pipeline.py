@@ -27,6 +27,9 @@ Example::
 
     tree = parse("decompose, repeat(3, [fold-constants(max_growth=2.0), dce])")
     assert format_pipeline(tree) == "decompose, repeat(3, [fold-constants(max_growth=2.0), dce])"
+
+One concept: the pipeline language, parsed and printed here together so that the two
+stay each other's inverse.
 """
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ say what the user      the result's ``notices`` (:class:`Notice`: a fallback,
 should know            a cache that stepped aside) go into the pass's record;
                        every view shows each one and counts the fallbacks
 =====================  =========================================================
+
+One concept: what a pass is (the protocol, its result, and the adapters that make a
+function or a torch.fx pass one).
 """
 
 from __future__ import annotations

@@ -254,3 +254,38 @@ def against_layers(
             continue
         if dst[0] < src[0] or (dst[0] == src[0] and dst[1] != src[1]):
             yield e
+
+
+def container_layers(pyproject: Path) -> dict[str, list[list[str]]]:
+    """Each package that a ``layers`` contract orders from inside (its ``containers``),
+    with the layers of its modules, top first."""
+    import tomllib
+
+    config = tomllib.loads(pyproject.read_text())
+    out: dict[str, list[list[str]]] = {}
+    for c in config["tool"]["importlinter"]["contracts"]:
+        for container in c.get("containers", ()):
+            out[container] = [[m.strip() for m in layer.split("|")] for layer in c["layers"]]
+    return out
+
+
+def unnamed_modules(root: Path, package: str, pyproject: Path, contract: str) -> list[str]:
+    """Modules that no contract names: a module of the root package must be in a layer
+    of ``contract``; a module inside a subpackage must be a layer of the contract whose
+    container is that subpackage (a subpackage without one leaves its modules unnamed)."""
+    top = {m for layer in layers(pyproject, contract) for m in layer}
+    inside = container_layers(pyproject)
+    problems = []
+    for name in modules(root, package):
+        parts = name.split(".")
+        if len(parts) == 1:
+            continue
+        if len(parts) == 2 or name in top:
+            if name not in top:
+                problems.append(f"{name} is in no layer of {contract!r}")
+            continue
+        container, leaf = ".".join(parts[:-1]), parts[-1]
+        named = {m for layer in inside.get(container, ()) for m in layer}
+        if leaf not in named:
+            problems.append(f"{name} is in no layer of a contract over {container}")
+    return problems

@@ -1,5 +1,9 @@
 """What the incremental path can take: the walk that says why not, and what the
-retrace sees of the program's state."""
+retrace sees of the program's state.
+
+One concept: whether the incremental path can take a program, and why not; one walk
+answers for every reason.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """The program's shape environment, kept as the retrace keeps it: the context every
 fake value is computed in, the watch that proves a decomposition changed only what a
-trace changes, and symbols named by position for the disk cache."""
+trace changes, and symbols named by position for the disk cache.
+
+One concept: the shape environment while a program is decomposed.
+"""
 
 from __future__ import annotations
 

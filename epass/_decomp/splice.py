@@ -1,5 +1,8 @@
 """The splice engine: the program ``run_decompositions`` would give, by rewriting only
-the nodes the table decomposes."""
+the nodes the table decomposes.
+
+One concept: the splice, the node-by-node rewrite of a program with its templates.
+"""
 
 from __future__ import annotations
 

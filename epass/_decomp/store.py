@@ -3,6 +3,9 @@
 Stdlib only at import (``epass cache info`` starts without torch). An entry is data:
 it is read with :func:`json.loads` and checked (format, key, checksum) before its
 template is handed on, which :mod:`epass._decomp.encoding` reads field by field.
+
+One concept: the cache's files (names, format, checks, eviction), apart from what a
+template means (:mod:`epass._decomp.encoding`).
 """
 
 from __future__ import annotations

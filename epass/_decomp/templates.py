@@ -1,5 +1,9 @@
 """Templates as a decomposition finds them: in memory, on disk, from the program's
-batched trace or traced alone; and what a program still needs traced."""
+batched trace or traced alone; and what a program still needs traced.
+
+One concept: where a template comes from; its four sources are tried in one order
+under one key.
+"""
 
 from __future__ import annotations
 

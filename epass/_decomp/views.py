@@ -15,6 +15,9 @@ template).
 
 A view a decomposition makes of such a tensor is regenerated the same way, where an
 operator of that decomposition that is not a view first reads it (:meth:`Views.place`).
+
+One concept: a view's life after an in-place write, from its creation to each
+regeneration.
 """
 
 from __future__ import annotations

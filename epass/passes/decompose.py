@@ -1,4 +1,7 @@
-"""Decompose: lower a program to core ATen (or any decomposition table)."""
+"""Decompose: lower a program to core ATen (or any decomposition table).
+
+One concept: the Decompose pass: its options, its choice of path, and its result.
+"""
 
 from __future__ import annotations
 
