@@ -1,16 +1,15 @@
 """The parts of the HTML report page that hold nothing of a run's logic: its style
-sheet, the escaping of text for it, and its two SVG charts (time per pass, node
+sheet and its two SVG charts (time per pass, node
 count across the pipeline)."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from epass._text import printable
+from epass._text import html_text
 
-__all__ = ["CSS", "bar_chart", "esc", "node_line"]
+__all__ = ["CSS", "bar_chart", "node_line"]
 
 CSS = """.verdict{border:2px solid #ccc;border-radius:6px;padding:4px 12px;margin:8px 0}
 .verdict.shared{border-color:#2a7}.verdict.diverged{border-color:#c33}
@@ -37,12 +36,6 @@ polyline.nodes{fill:none;stroke:#d8614a;stroke-width:2}circle.node{fill:#d8614a}
 """
 
 
-def esc(value: Any) -> str:
-    """Text for the page: every unprintable character escaped (the one rule of
-    :mod:`epass._text`, as on the terminal), then HTML's own escaping."""
-    return html.escape(printable(str(value)), quote=True)
-
-
 def bar_chart(leaves: Sequence[Mapping[str, Any]]) -> str:
     """The time each pass took, one bar a pass (a modified pass's bar darker)."""
     row, label_w, chart_w = 22, 240, 560
@@ -55,7 +48,7 @@ def bar_chart(leaves: Sequence[Mapping[str, Any]]) -> str:
     for i, p in enumerate(leaves):
         y = i * row + 4
         width = max(1.0, chart_w * p["seconds"] / top)
-        name = esc(p["path"])
+        name = html_text(p["path"])
         modified = "true" if p["modified"] else "false"
         parts.append(
             f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end">{name}</text>'
@@ -92,9 +85,9 @@ def node_line(leaves: Sequence[Mapping[str, Any]], start: int) -> str:
         x, y = xy(i, v)
         parts.append(
             f'<circle class="node" cx="{x:.1f}" cy="{y:.1f}" r="3.5">'
-            f"<title>{esc(label)}: {v} nodes</title></circle>"
+            f"<title>{html_text(label)}: {v} nodes</title></circle>"
             f'<text class="axis" x="{x:.1f}" y="{h - pad + 14}" text-anchor="end" '
-            f'transform="rotate(-35 {x:.1f} {h - pad + 14})">{esc(label)}</text>'
+            f'transform="rotate(-35 {x:.1f} {h - pad + 14})">{html_text(label)}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from epass._page import CSS, bar_chart, esc, node_line
+from epass._page import CSS, bar_chart, node_line
+from epass._text import html_text
 from epass.linker import owners_text
 from epass.pipeline import format_value
 from epass.records import state_text
@@ -117,18 +118,19 @@ def _notes_html(notes: Mapping[str, Any], notices: Sequence[Mapping[str, str]] =
     its text on hover, then the notes in words, their values one click away; a pass
     with notices and no notes shows the notices' text instead."""
     badges = "".join(
-        f'<span class="badge skip" title="{esc(n["text"])}">'
-        f"{'fell back' if n['kind'] == 'fallback' else esc(n['kind'])}</span> "
+        f'<span class="badge skip" title="{html_text(n["text"])}">'
+        f"{'fell back' if n['kind'] == 'fallback' else html_text(n['kind'])}</span> "
         for n in notices
     )
     shown = {k: v for k, v in notes.items() if v is not None}
     if not shown:
-        return badges + "; ".join(esc(n["text"]) for n in notices)
+        return badges + "; ".join(html_text(n["text"]) for n in notices)
     facts = "".join(
-        f"<li><code>{esc(k)}</code>: {esc(json_value(v))}</li>" for k, v in shown.items()
+        f"<li><code>{html_text(k)}</code>: {html_text(json_value(v))}</li>"
+        for k, v in shown.items()
     )
     return (
-        f'{badges}<details class="notes"><summary>{esc(_notes_words(notes) or "details")}'
+        f'{badges}<details class="notes"><summary>{html_text(_notes_words(notes) or "details")}'
         f"</summary><ul>{facts}</ul></details>"
     )
 
@@ -140,11 +142,12 @@ def _notices_html(report: Mapping[str, Any]) -> list[str]:
     if not notices:
         return []
     items = "".join(
-        f'<li class="notice {esc(n["kind"])}"><code>{esc(n["pass"])}</code>: {esc(n["text"])}</li>'
+        f'<li class="notice {html_text(n["kind"])}"><code>{html_text(n["pass"])}</code>: '
+        f"{html_text(n['text'])}</li>"
         for n in notices
     )
     counted = report.get("notice_count") or "notices"
-    head = "" if counted in report["verdict"]["summary"] else f"<p>{esc(counted)}:</p>"
+    head = "" if counted in report["verdict"]["summary"] else f"<p>{html_text(counted)}:</p>"
     return [f'{head}<ul class="notices">{items}</ul>']
 
 
@@ -156,22 +159,22 @@ def _verdict_html(report: Mapping[str, Any]) -> list[str]:
         return []
     cls = "shared" if v["status"] == "ok" else "diverged"
     out = [
-        f'<div class="verdict {cls}"><p><strong>{esc(v["status"].upper())}</strong>: '
-        f"{esc(v['summary'])}</p>"
+        f'<div class="verdict {cls}"><p><strong>{html_text(v["status"].upper())}</strong>: '
+        f"{html_text(v['summary'])}</p>"
     ]
     if v.get("pass"):
-        out.append(f"<p>pass <code>{esc(v['pass'])}</code></p>")
+        out.append(f"<p>pass <code>{html_text(v['pass'])}</code></p>")
     if v.get("error"):
-        out.append(f"<p>error: <code>{esc(v['error'])}</code></p>")
+        out.append(f"<p>error: <code>{html_text(v['error'])}</code></p>")
     if v.get("traceback"):
-        out.append("<pre>" + "\n".join(esc(line) for line in v["traceback"]) + "</pre>")
+        out.append("<pre>" + "\n".join(html_text(line) for line in v["traceback"]) + "</pre>")
     if v.get("node"):
-        out.append(f"<p>first diverging node: <code>{esc(v['node'])}</code></p>")
+        out.append(f"<p>first diverging node: <code>{html_text(v['node'])}</code></p>")
     if v.get("reproducer"):
-        out.append(f"<p>reproducer: <code>{esc(v['reproducer'])}</code></p>")
+        out.append(f"<p>reproducer: <code>{html_text(v['reproducer'])}</code></p>")
     out += _notices_html(report)
     if v.get("next"):
-        out.append(f"<p>next: <code>{esc(v['next'])}</code></p>")
+        out.append(f"<p>next: <code>{html_text(v['next'])}</code></p>")
     out.append("</div>")
     return out
 
@@ -190,17 +193,18 @@ def render_html(report: Mapping[str, Any]) -> str:
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
+        f"<title>{html_text(title)}</title><style>{CSS}</style></head><body>",
         "<h1>epass report</h1>",
         *_verdict_html(report),
-        f'<p class="meta">pipeline <code>{esc(report["pipeline"] or "(no text form)")}</code>'
-        f" &middot; input <code>{esc(report['input'] or '-')}</code>"
-        f" &middot; output <code>{esc(report['output'] or '-')}</code>"
-        f" &middot; torch {esc(report['torch_version'])}"
-        f" &middot; epass {esc(report['epass_version'])} &middot; {esc(report['created'])}</p>",
-        f"<p>{esc(report['count'])} in {report['seconds']:.2f} s; nodes "
+        f'<p class="meta">pipeline <code>{html_text(report["pipeline"] or "(no text form)")}</code>'
+        f" &middot; input <code>{html_text(report['input'] or '-')}</code>"
+        f" &middot; output <code>{html_text(report['output'] or '-')}</code>"
+        f" &middot; torch {html_text(report['torch_version'])}"
+        f" &middot; epass {html_text(report['epass_version'])}"
+        f" &middot; {html_text(report['created'])}</p>",
+        f"<p>{html_text(report['count'])} in {report['seconds']:.2f} s; nodes "
         f"{report['nodes_before']} &rarr; {report['nodes_after']}; output state "
-        f'<span class="badge {owners_cls}">{esc(owners_label)}</span></p>',
+        f'<span class="badge {owners_cls}">{html_text(owners_label)}</span></p>',
     ]
     numerics = report.get("numerics")
     if numerics:
@@ -237,19 +241,19 @@ def _pass_rows(everything: Sequence[Mapping[str, Any]]) -> list[str]:
     out = []
     for i, p in enumerate(everything):
         cls, text = _state_status(p)
-        name = (
-            "&nbsp;&nbsp;" * p["depth"] + f'<a href="#pass-{i}">{esc(p["spec"] or p["name"])}</a>'
-        )
+        link = f'<a href="#pass-{i}">{html_text(p["spec"] or p["name"])}</a>'
+        name = "&nbsp;&nbsp;" * p["depth"] + link
         cells = [
             f'<td class="pass">{name}</td>',
             f'<td class="num">{p["step"]}</td>',
             f'<td class="num">{p["seconds"]:.4f}</td>',
             f'<td class="num">{p["nodes_before"]}&rarr;{p["nodes_after"]}</td>',
-            f'<td><span class="badge {cls}">{esc(text)}</span></td>',
+            f'<td><span class="badge {cls}">{html_text(text)}</span></td>',
         ]
         for field in ("added", "removed", "changed"):
             keys = _keys(p["link"], field)
-            shown = ", ".join(esc(k) for k in keys[:8]) + (" &hellip;" if len(keys) > 8 else "")
+            more = " &hellip;" if len(keys) > 8 else ""
+            shown = ", ".join(html_text(k) for k in keys[:8]) + more
             cells.append(f'<td title="{len(keys)}">{len(keys) or ""} {shown}</td>')
         notes = _notes_html(p.get("notes") or {}, p.get("notices") or ())
         cells.append(f'<td class="notes">{notes}</td>')
@@ -266,7 +270,8 @@ def _delta_rows(leaves: Sequence[Mapping[str, Any]]) -> list[str]:
             any_delta = True
             sign = "plus" if delta > 0 else "minus"
             out.append(
-                f'<tr class="delta"><td>{esc(p["path"])}</td><td><code>{esc(op)}</code></td>'
+                f'<tr class="delta"><td>{html_text(p["path"])}</td>'
+                f"<td><code>{html_text(op)}</code></td>"
                 f'<td class="num {sign}">{delta:+d}</td></tr>'
             )
     if not any_delta:
@@ -280,8 +285,8 @@ def _pass_sections(everything: Sequence[Mapping[str, Any]]) -> list[str]:
     out = []
     for i, p in enumerate(everything):
         delta = ", ".join(f"{op} {d:+d}" for op, d in sorted(p["op_delta"].items()))
-        head = f"{esc(p['path'])} (step {p['step']})"
-        summary = f"{head}: {esc(delta) if delta else 'no op count changed'}"
+        head = f"{html_text(p['path'])} (step {p['step']})"
+        summary = f"{head}: {html_text(delta) if delta else 'no op count changed'}"
         if p["skipped"]:
             summary = f"{head}: skipped"
         out.append(f'<details id="pass-{i}" class="pass-diff"><summary>{summary}</summary>')
@@ -297,12 +302,12 @@ def _pass_sections(everything: Sequence[Mapping[str, Any]]) -> list[str]:
             out.append(f"<h3>{side}</h3><ul>")
             for op, nodes in sorted(groups.items()):
                 items = "".join(
-                    f"<li><code>{sign} {esc(n['node'])}</code>"
-                    + (f' <span class="src">{esc(n["source"])}</span>' if n["source"] else "")
+                    f"<li><code>{sign} {html_text(n['node'])}</code>"
+                    + (f' <span class="src">{html_text(n["source"])}</span>' if n["source"] else "")
                     + "</li>"
                     for n in nodes
                 )
-                out.append(f"<li><code>{esc(op)}</code> ({len(nodes)})<ul>{items}</ul></li>")
+                out.append(f"<li><code>{html_text(op)}</code> ({len(nodes)})<ul>{items}</ul></li>")
             out.append("</ul>")
         if diff.get("capped"):
             out.append(f'<p class="meta">{diff["capped"]} more nodes not listed (capped).</p>')

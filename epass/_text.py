@@ -10,12 +10,20 @@ only.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import sys
 from typing import Any
 
-__all__ = ["escape_char", "json_text", "printable", "printable_lines", "shown_path"]
+__all__ = [
+    "escape_char",
+    "html_text",
+    "json_text",
+    "printable",
+    "printable_lines",
+    "shown_path",
+]
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -48,6 +56,12 @@ def json_text(value: Any, *, indent: int | None = 2) -> str:
     """``value`` as JSON holding exact strings and no raw control character: JSON's
     own escapes (``\\u001b``), for DEL too, which ``json.dumps`` leaves raw."""
     return json.dumps(value, indent=indent, ensure_ascii=True).replace("\x7f", "\\u007f")
+
+
+def html_text(value: Any) -> str:
+    """``value`` for an HTML page: every unprintable character escaped (:func:`printable`,
+    as on the terminal), then HTML's own escaping, quotes included."""
+    return html.escape(printable(str(value)), quote=True)
 
 
 def shown_path(filename: str) -> str:
