@@ -54,10 +54,10 @@ C = TypeVar("C", bound=type)
 
 # --- option types ------------------------------------------------------------------
 
-# The kinds of option type the model checks; "other" (a protocol, a generic this
+# The kinds of option type with no parts (a list or a union has parts); "other" (a protocol, a generic this
 # does not model, a class named in text) accepts anything, and the pass's own
 # converter has the last word.
-_SCALARS = ("any", "none", "bool", "int", "float", "str", "dtype", "operator", "function")
+_ATOMIC_KINDS = ("any", "none", "bool", "int", "float", "str", "dtype", "operator", "function")
 _COLLECTIONS = ("list", "set", "frozenset", "tuple")
 
 
@@ -88,7 +88,7 @@ class OptionType:
     def text(self) -> str:
         """The type as a reader writes it: ``float``, ``list[operator] | none``,
         ``"fast" | "exact"``, ``dict[operator, function]``."""
-        if self.kind in _SCALARS:
+        if self.kind in _ATOMIC_KINDS:
             return self.kind
         if self.kind == "literal":
             return " | ".join(format_value(v) for v in self.values)
@@ -193,7 +193,7 @@ def parse_type(text: str) -> OptionType:
             return OptionType("literal", values=tuple(v for a in parsed for v in a.values))
         return OptionType("union", tuple(parsed))
     word = arms[0]
-    if word in _SCALARS:
+    if word in _ATOMIC_KINDS:
         return OptionType(word)
     literal = _literal(word)
     if literal is not None:

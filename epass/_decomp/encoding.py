@@ -144,14 +144,15 @@ def _resolve_target(name: Any) -> Any:
     return resolve_op(name)
 
 
-_SCALARS = (bool, int, str, type(None))
+# What JSON holds as it is (a float is written as hex, to keep every bit).
+_JSON_AS_IS = (bool, int, str, type(None))
 
 
 def _encode_value(value: Any, index: dict[Any, int]) -> Any:
     import torch
 
     kind = type(value)
-    if kind in _SCALARS:
+    if kind in _JSON_AS_IS:
         return value
     if kind is float:
         return {"float": value.hex()}
