@@ -54,9 +54,9 @@ C = TypeVar("C", bound=type)
 
 # --- option types ------------------------------------------------------------------
 
-# The kinds of option type with no parts (a list or a union has parts); "other" (a protocol, a generic this
-# does not model, a class named in text) accepts anything, and the pass's own
-# converter has the last word.
+# The kinds of option type with no parts (a list or a union has parts); "other" (a
+# protocol, a generic this does not model, a class named in text) accepts anything,
+# and the pass's own converter has the last word.
 _ATOMIC_KINDS = ("any", "none", "bool", "int", "float", "str", "dtype", "operator", "function")
 _COLLECTIONS = ("list", "set", "frozenset", "tuple")
 
