@@ -778,11 +778,11 @@ def bench_first_run(repeats: int, quick: bool) -> list[Row]:
 
     import models
 
-    from epass.cli import _demo_program
+    from epass.cli.demo import demo_program
 
     torch.manual_seed(0)
     programs = {
-        "demo model": _demo_program,
+        "demo model": demo_program,
         # Symbolic templates on disk: a dynamic batch, and a dynamic batch and sequence.
         "CNN, dynamic batch": lambda: models.export_dynamic("cnn")[1],
         "decoder, dynamic batch and sequence": lambda: models.export_dynamic("decoder")[1],
@@ -835,12 +835,12 @@ def _auto_programs(quick: bool) -> dict[str, Callable[[], Any]]:
     """Programs of many distinct ops and few nodes, where tracing weighs the most."""
     import models
 
-    from epass.cli import _demo_program
+    from epass.cli.demo import demo_program
 
     programs: dict[str, Callable[[], Any]] = {
         name: (lambda name=name: models.export(name)[1]) for name in models.CASES
     }
-    programs["demo model"] = _demo_program
+    programs["demo model"] = demo_program
     if quick:
         return programs
     if importlib.util.find_spec("transformers") is not None:

@@ -5,7 +5,7 @@ time the name is used, so ``import epass`` and ``epass --help`` do not wait for 
 The package is layered; each layer imports only from the ones below it
 (``lint-imports`` checks this, see docs/concepts.md)::
 
-    face         cli, _cli_reduce, _terminal, __main__, this module
+    face         cli/, _terminal, __main__, this module
     tools        report, bisect, reduce, onnx, executorch, tvm, iree, _handoff
     instruments  instruments/*
     built-ins    passes/*

@@ -705,7 +705,7 @@ def test_cli_numerics_verdict_is_numerics_check_verdict(
 
 
 def test_passes_prints_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
-    from epass.cli import plain_text
+    from epass.cli.passes import plain_text
 
     assert plain_text("Fold :class:`~torch.nn.BatchNorm2d` into ``conv``") == (
         "Fold BatchNorm2d into conv"
@@ -1111,9 +1111,9 @@ def test_ctrl_c_during_decompose_ends_the_command_at_once(tmp_path: Path) -> Non
     """Neither a full cycle collection over torch's objects (which holds signal
     handlers back) nor the interpreter's teardown stands between Ctrl-C and the
     shell prompt: seconds before, about 0.1 s now (0.5 s on a loaded machine)."""
-    from epass.cli import _demo_program
+    from epass.cli.demo import demo_program
 
-    torch.export.save(_demo_program(), tmp_path / "tf.pt2")
+    torch.export.save(demo_program(), tmp_path / "tf.pt2")
     (tmp_path / "mark_decompose.py").write_text(MARK_DECOMPOSE)
     mark = tmp_path / "mark"
     env = {

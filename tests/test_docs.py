@@ -287,7 +287,8 @@ def test_quoted_cli_output_matches_a_real_run(
 
     import torch
 
-    from epass.cli import _demo_program, main
+    from epass.cli import main
+    from epass.cli.demo import demo_program
 
     if not torch.__version__.startswith("2.13."):
         pytest.skip("the docs quote torch 2.13's node counts")
@@ -296,7 +297,7 @@ def test_quoted_cli_output_matches_a_real_run(
     _write_files(
         ROOT / ("README.md" if page == "README.md" else f"docs/{page}"), tmp_path, monkeypatch
     )
-    torch.export.save(_demo_program(), "tf.pt2")  # the file the pages run on
+    torch.export.save(demo_program(), "tf.pt2")  # the file the pages run on
     argv = shlex.split(command)[1:]
     with _registry_restored():
         assert main(argv) == 0

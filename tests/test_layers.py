@@ -344,7 +344,8 @@ def test_one_state_text_for_the_summary_the_command_line_and_the_report() -> Non
     import io
     from html import escape
 
-    from epass.cli import _Out, _summary
+    from epass._terminal import Out as _Out
+    from epass._terminal import pass_table as _summary
     from epass.records import flatten, state_text
     from epass.report import render_html
 

@@ -1,27 +1,26 @@
-"""``epass reduce``: the command that shrinks a program on which a pipeline fails.
-
-Arguments and rendering only; the reduction is :func:`epass.reduce`. Kept apart from
-:mod:`epass.cli`, which adds it to its parser; like every command it imports torch
-and the library inside the function that runs it.
-"""
+"""``epass reduce``: shrink a program on which a pipeline fails or drifts, and write
+the smallest one found with its reproducer; the reduction is :func:`epass.reduce`."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import signal
 import sys
-from collections.abc import Callable, Iterator
 from typing import Any
 
-from epass.errors import ArgumentValueError, CliError, PipelineError, SaveError
+from epass._terminal import Out
+from epass.cli._shared import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    add_load_arguments,
+    build_manager,
+    sigterm_raises,
+    tolerance,
+)
+from epass.errors import ArgumentValueError, CliError, SaveError
 
-__all__ = ["add_parser", "run", "sigterm_raises"]
-
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
+__all__ = ["add_parser", "run"]
 
 
 def _seconds(text: str) -> float:
@@ -46,9 +45,11 @@ def _count(text: str) -> int:
     return value
 
 
-def add_parser(sub: Any, tolerance: Callable[[str], float], trust: str, imports: str) -> Any:
+def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``reduce`` to the subcommands ``sub``; returns its parser."""
-    reduce = sub.add_parser("reduce", help="shrink a program on which a pipeline fails or drifts")
+    reduce: argparse.ArgumentParser = sub.add_parser(
+        "reduce", help="shrink a program on which a pipeline fails or drifts"
+    )
     reduce.add_argument("input", help="an ExportedProgram saved with torch.export.save")
     reduce.add_argument("-p", "--pipeline", required=True, help='pipeline text, e.g. "lower"')
     reduce.add_argument(
@@ -80,12 +81,9 @@ def add_parser(sub: Any, tolerance: Callable[[str], float], trust: str, imports:
     reduce.add_argument(
         "--max-steps", type=_count, metavar="N", help="stop after N candidate programs"
     )
-    reduce.add_argument("--trust", action="store_true", help=trust)
-    reduce.add_argument(
-        "--import", dest="imports", action="append", default=[], metavar="MODULE", help=imports
-    )
+    add_load_arguments(reduce)
     reduce.set_defaults(func=run)
-    return reduce  # fmt: skip
+    return reduce
 
 
 class _StatusLine:
@@ -109,30 +107,9 @@ class _StatusLine:
             sys.stderr.flush()
 
 
-@contextlib.contextmanager
-def sigterm_raises(terminated: type[BaseException]) -> Iterator[None]:
-    """SIGTERM raises ``terminated`` inside the block, so that the command ends as on
-    Ctrl-C: the reduction still writes the smallest program found, ``epass`` cleans
-    up (main thread only; the command line uses it too)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise terminated
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: signals are not ours to take
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def run(args: argparse.Namespace, out: Any) -> int:
+def run(args: argparse.Namespace, out: Out) -> int:
     """Check -o, load, reduce, write; the summary line on stdout."""
     from epass import io
-    from epass.manager import PassManager
     from epass.reduce import Terminated, check_output, reduce
 
     try:  # refused before any work: the output never replaces the input
@@ -140,12 +117,7 @@ def run(args: argparse.Namespace, out: Any) -> int:
     except SaveError as exc:
         raise CliError(f"-o {exc}") from exc
     io.import_modules(args.imports)
-    try:
-        pipeline = PassManager.from_text(args.pipeline)
-    except PipelineError as exc:
-        raise CliError(f"bad pipeline: {exc.reason}", context=exc.context) from exc
-    except Exception as exc:  # ordering errors, factory errors
-        raise CliError(f"bad pipeline: {type(exc).__name__}: {exc}") from exc
+    pipeline = build_manager(args.pipeline)
     io.import_modules(io.declared_imports(pipeline.passes))
     ep = io.load(args.input, trust=args.trust)
     status = _StatusLine() if sys.stderr.isatty() and not args.plain else None
