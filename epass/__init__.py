@@ -10,7 +10,7 @@ The package is layered; each layer imports only from the ones below it
     instruments  instruments/*
     built-ins    passes/*
     engine       manager, io, _screen/, instrumentation
-    contract     records, registry; protocol, linker, watch, options, _catalog, _paths
+    contract     building; records, registry; protocol, linker, watch, options, _catalog, _paths
     grammar      pipeline
     core         verify, _decomp/, _snapshot, _graph, _program, errors, _version
 """
@@ -25,102 +25,62 @@ from typing import TYPE_CHECKING, Any
 from epass._version import __version__
 
 if TYPE_CHECKING:
-    from epass._decomp.templates import cache_info, clear_cache
-    from epass.bisect import BisectResult, bisect
-    from epass.errors import (
-        CliError,
-        EpassError,
-        HandOffError,
-        InstrumentError,
-        LoadError,
-        OptionError,
-        OrderingError,
-        PassError,
-        PipelineError,
-        ProgramError,
-        SaveError,
-        StateConflictError,
-        StateMutationError,
-        UnsafeArchiveError,
-        VerificationError,
-    )
-    from epass.instruments import (
-        Instrument,
-        MemoryAccounting,
-        NumericsCheck,
-        OpCounts,
-        PassInfo,
-        PrintIR,
-        Progress,
-        Reproducer,
-        Timing,
-    )
-    from epass.io import inspect, load, prune, save
-    from epass.linker import DictReport, LinkReport, LinkResult, StateLinker
-    from epass.manager import PassManager, create_pass
-    from epass.passes import Decompose
-    from epass.protocol import FxPass, Notice, Pass, PassResult
-    from epass.records import PassRecord, PipelineResult
-    from epass.reduce import ReduceResult, reduce
-    from epass.registry import list_passes, register_pass, unregister_pass
-    from epass.verify import verify_program
+    # What type checkers read: the names of _EXPORTS, re-exported (``X as X``);
+    # tests/test_layers.py checks that the two agree.
+    from epass._decomp.templates import cache_info as cache_info
+    from epass._decomp.templates import clear_cache as clear_cache
+    from epass.bisect import BisectResult as BisectResult
+    from epass.bisect import bisect as bisect
+    from epass.errors import CliError as CliError
+    from epass.errors import EpassError as EpassError
+    from epass.errors import HandOffError as HandOffError
+    from epass.errors import InstrumentError as InstrumentError
+    from epass.errors import LoadError as LoadError
+    from epass.errors import OptionError as OptionError
+    from epass.errors import OrderingError as OrderingError
+    from epass.errors import PassError as PassError
+    from epass.errors import PipelineError as PipelineError
+    from epass.errors import ProgramError as ProgramError
+    from epass.errors import SaveError as SaveError
+    from epass.errors import StateConflictError as StateConflictError
+    from epass.errors import StateMutationError as StateMutationError
+    from epass.errors import UnsafeArchiveError as UnsafeArchiveError
+    from epass.errors import VerificationError as VerificationError
+    from epass.instruments import Instrument as Instrument
+    from epass.instruments import MemoryAccounting as MemoryAccounting
+    from epass.instruments import NumericsCheck as NumericsCheck
+    from epass.instruments import OpCounts as OpCounts
+    from epass.instruments import PassInfo as PassInfo
+    from epass.instruments import PrintIR as PrintIR
+    from epass.instruments import Progress as Progress
+    from epass.instruments import Reproducer as Reproducer
+    from epass.instruments import Timing as Timing
+    from epass.io import inspect as inspect
+    from epass.io import load as load
+    from epass.io import prune as prune
+    from epass.io import save as save
+    from epass.linker import DictReport as DictReport
+    from epass.linker import LinkReport as LinkReport
+    from epass.linker import LinkResult as LinkResult
+    from epass.linker import StateLinker as StateLinker
+    from epass.manager import PassManager as PassManager
+    from epass.manager import create_pass as create_pass
+    from epass.passes import Decompose as Decompose
+    from epass.protocol import FxPass as FxPass
+    from epass.protocol import Notice as Notice
+    from epass.protocol import Pass as Pass
+    from epass.protocol import PassResult as PassResult
+    from epass.records import PassRecord as PassRecord
+    from epass.records import PipelineResult as PipelineResult
+    from epass.reduce import ReduceResult as ReduceResult
+    from epass.reduce import reduce as reduce
+    from epass.registry import list_passes as list_passes
+    from epass.registry import register_pass as register_pass
+    from epass.registry import unregister_pass as unregister_pass
+    from epass.verify import verify_program as verify_program
 
-__all__ = [
-    "BisectResult",
-    "CliError",
-    "Decompose",
-    "DictReport",
-    "EpassError",
-    "FxPass",
-    "HandOffError",
-    "Instrument",
-    "InstrumentError",
-    "LinkReport",
-    "LinkResult",
-    "LoadError",
-    "MemoryAccounting",
-    "Notice",
-    "NumericsCheck",
-    "OpCounts",
-    "OptionError",
-    "OrderingError",
-    "Pass",
-    "PassError",
-    "PassInfo",
-    "PassManager",
-    "PassRecord",
-    "PassResult",
-    "PipelineError",
-    "PipelineResult",
-    "PrintIR",
-    "ProgramError",
-    "Progress",
-    "ReduceResult",
-    "Reproducer",
-    "SaveError",
-    "StateConflictError",
-    "StateLinker",
-    "StateMutationError",
-    "Timing",
-    "UnsafeArchiveError",
-    "VerificationError",
-    "bisect",
-    "cache_info",
-    "clear_cache",
-    "create_pass",
-    "inspect",
-    "list_passes",
-    "load",
-    "prune",
-    "reduce",
-    "register_pass",
-    "save",
-    "unregister_pass",
-    "__version__",
-    "verify_program",
-]
-
-# Where each public name lives; the modules are imported on first use.
+# The public API: where each name lives (its module is imported on first use). The
+# one list of public names: ``__all__`` and the lazy lookup below are made from it.
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "epass._decomp.templates": ("cache_info", "clear_cache"),
     "epass.bisect": ("BisectResult", "bisect"),
@@ -163,6 +123,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "epass.verify": ("verify_program",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = [*_MODULE_OF, "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,84 +1,38 @@
-"""What ``epass passes`` shows of each built-in pass, without importing it or torch.
+"""The built-in passes as the registry reads them before torch loads: each one's
+``module:attribute``, its line in ``epass passes`` and the options it takes.
 
-Data, not code: ``(description, options)`` per registry name, each option as
-``(name, type, default in pipeline text, required)``, where the type is the
-option model's text (``epass.options.OptionType.text``). The passes are the source
-of truth: ``tests/test_layers.py`` checks this table against them and prints the
-table to paste here when a docstring or an option changes. The command line also
-checks the options of built-in passes against it before torch is imported.
+Generated, never edited: ``python -m epass.passes`` writes ``_catalog.json`` beside
+this module from :data:`epass.passes.BUILTINS`, the one place a built-in is registered,
+and from what each pass declares (its docstring and its options);
+tests/test_layers.py fails while the file is stale. An option is ``(name, type,
+default in pipeline text, required)``, the type being the option model's text
+(``epass.options.OptionType.text``); the command line checks built-in options
+against it before torch is imported.
 """
 
 from __future__ import annotations
 
-__all__ = ["BUILTIN_CATALOG"]
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BUILTINS", "BUILTIN_CATALOG", "FILE"]
+
+FILE = Path(__file__).with_name("_catalog.json")
+
+# Absent only until ``python -m epass.passes`` first writes it (it imports the registry).
+_ENTRIES: dict[str, dict[str, Any]] = (
+    json.loads(FILE.read_text(encoding="utf-8")) if FILE.is_file() else {}
+)
+
+BUILTINS: dict[str, str] = {name: entry["target"] for name, entry in _ENTRIES.items()}
+"""Registry name -> ``module:attribute`` of each built-in."""
 
 BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], ...]]] = {
-    "cast-dtype": (
-        "Convert floating parameters, buffers and constants to ``dtype`` (bf16 or fp16), "
-        "so that the program computes in that dtype.",
-        (
-            ("dtype", "dtype", "bfloat16", False),
-            ("keep_io", "bool", "true", False),
-        ),
-    ),
-    "cleanup": (
-        "Preset: clean a program up without lowering it",
-        (),
-    ),
-    "cse": (
-        "Merge nodes that compute the same operator on the same inputs.",
-        (("max_rewrites", "int | none", "none", False),),
-    ),
-    "dce": (
-        "Remove nodes whose results are never used, and state inputs nothing reads.",
-        (),
-    ),
-    "decompose": (
-        "Lower the program with a decomposition table: the program "
-        "``ExportedProgram.run_decompositions`` returns, usually much faster.",
-        (
-            ("table", "dict[any, function] | none", "none", False),
-            ("keep", "list[any] | any", "[]", False),
-            ("coalesce", "bool", "false", False),
-            ("method", '"auto" | "incremental" | "retrace"', '"auto"', False),
-            ("check", "bool | none", "none", False),
-            ("max_rewrites", "int | none", "none", False),
-        ),
-    ),
-    "fold-constants": (
-        "Evaluate every subgraph whose inputs are only parameters, buffers or constants "
-        "and replace it with a new lifted constant.",
-        (
-            ("max_growth", "float", "1.0", False),
-            ("fold_views", "bool", "false", False),
-            ("max_rewrites", "int | none", "none", False),
-        ),
-    ),
-    "fuse-conv-bn": (
-        "Fold eval-mode BatchNorm into the convolution that feeds it.",
-        (("max_rewrites", "int | none", "none", False),),
-    ),
-    "lift-constants": (
-        "Lift tensor ``get_attr`` nodes to placeholders with ``CONSTANT_TENSOR`` specs.",
-        (("fx", "function | none", "none", False),),
-    ),
-    "lower": (
-        "Preset: decompose, remove-asserts, fold-constants, cse, dce",
-        (),
-    ),
-    "remove-asserts": (
-        "Remove runtime assertion nodes (``aten._assert_scalar``, "
-        "``aten._assert_tensor_metadata``, ``sym_constrain_range*``, the functional "
-        "``_assert_async`` variants and their kin; see :data:`ASSERTION_OPS`).",
-        (),
-    ),
-    "replace-ops": (
-        "Replace operators by other operators or by traced Python functions, and rewrite "
-        "subgraph patterns.",
-        (
-            ("ops", "dict[any, any]", "{}", False),
-            ("patterns", "list[any]", "[]", False),
-            ("max_rewrites", "int | none", "none", False),
-        ),
-    ),
+    name: (
+        entry["description"],
+        tuple((o["name"], o["type"], o["default"], o["required"]) for o in entry["options"]),
+    )
+    for name, entry in _ENTRIES.items()
 }
+"""Registry name -> ``(description, options)`` of each built-in."""

@@ -1,19 +1,25 @@
-"""PassManager: runs passes on an ExportedProgram, verifying and linking each result;
-builds pipelines from text (through the grammar and the registry) and prints them back."""
+"""PassManager: runs passes on an ExportedProgram, verifying and linking each result.
+
+Names and pipeline text are built into passes by :mod:`epass.building`; the manager
+makes the nested pipelines of what it builds, and hands its own back to be printed.
+
+One concept: running a pipeline, in the steps each pass goes through (prepare its view,
+call it, check what it wrote and returned, verify, link, record).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _heap, _program, _snapshot, pipeline, protocol, registry
+from epass import _heap, _program, _snapshot, building, protocol
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -25,8 +31,7 @@ from epass.errors import (
 )
 from epass.instrumentation import Dispatch, instrument_list
 from epass.linker import STORE_LOCK, Journal, StateLinker
-from epass.pipeline import Group, Item
-from epass.protocol import FxPass, Origin, PassModel, PassResult, adapt, check_ordering
+from epass.protocol import FxPass, PassModel, PassResult, adapt, check_ordering
 from epass.records import OpDelta, PassInfo, PassRecord, PipelineResult, op_targets
 from epass.verify import check_output
 from epass.watch import StoreWatch
@@ -45,15 +50,37 @@ __all__ = [
 logger = logging.getLogger("epass")
 
 
-# --- building: strings and text through the grammar and the registry --------------------
+# --- the builder's tree, and nested pipelines ----------------------------------------
 
 
 def _model(p: Any, position: int | None = None) -> PassModel:
-    """The model of ``p``; a registered name or pipeline text is made into a pass first."""
+    """The model of ``p``; a registered name or pipeline text is built first, and what
+    the builder made (:mod:`epass.building`) is made into a pass."""
     if isinstance(p, str):
-        p, origin = _from_string(p)
-        return adapt(p, position=position, origin=origin)
-    return adapt(p, position=position)
+        p = building.make(p)
+    if isinstance(p, building.Made):
+        return adapt(p.pass_, position=position, origin=p.origin)
+    return adapt(_made(p), position=position)
+
+
+def _made(p: Any) -> Any:
+    """``p``, with a :class:`~epass.building.Nested` made into a nested PassManager."""
+    if isinstance(p, building.Nested):
+        return PassManager(p.items, steps=p.steps, name=p.name)
+    if isinstance(p, building.Made):
+        return p.pass_
+    return p
+
+
+def _printable(models: Iterable[PassModel]) -> Iterator[PassModel | building.Nested]:
+    """The models as the builder prints them: a nested PassManager that was not made
+    from a registered name (such as a preset) as a :class:`~epass.building.Nested`."""
+    for model in models:
+        p = model.pass_
+        if isinstance(p, PassManager) and model.origin is None:
+            yield building.Nested(p.name, p.steps, tuple(_printable(model.children)))
+        else:
+            yield model
 
 
 def resolve_pass(p: Any, position: int | None = None) -> Any:
@@ -62,95 +89,26 @@ def resolve_pass(p: Any, position: int | None = None) -> Any:
     return _model(p, position).pass_
 
 
-def _build(items: Sequence[Item], text: str) -> list[tuple[Any, Origin | None]]:
-    """The passes of a spec tree, each with the name and options it was made from
-    (None for a group, which becomes a nested :class:`PassManager`)."""
-    out: list[tuple[Any, Origin | None]] = []
-    for item in items:
-        if isinstance(item, Group):
-            passes = [p for p, _ in _build(item.items, text)]
-            out.append((PassManager(passes, steps=item.count, name=item.kind), None))
-        else:
-            made, options = registry.create(item, text=text)
-            out.append((made, (item.name, options)))
-    return out
-
-
-def _from_string(spec: str, options: Mapping[str, Any] | None = None) -> tuple[Any, Origin | None]:
-    """:func:`create_pass`, and the origin of what it made (None for several passes)."""
-    name = spec.strip()
-    if pipeline.NAME_PATTERN.fullmatch(name):
-        made, converted = registry.create(pipeline.PassSpec(name, tuple((options or {}).items())))
-        return made, (name, converted)
-    if options:
-        raise ArgumentTypeError("pass options either in the text or as keywords, not both")
-    built = _build(pipeline.parse(spec), spec)
-    if not built:
-        raise ArgumentValueError(f"create_pass: spec {spec!r} holds no pass")
-    if len(built) == 1:
-        return built[0]
-    return PassManager([p for p, _ in built], name=name), None
-
-
 def create_pass(spec: str, /, **options: Any) -> Any:
     """Make a pass from a registered name and options, or from pipeline text.
 
     ``create_pass("cast-dtype", dtype=torch.bfloat16)`` and
     ``create_pass("cast-dtype(dtype=bfloat16)")`` give the same pass. Text holding
     several passes (``"decompose, dce"``) gives a nested :class:`PassManager`.
+    The building is :func:`epass.building.make`'s.
     """
-    if not isinstance(spec, str):
-        raise ArgumentTypeError(
-            f"create_pass takes a name or pipeline text, got {type(spec).__name__}"
-        )
-    if not spec.strip():
-        raise ArgumentValueError("create_pass: spec is empty; give a pass name or pipeline text")
-    return _from_string(spec, options)[0]
-
-
-# --- printing: a pipeline back to its text ------------------------------------------------
-
-
-def _spec_tree(models: Iterable[PassModel]) -> tuple[Item, ...]:
-    """The spec tree that makes these passes again; ValueError if one has no name."""
-    out: list[Item] = []
-    for model in models:
-        spec = registry.spec_of(model.pass_, model.name, model.origin)
-        if spec is not None:
-            out.append(spec)
-        elif isinstance(model.pass_, PassManager):
-            kind = "fixpoint" if model.pass_.name == "fixpoint" else "repeat"
-            out.append(Group(kind, model.pass_.steps, _spec_tree(model.children)))
-        else:
-            raise ArgumentValueError(
-                f"pass {model.name!r} ({type(model.pass_).__name__}) is not registered, so it "
-                "has no textual form; register it with epass.register_pass"
-            )
-    return tuple(out)
+    return _made(building.make(spec, options))
 
 
 def to_text(passes: Iterable[Any]) -> str:
     """Pass objects (or their models) as pipeline text that
-    :meth:`PassManager.from_text` reads back.
+    :meth:`PassManager.from_text` reads back (:func:`epass.building.to_text`).
 
     Raises:
         ValueError: a pass is not registered, or has an option that pipeline text
             cannot set or write.
     """
-    tree = _spec_tree(p if isinstance(p, PassModel) else adapt(p) for p in passes)
-    for spec in pipeline.walk(tree):
-        declared = registry.declared_options(spec.name)
-        for key, value in spec.options:
-            if key not in declared:
-                raise ArgumentValueError(
-                    f"option {key!r} of pass {spec.name!r} is a keyword argument that "
-                    "pipeline text cannot set"
-                )
-            try:
-                pipeline.format_value(value)
-            except ValueError as exc:
-                raise ArgumentValueError(f"option {key!r} of pass {spec.name!r}: {exc}") from None
-    return pipeline.format_pipeline(tree)
+    return building.to_text(_printable(p if isinstance(p, PassModel) else adapt(p) for p in passes))
 
 
 def as_pipeline(pipeline: Any) -> PassManager | None:
@@ -248,8 +206,8 @@ class PassManager:
     """Runs a sequence of passes, verifying and linking the state after each one.
 
     Args:
-        passes: pass objects, functions, torch.fx ``PassBase`` instances, or names
-            from the registry.
+        passes: pass objects, functions, torch.fx ``PassBase`` instances, names
+            from the registry or pipeline text, or what :mod:`epass.building` built.
         steps: repeat the whole sequence up to this many times, stopping after a
             round in which no pass modified the program.
         linker: the :class:`StateLinker` that reconciles each result's state.
@@ -319,7 +277,7 @@ class PassManager:
         Keyword arguments go to the constructor. See ``docs/pipelines.md`` for the
         grammar; errors are :class:`epass.PipelineError` with a caret line.
         """
-        return cls([p for p, _ in _build(pipeline.parse(text), text)], **kwargs)
+        return cls(building.build_text(text), **kwargs)
 
     def to_text(self) -> str:
         """The pipeline text that :meth:`from_text` reads back into this pipeline.

@@ -1,8 +1,8 @@
 """The pipeline grammar: text to a tree of pass specs and back, with the value grammar.
 
 This module is data only: it parses and prints, and never makes a pass. The
-registry turns one :class:`PassSpec` into one pass, and the manager builds nested
-pipelines from a tree (``PassManager.from_text``). torch is imported only to read
+registry turns one :class:`PassSpec` into one pass, and :mod:`epass.building` a
+whole tree into passes (``PassManager.from_text``). torch is imported only to read
 a dtype or operator word, or to print one.
 
 Grammar (whitespace and ``# comments`` are ignored between tokens)::

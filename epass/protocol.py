@@ -399,7 +399,7 @@ def adapt(
     A torch.fx ``PassBase`` is wrapped in :class:`FxPass`. ``origin`` (the registry
     name and options, known to whoever resolved a name) overrides the pass's own.
     A nested pipeline's ``models`` become the model's ``children``. Names and
-    pipeline text are made into objects by the manager (the grammar and the registry).
+    pipeline text are made into objects by :mod:`epass.building`.
     """
     if isinstance(p, PassBase):
         p = FxPass(p, name=pass_name(p))

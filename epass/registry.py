@@ -5,16 +5,23 @@ keyword arguments, returning a pass. A function with a required positional
 parameter cannot be a factory (options are keywords), so it is registered as the
 pass itself, taking no options.
 
-Built-ins are registered lazily by ``"module:attribute"``; third-party passes come
-from the entry-point group ``epass.passes``. Nothing is imported until a pass is
-used (or :func:`list_passes` is asked for its options), so a missing or broken
-module only fails the name that needs it. :func:`pass_table` describes the built-ins
-from ``epass._catalog`` without importing them, or torch: ``epass passes`` starts
-at once, and :func:`check` reads pipeline text against it before torch loads.
+Built-ins are registered lazily by ``"module:attribute"`` (:data:`BUILTINS`, read
+from ``epass._catalog``, which ``python -m epass.passes`` writes from the one table
+of built-ins, :data:`epass.passes.BUILTINS`); third-party passes come from the
+entry-point group ``epass.passes``. Nothing is imported until a pass is used (or
+:func:`list_passes` is asked for its options), so a missing or broken module only
+fails the name that needs it. :func:`pass_table` describes the built-ins from the
+catalog without importing them, or torch: ``epass passes`` starts at once, and
+:func:`check` reads pipeline text against it before torch loads.
 
 The registry turns one :class:`~epass.pipeline.PassSpec` into one pass
-(:func:`create`) and one pass back into a spec (:func:`spec_of`); option types
-and their checks are :mod:`epass.options`.
+(:func:`create`) and one pass back into a spec (:func:`spec_of`); whole pipelines
+are built and printed by :mod:`epass.building`, option types and their checks are
+:mod:`epass.options`.
+
+One concept: a name and the pass it stands for, both ways: names to factories (the
+built-ins, plugins and passes registered at run time), one spec to one pass, one
+pass back to its spec.
 
 Example::
 
@@ -40,7 +47,7 @@ from typing import Any, TypeVar, overload
 import attrs
 
 from epass import options as _options
-from epass._catalog import BUILTIN_CATALOG
+from epass._catalog import BUILTIN_CATALOG, BUILTINS
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -66,6 +73,7 @@ __all__ = [
     "check_text",
     "create",
     "describe_pass",
+    "description_of",
     "get_factory",
     "list_passes",
     "option_infos",
@@ -80,25 +88,6 @@ __all__ = [
 ENTRY_POINT_GROUP = "epass.passes"
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-BUILTINS: dict[str, str] = {
-    "decompose": "epass.passes.decompose:Decompose",
-    "lift-constants": "epass.passes.lift_constants:LiftConstants",
-    "fold-constants": "epass.passes.constant_fold:ConstantFold",
-    "dce": "epass.passes.dce:DeadCodeElimination",
-    "cse": "epass.passes.cse:CSE",
-    "remove-asserts": "epass.passes.remove_assertions:RemoveAssertions",
-    "replace-ops": "epass.passes.replace_ops:ReplaceOps",
-    "cast-dtype": "epass.passes.cast_dtype:CastDtype",
-    "fuse-conv-bn": "epass.passes.fuse_conv_bn:FuseConvBN",
-    "lower": "epass.passes.presets:lower",
-    "cleanup": "epass.passes.presets:cleanup",
-}
-BUILTIN_DESCRIPTIONS = {
-    "lower": "Preset: decompose, remove-asserts, fold-constants, cse, dce",
-    "cleanup": "Preset: clean a program up without lowering it",
-}
 
 
 @attrs.frozen
@@ -156,9 +145,7 @@ _plugins_loaded = False
 
 def _init_builtins() -> None:
     for name, target in BUILTINS.items():
-        _entries[name] = _Entry(
-            name, "epass", "builtin", target, description=BUILTIN_DESCRIPTIONS.get(name)
-        )
+        _entries[name] = _Entry(name, "epass", "builtin", target)
 
 
 _init_builtins()
@@ -375,14 +362,19 @@ def option_infos(factory: Any) -> tuple[OptionInfo, ...]:
     return tuple(o.info for o in _options.model_of(factory).options)
 
 
+def description_of(factory: Any) -> str:
+    """A factory's line in ``epass passes``: its docstring's first paragraph, on one line."""
+    doc = inspect.getdoc(factory)
+    if not doc:
+        return ""
+    # The whole paragraph: first lines often wrap.
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def _description(entry: _Entry) -> str:
     if entry.description:
         return entry.description
-    doc = inspect.getdoc(entry.factory) if entry.factory is not None else None
-    if not doc:
-        return ""
-    # The first paragraph, on one line (summaries often wrap).
-    return " ".join(doc.strip().split("\n\n")[0].split())
+    return description_of(entry.factory) if entry.factory is not None else ""
 
 
 def describe_pass(name: str) -> PassEntry:

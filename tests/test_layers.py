@@ -9,7 +9,6 @@ import os
 import pkgutil
 import subprocess
 import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,44 +118,37 @@ def test_failing_pass_inside_nested_pipeline_keeps_its_class_and_names_both_leve
 
 
 def test_builtin_table_agrees_with_the_pass_names() -> None:
-    for name, target in registry.BUILTINS.items():
-        factory = registry.get_factory(name)
-        assert registry.get_factory(name) is pkgutil.resolve_name(target)
+    """A built-in is registered in one place, ``epass.passes.BUILTINS``: the registry
+    loads that factory under that name, the pass goes by the name, and
+    ``epass.passes`` exports each class."""
+    from epass import passes
+
+    assert list(registry.BUILTINS) == list(passes.BUILTINS)
+    for name, factory in passes.BUILTINS.items():
+        assert registry.get_factory(name) is factory
         made = factory()
-        assert made.name == name, f"{target} makes a pass named {made.name!r}, registered {name!r}"
+        assert made.name == name, f"{factory} makes a pass named {made.name!r}, registered {name!r}"
+        if isinstance(factory, type):
+            assert factory.__name__ in passes.__all__, f"epass.passes does not export {factory}"
 
 
-def _catalog_source(entries: list[dict[str, Any]]) -> str:
-    """``BUILTIN_CATALOG``'s source for these ``PassEntry.as_dict()`` entries."""
-    lines = [
-        "BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], ...]]] = {"
-    ]
-    for entry in entries:
-        lines.append(f"    {entry['name']!r}: (")
-        parts = textwrap.wrap(entry["description"], 80, drop_whitespace=False) or [""]
-        lines.extend(f"        {part!r}" for part in parts)
-        lines[-1] += ","
-        lines.append("        (")
-        lines.extend(f"            {tuple(o.values())!r}," for o in entry["options"])
-        lines.append("        ),")
-        lines.append("    ),")
-    return "\n".join([*lines, "}"])
+def test_the_builtin_catalog_is_written_from_the_passes() -> None:
+    """`epass passes` and the option check read the built-ins from a file before torch
+    loads; the file is what ``python -m epass.passes`` writes from the passes now."""
+    from epass import _catalog
+    from epass.passes.__main__ import catalog_text
 
-
-def test_builtin_catalog_matches_the_loaded_passes() -> None:
-    """`epass passes` reads the built-ins from a table; loading them must agree with it."""
+    written = _catalog.FILE.read_text(encoding="utf-8") if _catalog.FILE.is_file() else ""
+    assert written == catalog_text(), (
+        "epass/_catalog.json is stale: run `python -m epass.passes` to write it again"
+    )
     loaded = [
         registry.describe_pass(name).as_dict()
         for name in registry.pass_names()
         if name in registry.BUILTINS
     ]
     assert all(entry["error"] is None for entry in loaded)
-    listed = [entry for entry in registry.pass_table() if entry["name"] in registry.BUILTINS]
-    assert listed == loaded, (
-        "the built-ins changed; paste this into epass/_catalog.py (then ruff format):\n"
-        + _catalog_source(loaded)
-    )
-    assert set(registry.BUILTIN_CATALOG) == set(registry.BUILTINS)
+    assert [e for e in registry.pass_table() if e["name"] in registry.BUILTINS] == loaded
 
 
 def test_the_catalog_types_are_the_option_models_own_text() -> None:
@@ -268,6 +260,24 @@ def test_every_public_name_resolves_to_its_module_object() -> None:
     assert set(epass.__all__) <= set(dir(epass))
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         epass.no_such_name  # noqa: B018
+
+
+def test_type_checkers_read_the_public_names_of_the_one_table() -> None:
+    """``epass/__init__.py`` lists each public name once, in ``_EXPORTS``; the
+    ``TYPE_CHECKING`` imports that type checkers read re-export exactly those."""
+    tree = ast.parse((ROOT / "epass" / "__init__.py").read_text())
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    ]
+    imported: dict[str, list[str]] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.module is not None
+        for alias in node.names:
+            assert alias.asname == alias.name, f"write `{alias.name} as {alias.name}`"
+            imported.setdefault(node.module, []).append(alias.name)
+    assert imported == {module: list(names) for module, names in epass._EXPORTS.items()}
 
 
 class _Recorder:

@@ -14,12 +14,13 @@ __all__ = ["cleanup", "lower"]
 
 
 def lower(**options: object) -> PassManager:
-    """The default lowering pipeline, named ``"lower"``:
-    Decompose -> RemoveAssertions -> ConstantFold -> CSE -> DCE.
+    """Preset: decompose, remove-asserts, fold-constants, cse, dce.
 
-    The result is a core-ATen program without runtime assertions in which every
-    computation on state alone (such as the ``permute`` of each linear weight) is a
-    pre-computed constant, duplicates are merged and unused inputs are gone.
+    The default lowering pipeline, a manager named ``"lower"``: Decompose ->
+    RemoveAssertions -> ConstantFold -> CSE -> DCE. The result is a core-ATen
+    program without runtime assertions in which every computation on state alone
+    (such as the ``permute`` of each linear weight) is a pre-computed constant,
+    duplicates are merged and unused inputs are gone.
     State: the output shares the user's ``state_dict``; when something was folded
     it holds a ``constants`` dict of its own (the user's tensor objects plus the
     folded values), and the user's dicts gain nothing. ``options`` go to
@@ -36,7 +37,9 @@ def lower(**options: object) -> PassManager:
 
 
 def cleanup(**options: object) -> PassManager:
-    """A graph tidy-up after custom rewrites, named ``"cleanup"``:
+    """Preset: clean a program up without lowering it.
+
+    A graph tidy-up after custom rewrites, a manager named ``"cleanup"``:
     LiftConstants -> ConstantFold -> CSE -> DCE, repeated until nothing changes
     (at most 3 rounds). It keeps the program's dialect (no decomposition) and its
     assertions. State: the output shares the user's ``state_dict``; lifted and
