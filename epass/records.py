@@ -30,6 +30,7 @@ __all__ = [
     "op_name",
     "op_targets",
     "state_text",
+    "total_text",
 ]
 
 
@@ -237,6 +238,11 @@ def count_text(records: Sequence[PassRecord]) -> str:
     return text
 
 
+def total_text(records: Sequence[PassRecord], seconds: float) -> str:
+    """A run's total, the one way every view writes it: ``6 passes (1 pipeline) in 0.42 s``."""
+    return f"{count_text(records)} in {seconds:.2f} s"
+
+
 def noticed(records: Iterable[PassRecord], prefix: str = "") -> Iterator[tuple[str, Notice]]:
     """Every notice of a run with the path of the pass that gave it (``lower/decompose``),
     in run order, nested pipelines' after their own."""
@@ -309,7 +315,6 @@ class PipelineResult(PassResult):
             nodes = f"{r.nodes_before}->{r.nodes_after}"
             name = "  " * r.depth + r.name
             lines.append(f"{name:<24} {r.step:>4} {r.seconds:>9.4f} {nodes:>13}  {state}")
-        seconds = sum(r.seconds for r in self.records)
-        lines.append(f"{count_text(self.records)} in {seconds:.2f} s")
+        lines.append(total_text(self.records, sum(r.seconds for r in self.records)))
         lines += notice_lines(self.records)
         return "\n".join(printable(line) for line in lines)

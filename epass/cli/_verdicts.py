@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = [
     "drift_verdict",
     "failure_verdict",
-    "numerics_summary",
+    "numerics_entry",
     "reproducer_note",
     "show_numerics",
 ]
@@ -26,7 +26,7 @@ __all__ = [
 
 def show_numerics(out: Out, check: NumericsCheck) -> None:
     """The numerics lines under the pass table: the verdict, and where outputs drift."""
-    numerics = numerics_summary(check)
+    numerics = numerics_entry(check)
     word = "ok" if numerics["ok"] else "FAILED"
     out.line(
         f"numerics: max abs diff {numerics['max_abs_diff']:.3g} "
@@ -38,7 +38,7 @@ def show_numerics(out: Out, check: NumericsCheck) -> None:
             out.line(f"numerics: first diverging node: {check.first_drift.node}")
 
 
-def numerics_summary(check: NumericsCheck) -> dict[str, Any]:
+def numerics_entry(check: NumericsCheck) -> dict[str, Any]:
     """The report's ``numerics`` entry: the output against the input, and the verdict."""
     final = check.checks[-1] if check.checks else None
     first = check.first_drift

@@ -32,7 +32,7 @@ from epass.cli._shared import (
 from epass.cli._verdicts import (
     drift_verdict,
     failure_verdict,
-    numerics_summary,
+    numerics_entry,
     reproducer_note,
     show_numerics,
 )
@@ -163,13 +163,13 @@ def _run_pipeline(
 def _show_run(
     out: Out, ep: ExportedProgram, result: PipelineResult, seconds: float, tools: _RunTools
 ) -> None:
-    from epass.records import count_text
+    from epass.records import total_text
 
     pass_table(out, result)
     prog = result.program
     out.line()
     out.line(
-        f"{count_text(result.records)} in {seconds:.2f} s; nodes "
+        f"{total_text(result.records, seconds)}; nodes "
         f"{len(ep.graph.nodes)} -> {len(prog.graph.nodes)}; "
         f"state_dict shared: {'yes' if prog.state_dict is ep.state_dict else 'no'}, "
         f"constants shared: {'yes' if prog.constants is ep.constants else 'no'}"
@@ -235,7 +235,7 @@ def _write_report(
         pipeline=_canonical(pm, args.pipeline),
         input_path=str(args.input),
         output_path=str(args.output) if output is not None else None,
-        numerics=numerics_summary(tools.check) if tools.check is not None else None,
+        numerics=numerics_entry(tools.check) if tools.check is not None else None,
         outcome=outcome,
         diffs=tools.log.diffs if tools.log is not None else None,
     )
