@@ -302,3 +302,56 @@ def test_quoted_cli_output_matches_a_real_run(
     with _registry_restored():
         assert main(argv) == 0
     assert _normalized(capsys.readouterr().out) == _normalized(output), f"{page}: $ {command}"
+
+
+def layout_problems(readme: str, package: Path) -> list[str]:
+    """Modules of ``package`` the README's Layout map leaves out, and rooms it names
+    that no longer exist: the map is a ```` ```text ```` block of one room a line,
+    indented two spaces a folder level."""
+    section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```text\n", 1)[1].split("```", 1)[0]
+    named: set[str] = set()
+    folders: list[str] = []
+    for line in block.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        word = stripped.split()[0]
+        folders = folders[: max(depth - 1, 0)]
+        if word.endswith("/"):
+            if depth > 0:
+                folders.append(word.rstrip("/"))
+                named.add("/".join([*folders, "__init__.py"]))
+            continue
+        named.add("/".join([*folders, word]))
+    present = {
+        p.relative_to(package).as_posix()
+        for p in package.rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    problems = [f"the Layout leaves out epass/{m}" for m in sorted(present - named)]
+    problems += [
+        f"the Layout names epass/{m}, which does not exist" for m in sorted(named - present)
+    ]
+    return problems
+
+
+def test_the_readme_layout_names_every_module_once_a_line() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert layout_problems(readme, ROOT / "epass") == []
+
+
+def test_the_layout_check_catches_a_missing_and_a_stale_room(tmp_path: Path) -> None:
+    package = tmp_path / "epass"
+    (package / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "kept.py", "new.py", "sub/__init__.py", "sub/inner.py"):
+        (package / name).write_text("")
+    readme = (
+        "# pkg\n\n## Layout\n\n```text\nepass/\n  __init__.py  the API\n  kept.py  kept\n"
+        "  gone.py  removed since\n  sub/  a package\n    inner.py  inside\n```\n\n## Next\n"
+    )
+    assert layout_problems(readme, package) == [
+        "the Layout leaves out epass/new.py",
+        "the Layout names epass/gone.py, which does not exist",
+    ]
