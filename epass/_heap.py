@@ -24,7 +24,9 @@ def old_objects_frozen() -> Iterator[None]:
     A program's graphs and fake values are cycles, so every collection of the
     oldest generation walks the whole heap: a Llama-7B-shaped program holds half a
     million such objects, two or three collections fire during a lowering, and each
-    costs as much as a pass, more the larger the program. The objects a pipeline
+    costs as much as a pass, more the larger the program; and no signal handler runs
+    until a collection ends, so Ctrl-C waited a second or more for one in the middle
+    of ``Decompose``. The objects a pipeline
     creates are collected as before. Nothing happens when the collector is off or
     the caller has frozen objects of its own (``unfreeze`` would thaw those too).
     """

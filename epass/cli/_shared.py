@@ -1,5 +1,5 @@
 """What several commands share: exit codes, SIGTERM, the load arguments, tolerances,
-pipeline text to a manager, the spinner, and the collector while a pipeline runs.
+pipeline text to a manager, and the spinner.
 
 Nothing here imports torch at import time.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import math
 import signal
 import sys
@@ -29,7 +28,6 @@ __all__ = [
     "Terminated",
     "add_load_arguments",
     "build_manager",
-    "collect_new_objects_only",
     "pipeline_error",
     "sigterm_raises",
     "spinner",
@@ -120,20 +118,3 @@ def spinner(args: argparse.Namespace) -> Any:
     from epass.instruments import Spinner
 
     return Spinner()
-
-
-@contextlib.contextmanager
-def collect_new_objects_only() -> Iterator[None]:
-    """The pipeline runs with every object alive before it (torch's modules, the
-    program: hundreds of thousands) left out of Python's cycle collection.
-
-    A full collection walks every tracked object in C, and no signal handler runs
-    until it ends: with torch loaded that held Ctrl-C back for a second or more in
-    the middle of ``Decompose``. Those objects outlive the run anyway; the run's own
-    garbage is collected as before.
-    """
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from epass import _paths
 from epass._terminal import Out, notices, pass_table
-from epass.cli._shared import REPORT_SUFFIXES, collect_new_objects_only, spinner
+from epass.cli._shared import REPORT_SUFFIXES, spinner
 from epass.errors import RegistryError
 
 if TYPE_CHECKING:
@@ -80,8 +80,7 @@ def run(args: argparse.Namespace, out: Out) -> int:
     if text != "lower":
         out.line("the 'lower' preset is not available here; running 'decompose'")
     out.line(f"pipeline: {text}")
-    with collect_new_objects_only():
-        result = pm(ep)
+    result = pm(ep)
     pass_table(out, result)
     notices(out, result.records)
     _show_sharing(out, ep, result.program)

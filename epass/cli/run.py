@@ -24,7 +24,6 @@ from epass.cli._shared import (
     Terminated,
     add_load_arguments,
     build_manager,
-    collect_new_objects_only,
     pipeline_error,
     spinner,
     tolerance,
@@ -142,8 +141,7 @@ def _run_pipeline(
 
     start = time.perf_counter()
     try:
-        with collect_new_objects_only():
-            result = pm(ep)
+        result = pm(ep)
         return result, time.perf_counter() - start
     except PassError as exc:
         note = reproducer_note(tools.reproducer) if tools.reproducer is not None else ""
