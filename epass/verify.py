@@ -9,7 +9,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from epass import _graph, _program
+from epass import _graph, _program, _writes
 from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = [
@@ -116,7 +116,7 @@ def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
         if s.kind in _MUTATION_KINDS and s.target is not None
     }
     written: set[str] = set()
-    for root in _graph.in_place_writes(ep.graph_module).written:
+    for root in _writes.in_place_writes(ep.graph_module).written:
         target = state.get(root.name) if root.op == "placeholder" else None
         if target is not None:
             written.add(target)

@@ -8,7 +8,7 @@ import operator
 import pytest
 import torch
 
-from epass import PassManager, _graph, _program, verify
+from epass import PassManager, _graph, _program, _writes, verify
 from epass.passes import CSE, CastDtype, ConstantFold, DeadCodeElimination
 
 
@@ -62,7 +62,7 @@ def test_mutated_nodes_follows_views() -> None:
             return x + v.sum()
 
     ep = torch.export.export(M(), (torch.ones(1),))
-    names = {n.name for n in _graph.mutated_nodes(ep.graph_module)}
+    names = {n.name for n in _writes.mutated_nodes(ep.graph_module)}
     assert {"b_b", "view", "add_"} <= names
     assert "x" not in names
 
@@ -137,10 +137,10 @@ def _run(ep: torch.export.ExportedProgram) -> torch.Tensor:
 @pytest.mark.parametrize("kind", BODY_WRITES)
 def test_in_place_writes_follow_cond_branches_and_while_loop_bodies(kind: str) -> None:
     ep = _body_writes_buffer(BODY_WRITES[kind])
-    writes = _graph.in_place_writes(ep.graph_module)
+    writes = _writes.in_place_writes(ep.graph_module)
     hop = next(n for n in ep.graph.nodes if n.target in _HOPS)
     assert {n.name for n in writes.writers[hop]} == {"b_buf"}
-    assert "b_buf" in {n.name for n in _graph.mutated_nodes(ep.graph_module)}
+    assert "b_buf" in {n.name for n in _writes.mutated_nodes(ep.graph_module)}
     assert verify.state_writes(ep) == ({"buf"}, set())  # verification reads the same walk
     assert torch.equal(_run(copy.deepcopy(ep)), torch.full((4,), EXPECTED[kind]))
 

@@ -9,7 +9,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
-from epass import _graph
+from epass import _graph, _writes
 from epass.errors import ArgumentValueError
 from epass.options import checked
 from epass.protocol import PassResult
@@ -214,7 +214,7 @@ class CastDtype:
         on the private cast)."""
         if not casts:
             return
-        mutated = _graph.mutated_nodes(gm)
+        mutated = _writes.mutated_nodes(gm)
         output = gm.graph.output_node()
         for node, cast in casts:
             if cast in mutated:

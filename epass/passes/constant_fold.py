@@ -11,7 +11,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputSpec
 
-from epass import _graph, _program
+from epass import _graph, _program, _writes
 from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
@@ -247,7 +247,7 @@ class ConstantFold:
 
     def _evaluate(self, ep: ExportedProgram, state: dict[str, Any]) -> _Evaluated:
         """Evaluate every node computed from state alone, in graph order."""
-        mutated = _graph.mutated_nodes(ep.graph_module, ep.graph_signature)
+        mutated = _writes.mutated_nodes(ep.graph_module, ep.graph_signature)
         ev = _Evaluated()
         seen: dict[Any, torch.fx.Node] = {}
         with torch.no_grad():

@@ -9,7 +9,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.dialect.common.cse_pass import get_CSE_banned_ops
 
-from epass import _graph
+from epass import _graph, _writes
 from epass._program import pytree
 from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
@@ -28,7 +28,7 @@ def _banned(gm: torch.fx.GraphModule) -> set[Any]:
     choice that can only cost missed merges, never wrong ones.
     """
     banned: set[Any] = set(get_CSE_banned_ops())
-    writes = _graph.in_place_writes(gm)
+    writes = _writes.in_place_writes(gm)
     mutated = writes.mutated()
     for node in gm.graph.nodes:
         if node.op != "call_function":

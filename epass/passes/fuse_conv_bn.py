@@ -10,7 +10,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
-from epass import _graph, _program
+from epass import _graph, _program, _writes
 from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
@@ -162,7 +162,7 @@ class FuseConvBN:
     @staticmethod
     def _matches(ep: ExportedProgram) -> list[_Match]:
         state = _graph.state_values(ep)
-        mutated = _graph.mutated_nodes(ep.graph_module, ep.graph_signature)
+        mutated = _writes.mutated_nodes(ep.graph_module, ep.graph_signature)
 
         def entry(value: Any, optional: bool) -> str | bool | None:
             """Placeholder name of an unmutated state tensor; None if absent and
