@@ -401,6 +401,7 @@ NAME_IS_DATA = {
 }
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 700
+ONE_CONCEPT_LINES = 500
 
 
 def by_name_problems(
@@ -492,6 +493,29 @@ def test_no_function_over_60_lines_and_no_module_over_700() -> None:
     assert length_problems(PACKAGE, "epass", ()) == []
 
 
+def one_concept_problems(root: Path, package: str) -> list[str]:
+    """Modules over :data:`ONE_CONCEPT_LINES` lines whose docstring has no line
+    ``One concept: ...`` saying why they are one."""
+    problems = []
+    for name, path in import_graph.modules(root, package).items():
+        source = path.read_text()
+        if len(source.splitlines()) <= ONE_CONCEPT_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(source)) or ""
+        if not any(line.strip().startswith("One concept: ") for line in doc.splitlines()):
+            problems.append(f"{name}: {len(source.splitlines())} lines, no 'One concept:' line")
+    return problems
+
+
+def test_a_module_over_500_lines_says_why_it_is_one_concept() -> None:
+    assert one_concept_problems(PACKAGE, "epass") == []
+
+
+def test_every_module_is_named_by_an_import_contract() -> None:
+    pytest.importorskip("tomllib")
+    assert import_graph.unnamed_modules(PACKAGE, "epass", ROOT / "pyproject.toml", CONTRACT) == []
+
+
 PLANTED = {
     "__init__.py": "",
     "low.py": (
@@ -551,6 +575,55 @@ def test_the_checks_catch_planted_loads_cycles_and_upward_imports(tmp_path: Path
     assert "pkg.low:6 imports pkg.high by name against the layer order" in found
     assert "pkg.mid:2 imports pkg.high against the layer order" in found  # inside a function
     assert "pkg.stray is in no layer of the contract" in found
+
+
+PLANTED_PACKAGE_CONTRACT = """
+[tool.importlinter]
+root_package = "pkg"
+
+[[tool.importlinter.contracts]]
+name = "epass layers"
+type = "layers"
+layers = ["pkg.high", "pkg.sub", "pkg.low"]
+
+[[tool.importlinter.contracts]]
+name = "inside sub"
+type = "layers"
+containers = ["pkg.sub"]
+layers = ["top", "bottom"]
+"""
+
+
+def test_the_contract_check_catches_modules_no_contract_names(tmp_path: Path) -> None:
+    pytest.importorskip("tomllib")
+    root = tmp_path / "pkg"
+    (root / "sub").mkdir(parents=True)
+    (root / "plain").mkdir()
+    for name in ("__init__", "high", "low", "stray", "sub/__init__", "sub/top", "sub/bottom"):
+        (root / f"{name}.py").write_text("")
+    (root / "sub" / "new.py").write_text("")
+    (root / "plain" / "__init__.py").write_text("")
+    (root / "plain" / "inner.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text(PLANTED_PACKAGE_CONTRACT)
+    assert import_graph.unnamed_modules(root, "pkg", tmp_path / "pyproject.toml", CONTRACT) == [
+        "pkg.plain is in no layer of 'epass layers'",
+        "pkg.plain.inner is in no layer of a contract over pkg.plain",
+        "pkg.stray is in no layer of 'epass layers'",
+        "pkg.sub.new is in no layer of a contract over pkg.sub",
+    ]
+
+
+def test_the_one_concept_check_catches_a_long_module_without_its_reason(tmp_path: Path) -> None:
+    root = tmp_path / "pkg"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    body = "x = 1\n" * ONE_CONCEPT_LINES
+    (root / "said.py").write_text(f'"""Long.\n\nOne concept: the planted one.\n"""\n{body}')
+    (root / "silent.py").write_text(f'"""Long, and says nothing of why."""\n{body}')
+    (root / "short.py").write_text('"""Short."""\nx = 1\n')
+    assert one_concept_problems(root, "pkg") == [
+        f"pkg.silent: {ONE_CONCEPT_LINES + 1} lines, no 'One concept:' line"
+    ]
 
 
 def test_the_length_check_catches_a_long_function_and_a_long_module(tmp_path: Path) -> None:
