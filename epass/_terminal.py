@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from epass._text import printable
 
-__all__ = ["LEGEND", "Out", "inputs_table", "notices", "pass_table", "printable"]
+__all__ = ["LEGEND", "Out", "inputs_table", "notices", "pass_table"]
 
 # The line under every pass table.
 LEGEND = (

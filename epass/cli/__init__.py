@@ -25,7 +25,7 @@ everything that can be checked without them, so ``epass --help``, ``epass passes
 and argument errors (bad files and pipeline text included) answer at once.
 """
 
-from epass._terminal import printable
+from epass._text import printable
 from epass.cli._shared import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE
 from epass.cli.entry import build_parser, main
 

@@ -10,7 +10,8 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
-from epass._terminal import Out, printable
+from epass._terminal import Out
+from epass._text import printable
 from epass.cli import cache, demo, inspect, passes, reduce, run
 from epass.cli._shared import (
     EXIT_FAILED,

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from epass import _paths, pipeline, registry
-from epass._terminal import Out, notices, pass_table, printable
+from epass._terminal import Out, notices, pass_table
+from epass._text import printable
 from epass.cli._shared import (
     EXIT_FAILED,
     REPORT_SUFFIXES,
