@@ -1,7 +1,11 @@
-"""The one place that touches ExportedProgram private fields or rebuilds programs.
+"""Programs as epass builds and reads them: the one place that calls the
+ExportedProgram constructor or sets a program's fields without it, and the reads of
+operators, graph modules and archives that building and loading need.
 
-Everything here leans on torch internals; ``tests/test_program.py`` fails loudly
-when torch renames or reshapes any of them.
+One concept: the ExportedProgram object (its construction, fields, operators and
+archive), whichever pass or loader asks. The torch internals it leans on are reached
+through :mod:`epass._torch`; ``tests/test_program.py`` fails loudly when torch changes
+what they do.
 """
 
 from __future__ import annotations
@@ -17,13 +21,11 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
-from torch.utils import _pytree as pytree
 
 from epass import _torch
+from epass._torch import pytree
 
 __all__ = [
-    "INTERNALS",
-    "PRIVATE_FIELDS",
     "archive_records",
     "copy_call_graph",
     "copy_graph_module",
@@ -42,7 +44,6 @@ __all__ = [
     "new_program",
     "private_view",
     "prune_range_constraints",
-    "pytree",
     "pytree_type_names",
     "serialized_builtin_targets",
     "copy_meta",
@@ -54,42 +55,6 @@ __all__ = [
     "tree_leaves",
 ]
 
-# The torch internals this module uses, by dotted path, beside the private fields
-# below; tests/test_program.py pins each one, tests/test_torch_internals.py checks that
-# epass uses no other (with the decomposition engine's ``_decomp.INTERNALS``).
-INTERNALS = (
-    "torch._C.PyTorchFileReader",
-    "torch._export.serde.schema",  # the archive's schema: ExportedProgram, SCHEMA_VERSION
-    "torch._export.serde.serialize._SYM_OPS",
-    "torch._export.serde.union._Union",
-    "torch._export.verifier.Verifier",
-    "torch._ops.HigherOrderOperator",
-    "torch._ops.OperatorBase",
-    "torch._ops.OpOverload",
-    "torch._ops.OpOverload._schema",
-    "torch._ops.OpOverloadPacket",
-    "torch.nn.Module._buffers",
-    "torch.export.exported_program._create_graph_module_for_export",
-    "torch.export.exported_program._get_updated_range_constraints",
-    "torch.export.pt2_archive._package.load_pt2",
-    "torch.fx._lazy_graph_module._LazyGraphModule",
-    "torch.fx.graph._Namespace._obj_to_name",
-    "torch.utils._pytree",  # TreeSpec, tree_flatten, tree_leaves, the serialized types
-)
-
-# Private ExportedProgram attributes epass reads or writes directly. Setting them
-# avoids the constructor, which re-validates the graph (tens of ms per pass).
-PRIVATE_FIELDS = (
-    "_state_dict",
-    "_constants",
-    "_graph_module",
-    "_graph_signature",
-    "_module_call_graph",
-    "_range_constraints",
-    "_example_inputs",
-    "_verifiers",
-)
-
 
 def set_state(
     ep: ExportedProgram,
@@ -98,14 +63,14 @@ def set_state(
 ) -> None:
     """Point ``ep`` at the given dict objects without copying or re-validating."""
     if state_dict is not None:
-        ep._state_dict = state_dict
+        _torch.set_fields(ep, state_dict=state_dict)
     if constants is not None:
-        ep._constants = constants
+        _torch.set_fields(ep, constants=constants)
 
 
 def set_signature(ep: ExportedProgram, signature: ExportGraphSignature) -> None:
     """Point ``ep`` at ``signature`` without re-validating."""
-    ep._graph_signature = signature
+    _torch.set_fields(ep, graph_signature=signature)
 
 
 def shallow_clone(ep: ExportedProgram) -> ExportedProgram:
@@ -185,10 +150,7 @@ def _keep_node_names(old: torch.fx.Graph, new: torch.fx.Graph) -> None:
 def keep_node_name(graph: torch.fx.Graph, node: torch.fx.Node, name: str) -> None:
     """Name ``node`` of ``graph`` exactly ``name``, which fx's namespace would rename
     (``input`` becomes ``input_1``), and reserve the name in the namespace."""
-    namespace = graph._graph_namespace
-    node.name = name
-    namespace._obj_to_name[node] = name
-    namespace._used_names.add(name)
+    _torch.reserve_name(graph, node, name)
 
 
 def private_view(
@@ -199,19 +161,21 @@ def private_view(
     is set."""
     view = shallow_clone(ep)
     if copy_state:
-        view._state_dict = dict(ep.state_dict)
-        view._constants = dict(ep.constants)
+        _torch.set_fields(view, state_dict=dict(ep.state_dict), constants=dict(ep.constants))
     # Small containers a pass may edit in place (the kwargs dict of the example
     # inputs, the verifier list): copied, so no edit reaches ``ep``.
-    if ep._example_inputs is not None:
-        args, kwargs = ep._example_inputs
-        view._example_inputs = (args, dict(kwargs))
-    view._verifiers = list(ep._verifiers)
+    if ep.example_inputs is not None:
+        args, kwargs = ep.example_inputs
+        _torch.set_fields(view, example_inputs=(args, dict(kwargs)))
+    _torch.set_fields(view, verifiers=list(ep.verifiers))
     if copy_graph:
-        view._graph_module = copy_graph_module(ep.graph_module)
-        view._graph_signature = copy.deepcopy(ep.graph_signature)
-        view._module_call_graph = copy_call_graph(ep.module_call_graph)
-        view._range_constraints = dict(ep.range_constraints)
+        _torch.set_fields(
+            view,
+            graph_module=copy_graph_module(ep.graph_module),
+            graph_signature=copy.deepcopy(ep.graph_signature),
+            module_call_graph=copy_call_graph(ep.module_call_graph),
+            range_constraints=dict(ep.range_constraints),
+        )
     return view
 
 
@@ -232,9 +196,8 @@ def copy_call_graph(call_graph: list[Any]) -> list[Any]:
                 continue
             if spec.is_leaf():
                 memo[id(spec)] = spec
-            else:  # children(): torch 2.13 deprecates the children_specs field
-                children = getattr(spec, "children", None)
-                specs.extend(children() if callable(children) else spec.children_specs)
+            else:
+                specs.extend(_torch.spec_children(spec))
     return copy.deepcopy(call_graph, memo)
 
 
@@ -244,9 +207,7 @@ def graph_module_without_code(graph: torch.fx.Graph) -> torch.fx.GraphModule:
     it: torch's ``_LazyGraphModule``. For a graph that goes into a program, whose
     constructor makes its own module and code, generating the code twice costs a
     tenth of the incremental decomposition of a large program."""
-    from torch.fx._lazy_graph_module import _LazyGraphModule
-
-    return _LazyGraphModule(torch.nn.Module(), graph)
+    return _torch.lazy_graph_module(torch.nn.Module(), graph)
 
 
 def new_program(
@@ -268,14 +229,15 @@ def new_program(
     derive the signature and dicts with ``epass._graph.build_program`` or, for a
     decomposed graph, as the retrace does.
     """
-    from torch.export.exported_program import _get_updated_range_constraints
-
-    out = _constructed_without_code(
+    # The constructor makes the graph module without its code (_torch's
+    # construct_without_code): that code generation is a fifth of an incremental
+    # decomposition, and the next pass usually rebuilds the graph before anyone reads it.
+    out = _torch.construct_without_code(
         root=gm,
         graph=gm.graph,
         graph_signature=signature,
         state_dict=state_dict,
-        range_constraints=_get_updated_range_constraints(gm, ep.range_constraints),
+        range_constraints=_torch.updated_range_constraints(gm, ep.range_constraints),
         module_call_graph=copy_call_graph(
             ep.module_call_graph if module_call_graph is None else module_call_graph
         ),
@@ -287,43 +249,11 @@ def new_program(
     return out
 
 
-# Held while torch's constructor makes a module without code for this thread.
-_WITHOUT_CODE = threading.Lock()
-
-
-def _constructed_without_code(**fields: Any) -> ExportedProgram:
-    """``ExportedProgram(**fields)`` whose graph module generates its Python code when
-    first read or called (torch's ``_LazyGraphModule``), not in the constructor: that
-    code generation is a fifth of an incremental decomposition, and the next pass
-    usually rebuilds the graph before anyone reads it.
-
-    The constructor makes its module with ``_create_graph_module_for_export``; that
-    name is replaced for the one call, under a lock, and only this thread's calls
-    take the replacement (any other thread gets torch's function meanwhile)."""
-    from torch.export import exported_program as torch_program
-    from torch.fx._lazy_graph_module import _LazyGraphModule
-
-    owner = threading.get_ident()
-    with _WITHOUT_CODE:
-        made_with = torch_program._create_graph_module_for_export
-
-        def without_code(root: Any, graph: torch.fx.Graph) -> torch.fx.GraphModule:
-            if threading.get_ident() != owner:
-                return made_with(root, graph)  # type: ignore[no-any-return]
-            return _LazyGraphModule(root, graph)
-
-        torch_program._create_graph_module_for_export = without_code
-        try:
-            return ExportedProgram(**fields)
-        finally:
-            torch_program._create_graph_module_for_export = made_with
-
-
 def flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> list[Any]:
     """What ``ep.graph_module`` takes for the call ``ep.module()(*args, **kwargs)``:
     the state placeholders' values, then the user inputs flattened by the program's
     input spec (``ExportedProgram._graph_module_flat_inputs``)."""
-    return list(ep._graph_module_flat_inputs(args, kwargs))
+    return _torch.graph_module_flat_inputs(ep, args, kwargs)
 
 
 def prune_range_constraints(ep: ExportedProgram) -> None:
@@ -339,7 +269,9 @@ def prune_range_constraints(ep: ExportedProgram) -> None:
             for d in dims:
                 if isinstance(d, torch.SymInt):
                     used |= d.node.expr.free_symbols
-    ep._range_constraints = {k: v for k, v in ep.range_constraints.items() if k in used}
+    _torch.set_fields(
+        ep, range_constraints={k: v for k, v in ep.range_constraints.items() if k in used}
+    )
 
 
 def flat_call_graph(inputs: int, outputs: int) -> list[Any]:
@@ -371,10 +303,9 @@ def _verified_state(ep: ExportedProgram) -> list[Any] | None:
     the objects ``get_attr`` nodes name, the signature, the dicts' entries and the
     module call graph's argument names. None when one of ``ep``'s verifiers checks
     more than the base one (ExecuTorch's dialects do), since it may read anything."""
-    from torch._export.verifier import Verifier
-
+    verifier = _torch.base_verifier()
     for v in ep.verifiers:
-        if any(getattr(v, m) is not getattr(Verifier, m) for m in _VERIFIER_READS):
+        if any(getattr(v, m) is not getattr(verifier, m) for m in _VERIFIER_READS):
             return None
     gm = ep.graph_module
     sig = ep.graph_signature
@@ -394,9 +325,8 @@ def _verified_state(ep: ExportedProgram) -> list[Any] | None:
         if not isinstance(module, torch.fx.GraphModule):
             state.append((module, list(vars(module).items())))
             continue
-        state.append(
-            (module, module.graph, list(vars(module).items()), list(module._buffers.items()))
-        )
+        buffers = list(_torch.module_buffers(module).items())
+        state.append((module, module.graph, list(vars(module).items()), buffers))
         for node in module.graph.nodes:
             val = node.meta.get("val")
             state.append(
@@ -442,7 +372,7 @@ def tensor_version(value: Any) -> int | None:
     """The in-place write counter of a tensor, or None for other values."""
     if isinstance(value, torch.Tensor):
         try:
-            return int(value._version)
+            return _torch.version_counter(value)
         except (RuntimeError, AttributeError):  # inference tensors and some subclasses
             return None
     return None
@@ -455,7 +385,7 @@ def tensor_marks(values: list[torch.Tensor]) -> list[tuple[int | None, bool]]:
     marks: list[tuple[int | None, bool]] = []
     for t in values:
         try:
-            version: int | None = int(t._version)
+            version: int | None = _torch.version_counter(t)
         except (RuntimeError, AttributeError):  # inference tensors and some subclasses
             version = None
         marks.append((version, t.requires_grad))
@@ -517,33 +447,33 @@ def same_view(a: Any, b: Any) -> bool:
 def op_schema(target: Any) -> torch.FunctionSchema | None:
     """The schema of an ATen operator overload (``OpOverload._schema``), or None for
     other call targets (Python functions, higher-order operators, packets)."""
-    if not isinstance(target, torch._ops.OpOverload):
+    if not isinstance(target, OpOverload):
         return None
-    return target._schema
+    return _torch.schema(target)
 
 
 def is_op_overload(value: Any) -> bool:
     """True for an ATen-style operator overload (``torch._ops.OpOverload``), such as
     ``torch.ops.aten.relu.default``."""
-    return isinstance(value, torch._ops.OpOverload)
+    return isinstance(value, OpOverload)
 
 
 def is_op_packet(value: Any) -> bool:
     """True for an operator packet (``torch._ops.OpOverloadPacket``), such as
     ``torch.ops.aten.relu``."""
-    return isinstance(value, torch._ops.OpOverloadPacket)
+    return isinstance(value, _torch.OpOverloadPacket)
 
 
 # The type of an operator overload, for annotations such as a pass option's.
-OpOverload = torch._ops.OpOverload
+OpOverload = _torch.OpOverload
 
 
 def overload_of(value: Any) -> Any:
     """``value`` as an operator overload: an overload itself, a packet's ``default``
     overload (``aten.relu`` -> ``aten.relu.default``), or None."""
-    if isinstance(value, torch._ops.OpOverload):
+    if isinstance(value, OpOverload):
         return value
-    if isinstance(value, torch._ops.OpOverloadPacket) and "default" in value.overloads():
+    if isinstance(value, _torch.OpOverloadPacket) and "default" in value.overloads():
         return value.default
     return None
 
@@ -551,13 +481,13 @@ def overload_of(value: Any) -> Any:
 def is_higher_order(value: Any) -> bool:
     """True for a higher-order operator (``torch._ops.HigherOrderOperator``), such as
     ``torch.ops.higher_order.cond``."""
-    return isinstance(value, torch._ops.HigherOrderOperator)
+    return isinstance(value, _torch.HigherOrderOperator)
 
 
 def is_operator(value: Any) -> bool:
     """True for any torch operator object (``torch._ops.OperatorBase``): ATen
     overloads and higher-order operators, the keys of a decomposition table."""
-    return isinstance(value, torch._ops.OperatorBase)
+    return isinstance(value, _torch.OperatorBase)
 
 
 def is_view_op(target: Any) -> bool:
@@ -573,7 +503,7 @@ def is_view_op(target: Any) -> bool:
 
 def is_mutable_op(op: Any) -> bool:
     """Whether the operator's schema writes into one of its arguments."""
-    return bool(op._schema.is_mutable)
+    return bool(_torch.schema(op).is_mutable)
 
 
 # --- graph sharing (used by the manager to decide when a pass needs a graph copy) ---
@@ -622,12 +552,10 @@ def load_pt2(f: Any, *, trust: bool = False) -> ExportedProgram:
     calling the loader directly gives torch's own exception and no fallback.
     ``trust=True`` calls ``torch.export.load`` itself, under the same lock.
     """
-    from torch.export.pt2_archive._package import load_pt2 as _load_pt2
-
     with _DESERIALIZING, _torch.quiet_loader():
         if trust:
             return torch.export.load(f)
-        contents = _load_pt2(f)
+        contents = _torch.load_pt2(f)
     programs = contents.exported_programs
     if "model" not in programs:
         raise ValueError(f"the archive holds no 'model' program (found {sorted(programs)})")
@@ -641,7 +569,7 @@ def archive_records(f: Any) -> dict[str, tuple[int, int]]:
     The offset comes from the member's local header, read as torch reads it before
     the data (``get_record_offset``); the public ``PT2ArchiveReader`` gives names only.
     """
-    reader = torch._C.PyTorchFileReader(f)
+    reader = _torch.zip_reader(f)
     return {
         name: (reader.get_record_offset(name), _torch.record_size(reader, name))
         for name in reader.get_all_records()
@@ -655,10 +583,8 @@ def export_schema() -> tuple[type, tuple[int, int], type]:
     """torch's serialization schema behind ``models/model.json``: the root dataclass
     (``torch._export.serde.schema.ExportedProgram``), the schema version this torch
     writes, and the base class of its tagged unions (one key per JSON object)."""
-    from torch._export.serde import schema
-    from torch._export.serde.union import _Union
-
-    return schema.ExportedProgram, tuple(schema.SCHEMA_VERSION), _Union  # type: ignore[return-value]
+    schema, union = _torch.serde_schema()
+    return schema.ExportedProgram, tuple(schema.SCHEMA_VERSION), union  # type: ignore[return-value]
 
 
 @functools.cache
@@ -666,10 +592,7 @@ def serialized_builtin_targets() -> frozenset[str]:
     """Node targets that are not ``torch.ops`` operators, as torch's serializer writes
     them (``_operator.getitem``, ``torch.sym_max``): the symbolic-shape functions it
     serializes and the builtins its verifier allows."""
-    from torch._export.serde.serialize import _SYM_OPS
-    from torch._export.verifier import Verifier
-
-    ops = set(_SYM_OPS) | set(Verifier().allowed_builtin_ops())
+    ops = set(_torch.serialized_sym_ops()) | set(_torch.base_verifier()().allowed_builtin_ops())
     return frozenset(f"{op.__module__}.{op.__name__}" for op in ops)
 
 

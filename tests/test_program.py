@@ -12,12 +12,13 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from epass import _graph, _program
+from epass import _graph, _program, _torch
 
 
 def test_private_fields_exist_and_back_the_public_properties():
     _, ep, _ = models.export("mixed")
-    for field in _program.PRIVATE_FIELDS:
+    fields = "torch.export.exported_program.ExportedProgram."
+    for field in [p.removeprefix(fields) for p in _torch.INTERNALS if p.startswith(fields)]:
         assert hasattr(ep, field), f"torch renamed ExportedProgram.{field}"
     assert ep._state_dict is ep.state_dict
     assert ep._constants is ep.constants

@@ -10,9 +10,10 @@ from typing import Any
 import attrs
 import torch
 
+from epass import _torch
 from epass._decomp import keys, shapes, table, tracing
 from epass._decomp.safety import Fallback
-from epass._program import pytree
+from epass._torch import pytree
 
 __all__ = ["Pending", "batchable", "trace_batch"]
 
@@ -66,14 +67,10 @@ def trace_batch(
 def _run_each(calls: list[Pending], bounds: list[tuple[int, int]]) -> Callable[..., Any]:
     """The function a batch traces: each call in turn on its own inputs. ``bounds``
     gets the range of the graph's nodes each call created."""
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
-
     plans = [pytree.tree_flatten((c.args, c.kwargs)) for c in calls]
 
     def fn(*xs: Any) -> Any:
-        mode = get_proxy_mode()
-        assert mode is not None
-        graph = mode.tracer.graph
+        graph = _torch.traced_graph()
         outs = []
         pos = 0
         for call, (flat, spec) in zip(calls, plans, strict=True):

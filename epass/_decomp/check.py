@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from epass import _torch
 from epass._decomp import keys
 
 __all__ = ["COMPARED_META", "first_difference"]
@@ -95,8 +96,9 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
         return f"range constraints {ra} / torch: {rb}"
     # The guards of the shape environment when each program was made (a guard added
     # to it outside a trace shows here, in every program made after it).
-    if fast._guards_code != ref._guards_code:
-        return f"guards {fast._guards_code} / torch: {ref._guards_code}"
+    guards, theirs = _torch.guards_code(fast), _torch.guards_code(ref)
+    if guards != theirs:
+        return f"guards {guards} / torch: {theirs}"
     ca = [e.fqn for e in fast.module_call_graph]
     cb = [e.fqn for e in ref.module_call_graph]
     if ca != cb:

@@ -22,8 +22,9 @@ from typing import Any
 import attrs
 import torch
 
+from epass import _torch
 from epass._decomp import state, store
-from epass._decomp.table import DefaultSide, Tables, cia_binding_code, preserve_marker
+from epass._decomp.table import DefaultSide, Tables
 
 __all__ = [
     "CACHE_KEY",
@@ -77,14 +78,14 @@ def _in_torch(code: types.CodeType) -> bool:
 
 _DATA = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))
 _TORCH_VALUES = (
-    torch._ops.OpOverload,
-    torch._ops.OpOverloadPacket,
-    torch._ops.HigherOrderOperator,
+    _torch.OpOverload,
+    _torch.OpOverloadPacket,
+    _torch.HigherOrderOperator,
     torch.dtype,
     torch.layout,
     torch.memory_format,
     torch.device,
-    torch._C.DispatchKey,
+    _torch.DispatchKey,
 )
 
 
@@ -153,10 +154,8 @@ def torch_made(obj: Any) -> bool:
 
 def _registered() -> dict[int, tuple[Any, str]]:
     """torch's decomposition registry by object: ``id -> (object, "kind:op")``."""
-    from torch._decomp import global_decomposition_table
-
     found: dict[int, tuple[Any, str]] = {}
-    for kind, table in global_decomposition_table.items():
+    for kind, table in _torch.decomposition_registry().items():
         for op, fn in list(table.items()):
             found.setdefault(id(fn), (fn, f"{kind}:{op}"))
     return found
@@ -168,13 +167,12 @@ _REGISTRY_SIZE = -1
 
 def _registry_name(fn: Any, op: Any) -> str | None:
     """The name of ``fn`` in torch's decomposition registry (None: not there)."""
-    from torch._decomp import global_decomposition_table
-
-    for kind, table in global_decomposition_table.items():
+    registry = _torch.decomposition_registry()
+    for kind, table in registry.items():
         if table.get(op) is fn:
             return f"{kind}:{op}"
     global _REGISTRY, _REGISTRY_SIZE
-    size = sum(len(t) for t in global_decomposition_table.values())
+    size = sum(len(t) for t in registry.values())
     with _LOCK:
         if size != _REGISTRY_SIZE:
             _REGISTRY, _REGISTRY_SIZE = _registered(), size
@@ -186,18 +184,18 @@ def torch_name(fn: Any, op: Any) -> str | None:
     """The name of ``fn`` if it is torch's own: the very object torch registers for an
     operator (its decomposition registry, the preserve marker, an operator's Python
     CompositeImplicitAutograd kernel, or its ``_get_decomp_for_cia`` binding)."""
-    if fn is preserve_marker():
+    if fn is _torch.preserve_marker():
         return "torch:preserve"
     if (
         isinstance(fn, functools.partial)
-        and getattr(fn.func, "__code__", None) is cia_binding_code()
+        and getattr(fn.func, "__code__", None) is _torch.cia_binding_code()
         and not fn.args
         and set(fn.keywords) == {"kernel"}
-        and isinstance(fn.keywords["kernel"], torch._ops.OpOverload)
+        and isinstance(fn.keywords["kernel"], _torch.OpOverload)
     ):
         return f"torch:cia:{fn.keywords['kernel']}"
-    if isinstance(op, torch._ops.OpOverload):
-        kernel = op.py_kernels.get(torch._C.DispatchKey.CompositeImplicitAutograd)
+    if isinstance(op, _torch.OpOverload):
+        kernel = _torch.python_kernels(op).get(_torch.CIA_KEY)
         if kernel is fn and torch_made(fn):
             return f"torch:py_kernel:{op}"
     registered = _registry_name(fn, op)
@@ -288,9 +286,7 @@ def library_kernels() -> list[str]:
     operators (``"aten::gelu/CompositeImplicitAutograd"``): arbitrary Python behind an
     operator every decomposition may call. Read again whenever the registrations
     (which libraries add and remove) change in number."""
-    from torch import library
-
-    impls = library._impls
+    impls = _torch.library_impls()
     with _LOCK:
         if _LIBRARY[0] != len(impls):
             found = sorted(k for k in list(impls) if k.startswith(("aten::", "prims::")))
@@ -385,12 +381,10 @@ def _name_entries(tables: Tables) -> tuple[str, list[Any]]:
     """torch's own part of the table's name (a digest), and its other entries."""
     if isinstance(tables.cia, DefaultSide):
         split = tables.cia.split
-        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
-
         fixed: list[Any] = [
             "default",
             sorted(str(op) for op in split.keep),
-            sorted(str(op) for op in PRESERVED_ATEN_CIA_OPS),
+            sorted(str(op) for op in _torch.preserved_aten_cia_ops()),
             sorted(tables.token[1]),
         ]
         entries = [("python", op, fn) for op, fn in split.core.items()]
@@ -404,7 +398,7 @@ def _name_entries(tables: Tables) -> tuple[str, list[Any]]:
         ]
     names, others = [], []
     for side, op, fn in entries:
-        own = f"dispatch:{fn}" if isinstance(fn, torch._C.DispatchKey) else torch_name(fn, op)
+        own = f"dispatch:{fn}" if isinstance(fn, _torch.DispatchKey) else torch_name(fn, op)
         if own is not None:
             names.append((side, str(op), own))
         else:
@@ -415,17 +409,16 @@ def _name_entries(tables: Tables) -> tuple[str, list[Any]]:
 def _python_cia_kernels() -> list[tuple[str, Any, Any]]:
     """Every loaded operator's Python CompositeImplicitAutograd kernel: what its own
     decomposition runs, in torch's default table."""
-    key = torch._C.DispatchKey.CompositeImplicitAutograd
     found = []
     for space_name in list(torch.ops):
         space = getattr(torch.ops, space_name)
-        if not isinstance(space, torch._ops._OpNamespace):
+        if not isinstance(space, _torch.OpNamespace):
             continue
         for packet_name in list(space):
             packet = getattr(space, packet_name)
             for overload_name in list(packet):
                 op = getattr(packet, overload_name)
-                kernel = op.py_kernels.get(key)
+                kernel = _torch.python_kernels(op).get(_torch.CIA_KEY)
                 if kernel is not None:
                     found.append(("kernel", op, kernel))
     return found

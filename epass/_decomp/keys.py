@@ -12,10 +12,10 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _program, _torch
 from epass._decomp import identity, shapes
 from epass._decomp.safety import Fallback
-from epass._program import pytree
+from epass._torch import pytree
 
 __all__ = [
     "same_meta",
@@ -240,10 +240,8 @@ def values_of(arg: Any) -> Any:
 
 def detected_fake_mode(ep: ExportedProgram) -> Any:
     """The fake mode of the program's tensor inputs (None: it has none)."""
-    from torch._guards import detect_fake_mode
-
     vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
-    return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    return _torch.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
 
 
 def fake_mode_of(ep: ExportedProgram) -> Any:

@@ -17,11 +17,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from epass import _program
+from epass import _program, _torch
 from epass._decomp import table
 
 __all__ = [
-    "EXACT_RELEASE",
     "THROUGH",
     "Fallback",
     "Plan",
@@ -38,17 +37,12 @@ __all__ = [
 ]
 
 
-# The release whose functionalization the engine's write-backs through views and
-# placement of size queries are checked against, node for node; on another, those
-# cases keep the retrace.
-EXACT_RELEASE = torch.__version__.split("+")[0].startswith("2.13.")
-
-
 def exact_here(what: str) -> None:
     """Raise :class:`Fallback` for ``what`` on a torch release other than the one the
-    engine emulates it on (``EXACT_RELEASE``)."""
-    if not EXACT_RELEASE:
-        raise Fallback(f"{what}, made exact for torch 2.13 only (this is {torch.__version__})")
+    engine emulates it on (``_torch.EXACT_RELEASE``)."""
+    reason = _torch.inexact(what)
+    if reason is not None:
+        raise Fallback(reason)
 
 
 class Fallback(Exception):

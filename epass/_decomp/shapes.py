@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from epass import _torch
 from epass._decomp import state
 from epass._decomp.safety import Fallback
 
@@ -102,18 +103,15 @@ def as_traced(fake_mode: Any, *, suppress: bool = False) -> Iterator[None]:
     those are computed once, so the fake mode's cache neither answers nor keeps them
     (making an entry for a symbolic value costs more than computing it: a third of
     a first run that reads its templates from disk)."""
-    from torch._dispatch.python import enable_python_dispatcher
-    from torch._subclasses.fake_tensor import disable_fake_tensor_cache
-
     shape_env = fake_mode.shape_env
     with contextlib.ExitStack() as stack:
         stack.enter_context(state.backend_decomps_off())
         stack.enter_context(torch.no_grad())
-        stack.enter_context(enable_python_dispatcher())
+        stack.enter_context(_torch.python_dispatcher())
         if suppress and shape_env is not None:
             stack.enter_context(shape_env.suppress_guards())
         if suppress:
-            stack.enter_context(disable_fake_tensor_cache(fake_mode))
+            stack.enter_context(_torch.fake_cache_off(fake_mode))
         stack.enter_context(fake_mode)
         yield
 
@@ -125,7 +123,7 @@ def forget_unknowns(shape_env: Any) -> None:
     decides it, and the next evaluation would guard on it again (the retrace then
     adds a guard the program already has)."""
     if shape_env is not None:
-        shape_env._maybe_evaluate_static.cache_clear()
+        _torch.forget_static_evaluations(shape_env)
 
 
 def static(shape_env: Any) -> set[str]:
@@ -455,9 +453,9 @@ def run_guards(ep: Any) -> None:
     within its range, sizes that are one symbol equal) are statically true, so a
     program without guards code has nothing to run, and no copy of its graph is made
     for it (``ep.module()`` makes one)."""
-    if not ep._guards_code:
+    if not _torch.guards_code(ep):
         return
-    guards = getattr(ep.module(), "_guards_fn", None)
+    guards = _torch.guards_fn(ep.module())
     if guards is None:  # ep.module() makes none (called from ExecuTorch, say)
         return
     users = set(ep.graph_signature.user_inputs)
@@ -477,24 +475,10 @@ RUNTIME_ASSERT_TRACE = (
 def rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
     """Run the retrace's runtime-assertion pass, which binds every size query to a
     node of its own: after the placeholders, or as arithmetic on sizes it has."""
-    import functools
-
-    import torch._dynamo.config
-    from torch._export.passes._node_metadata_hook import (
-        _node_metadata_hook,
-        _set_node_metadata_hook,
-    )
-    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
-
     shape_env = fake_mode.shape_env
-    if shape_env is None or torch._dynamo.config.do_not_emit_runtime_asserts:
-        raise Fallback("a new size query without a shape environment to bind it")
     # The pass only adds asserts the graph lacks; those export added are there already.
-    with _set_node_metadata_hook(
-        gm,
-        functools.partial(_node_metadata_hook, metadata={"stack_trace": RUNTIME_ASSERT_TRACE}),
-    ):
-        insert_deferred_runtime_asserts(gm, shape_env, "decomposed program", export=True)
+    if shape_env is None or not _torch.insert_runtime_asserts(gm, shape_env, RUNTIME_ASSERT_TRACE):
+        raise Fallback("a new size query without a shape environment to bind it")
     # No DCE after it: the retrace runs none either, and keeps what it leaves dead.
     gm.recompile()
 
@@ -518,8 +502,6 @@ def origin(
     Raises:
         Fallback: where that node is not certain to make the size's node at once.
     """
-    from torch._prims_common import is_contiguous_or_false
-
     chain = carriers(inp, expr)
     again: dict[torch.fx.Node, Any] = {}
     for n in chain:
@@ -536,7 +518,7 @@ def origin(
             n.target is operator.getitem
             or not isinstance(value, torch.Tensor)
             # The retrace compares a program node's sizes, guarding as it goes.
-            or not (value.is_contiguous() if n in copied else is_contiguous_or_false(value))
+            or not (value.is_contiguous() if n in copied else _torch.is_contiguous_or_false(value))
         ):
             raise Fallback(
                 f"the size {expr} of {inp.name} is first held by {n.name}, "

@@ -28,7 +28,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from epass import _program
+from epass import _program, _torch
 from epass._decomp.safety import Fallback
 
 __all__ = ["retrace_inputs", "retrace_signature"]
@@ -98,29 +98,21 @@ def _named(ordered: list[InputSpec]) -> list[InputSpec]:
     (``p_``, ``b_``, ``c_``), suffixed where a name is taken."""
     from collections import defaultdict
 
-    from torch._export.utils import _rename_without_collisions, placeholder_prefixes
-
     names: dict[str, str] = {}
     find_available: defaultdict[str, int] = defaultdict(int)
     used: set[str] = set()
     for spec in ordered:
         if spec.kind == InputKind.USER_INPUT:
-            _rename_without_collisions(
-                names, find_available, used, spec.arg.name, spec.arg.name, is_placeholder=True
+            _torch.rename_without_collisions(
+                names, find_available, used, spec.arg.name, spec.arg.name
             )
     for spec in ordered:
         if spec.kind == InputKind.USER_INPUT:
             continue
         assert spec.target is not None
         base = re.sub(r"[^a-zA-Z0-9]", "_", _strip(spec.target).lower())
-        _rename_without_collisions(
-            names,
-            find_available,
-            used,
-            spec.arg.name,
-            placeholder_prefixes[spec.kind] + base,
-            is_placeholder=True,
-        )
+        prefix = _torch.placeholder_prefixes()[spec.kind]
+        _torch.rename_without_collisions(names, find_available, used, spec.arg.name, prefix + base)
     renamed = []
     for spec in ordered:
         new = copy.deepcopy(spec)

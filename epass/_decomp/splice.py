@@ -466,8 +466,6 @@ def decompose(
 def _decompose(
     ep: ExportedProgram, tables: table.Tables, session: templates.Session, limit: int | None
 ) -> tuple[ExportedProgram, int]:
-    from torch.export.exported_program import _get_updated_module_call_graph
-
     plan = safety.check(ep, tables)
     if plan.reason is not None:
         raise Fallback(plan.reason)
@@ -500,10 +498,7 @@ def _decompose(
         with builder.watch.retrace("the runtime-assertion pass"):
             shapes.rebind_sizes(gm, fake_mode)
     new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
-    with _torch.quiet_leaf_specs():  # it deep-copies the call graph
-        module_call_graph = _get_updated_module_call_graph(
-            ep.graph_module, ep.graph_signature, gm, new_signature, ep.module_call_graph
-        )
+    module_call_graph = _torch.updated_module_call_graph(ep, gm, new_signature)
     # A retrace's program: a new state_dict over the same tensors, the constants
     # dict itself, and the ATEN dialect's verifier.
     out = _program.new_program(

@@ -75,25 +75,25 @@ def torch_state(ops: Iterable[Any]) -> Iterator[None]:
     only once it is fully set up, and drops the fake tensor rule of every op it
     patched, including rules that were there before (``aten.item``, for one).
     """
-    from torch._subclasses import fake_impls
-
     with LOCK:
-        kernels = [(op, op.py_kernels.copy()) for op in ops]
-        rules = fake_impls.op_implementations_dict.copy()
-        checks = list(fake_impls.op_implementations_checks)
+        kernels = [(op, _torch.python_kernels(op).copy()) for op in ops]
+        rule_dict, rule_checks = _torch.fake_rules()
+        rules = rule_dict.copy()
+        checks = list(rule_checks)
         try:
             yield
         finally:
             for op, saved in kernels:
-                if op.py_kernels != saved:
-                    op.py_kernels.clear()
-                    op.py_kernels.update(saved)
-                    op._dispatch_cache.clear()
-            if fake_impls.op_implementations_dict != rules:
-                fake_impls.op_implementations_dict.clear()
-                fake_impls.op_implementations_dict.update(rules)
-            if fake_impls.op_implementations_checks != checks:
-                fake_impls.op_implementations_checks[:] = checks
+                current = _torch.python_kernels(op)
+                if current != saved:
+                    current.clear()
+                    current.update(saved)
+                    _torch.clear_dispatch_cache(op)
+            if rule_dict != rules:
+                rule_dict.clear()
+                rule_dict.update(rules)
+            if rule_checks != checks:
+                rule_checks[:] = checks
 
 
 def patchable_ops() -> frozenset[Any]:
@@ -103,21 +103,14 @@ def patchable_ops() -> frozenset[Any]:
     loaded once rather than once per namespace (a test pins the two sets equal). Not
     cached, as torch does not cache it: a library can go and come back with new
     operator objects under the same names."""
-    from torch._export.utils import (
-        _collect_all_valid_cia_ops_for_aten_namespace,
-        _is_preservable_cia_op,
-        _materialize_cpp_cia_ops,
-    )
-
-    _materialize_cpp_cia_ops()
-    ops = set(_collect_all_valid_cia_ops_for_aten_namespace())  # torch caches this one
+    ops = _torch.aten_cia_ops()
     for space_name in list(torch.ops):
         space = getattr(torch.ops, space_name)
-        if space_name == "aten" or not isinstance(space, torch._ops._OpNamespace):
+        if space_name == "aten" or not isinstance(space, _torch.OpNamespace):
             continue
         for packet_name in list(space):
             for op in _torch.op_overloads(getattr(space, packet_name)):
-                if _is_preservable_cia_op(op):
+                if _torch.is_preservable_cia_op(op):
                     ops.add(op)
     return frozenset(ops)
 
@@ -125,9 +118,7 @@ def patchable_ops() -> frozenset[Any]:
 def is_preservable(op: Any) -> bool:
     """Whether torch may preserve the CompositeImplicitAutograd operator ``op``
     (functional, not aliasing, with a kernel: ``_is_preservable_cia_op``)."""
-    from torch._export.utils import _is_preservable_cia_op
-
-    return bool(_is_preservable_cia_op(op))
+    return _torch.is_preservable_cia_op(op)
 
 
 def run_decompositions(
@@ -140,8 +131,6 @@ def run_decompositions(
     operators leans on torch internals, and where this release lacks or changed one
     the retrace, which is torch's public API, runs all the same (under :data:`LOCK`).
     """
-    from epass._decomp import INTERNALS
-
     with contextlib.ExitStack() as stack:
         bare = None
         try:
@@ -153,7 +142,7 @@ def run_decompositions(
         except Exception as exc:
             bare = (
                 "run_decompositions ran without the guard that puts back the kernels "
-                f"its override patches: {_torch.unexpected(exc, INTERNALS)}"
+                f"its override patches: {_torch.unexpected(exc)}"
             )
             stack.enter_context(LOCK)
         stack.enter_context(_torch.quiet_leaf_specs())

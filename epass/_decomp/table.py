@@ -4,15 +4,13 @@ answer to "does this table rewrite op X"."""
 from __future__ import annotations
 
 import collections
-import functools
-import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
 import torch
 
-from epass import _program
+from epass import _program, _torch
 from epass._decomp import state
 
 __all__ = [
@@ -23,10 +21,8 @@ __all__ = [
     "SIZE_OPS",
     "SPLITS",
     "Tables",
-    "cia_binding_code",
     "has_packet_keys",
     "is_cia",
-    "preserve_marker",
     "rewrites",
     "splices",
     "split_table",
@@ -91,12 +87,6 @@ class _Same:
         return f"_Same({self.obj!r})"
 
 
-def _cia_registrations() -> frozenset[str]:
-    return frozenset(
-        torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
-    )
-
-
 class DefaultSide(Mapping[Any, Callable[..., Any]]):
     """One side (``"cia"`` or ``"python"``) of torch's default table less ``keep``,
     split as ``run_decompositions`` splits it.
@@ -141,13 +131,13 @@ def _walk_meets(op: Any) -> bool:
     if op.namespace not in torch.ops:  # iterates what is loaded, creating nothing
         return False
     space = getattr(torch.ops, op.namespace)
-    packet = op._overloadpacket
+    packet, name = _torch.overload_key(op)
     return (
-        isinstance(space, torch._ops._OpNamespace)
+        isinstance(space, _torch.OpNamespace)
         and packet.__name__ in space
         and getattr(space, packet.__name__) is packet
-        and op._overloadname in packet.overloads()
-        and getattr(packet, op._overloadname) is op
+        and name in packet.overloads()
+        and getattr(packet, name) is op
     )
 
 
@@ -156,10 +146,8 @@ class DefaultSplit:
     on demand (see :class:`DefaultSide`)."""
 
     def __init__(self, keep: frozenset[Any]) -> None:
-        from torch._decomp import _core_aten_decompositions_post_autograd
-
         self.keep = keep
-        self.core = _core_aten_decompositions_post_autograd()
+        self.core = _torch.core_aten_decompositions()
         self.built: tuple[dict[Any, Any], dict[Any, Any]] | None = None
         self._answers: dict[Any, tuple[Any, Any]] = {}
 
@@ -175,11 +163,9 @@ class DefaultSplit:
         answer = self._answers.get(op)
         if answer is not None:
             return answer
-        from torch.export.exported_program import _special_op_to_preserve_cia
-
         if _program.is_op_overload(op):
             if state.is_preservable(op) and _walk_meets(op):
-                answer = (self._entry(op) or _special_op_to_preserve_cia, None)
+                answer = (self._entry(op) or _torch.preserve_marker(), None)
             else:
                 answer = (None, None if op in self.keep else self.core.get(op))
         else:
@@ -195,12 +181,11 @@ class DefaultSplit:
         namespace (about 0.4 s in a fresh process). A core entry for a preservable
         operator the walk does not find is a case torch's split treats apart: the split
         is then torch's own. A test compares both sides with torch's, key by key."""
-        from torch.export.exported_program import _special_op_to_preserve_cia
-
         with state.LOCK:
             if self.built is None:
                 walked = state.patchable_ops()
-                cia = {op: self._entry(op) or _special_op_to_preserve_cia for op in walked}
+                marker = _torch.preserve_marker()
+                cia = {op: self._entry(op) or marker for op in walked}
                 python = {}
                 for op, fn in self.core.items():
                     if op in self.keep or op in walked:
@@ -213,24 +198,19 @@ class DefaultSplit:
 
     def _entry(self, op: Any) -> Any:
         """The table's entry for ``op``, a preservable operator (None: none)."""
-        from torch._export.utils import _get_decomp_for_cia
-        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
-
         if op in self.keep:
             return None
         if op in self.core:
             return self.core[op]
-        if op.namespace == "aten" and op in PRESERVED_ATEN_CIA_OPS:
+        if op.namespace == "aten" and op in _torch.preserved_aten_cia_ops():
             return None
-        return _get_decomp_for_cia(op)
+        return _torch.decomp_for_cia(op)
 
     def _torch_split(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
-        from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
-
         full = torch.export.default_decompositions()
         for op in self.keep:
             full.pop(op, None)
-        self.built = _split_decomp_table_to_cia_and_python_decomp(dict(full.materialize()))
+        self.built = _torch.split_decomp_table(dict(full.materialize()))
         return self.built
 
 
@@ -248,9 +228,7 @@ def split_table(
     table's templates. The key is the split's ``token``. The default table's sides
     answer lookups without building torch's split (see :class:`DefaultSide`).
     """
-    from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
-
-    regs = _cia_registrations()
+    regs = _torch.cia_registrations()
     key: tuple[Any, ...]
     if table is None:
         key = ("default", regs, frozenset(keep))
@@ -265,7 +243,7 @@ def split_table(
         split = DefaultSplit(frozenset(keep))
         tables = Tables(DefaultSide(split, "cia"), DefaultSide(split, "python"), key)
     else:
-        cia, python = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+        cia, python = _torch.split_decomp_table(dict(table))
         tables = Tables(cia, python, key)
     with state.LOCK:
         if any(k[1] != regs for k in SPLITS):
@@ -308,8 +286,6 @@ def rewrites(op: Any, tables: Tables) -> bool:
     CompositeImplicitAutograd op is decomposed unless the table preserves it (torch's
     split marks the preserved).
     """
-    from torch.export.exported_program import _special_op_to_preserve_cia
-
     if op in SIZE_OPS:
         return False
     if _program.is_mutable_op(op) or op in FUNCTIONALIZED:
@@ -317,35 +293,13 @@ def rewrites(op: Any, tables: Tables) -> bool:
     if op in tables.python or op.overloadpacket in tables.python:
         return True
     if is_cia(op):
-        return tables.cia.get(op) is not _special_op_to_preserve_cia
+        return tables.cia.get(op) is not _torch.preserve_marker()
     return False
 
 
 def is_cia(op: Any) -> bool:
     """Whether ``op`` has a CompositeImplicitAutograd kernel (``_is_cia_op``)."""
-    from torch._export.utils import _is_cia_op
-
-    return bool(_is_cia_op(op))
-
-
-def preserve_marker() -> Any:
-    """The entry a split gives an operator the table keeps (torch's
-    ``_special_op_to_preserve_cia``)."""
-    from torch.export.exported_program import _special_op_to_preserve_cia
-
-    return _special_op_to_preserve_cia
-
-
-@functools.cache
-def cia_binding_code() -> types.CodeType | None:
-    """The code of the function torch's ``_get_decomp_for_cia`` binds to an operator
-    (a new ``functools.partial`` at every call, so known by its code object)."""
-    from torch._export.utils import _get_decomp_for_cia
-
-    for const in _get_decomp_for_cia.__code__.co_consts:
-        if isinstance(const, types.CodeType) and const.co_name == "_special_op_to_decompose_cia":
-            return const
-    return None
+    return _torch.is_cia_op(op)
 
 
 def splices(node: torch.fx.Node, tables: Tables) -> bool:

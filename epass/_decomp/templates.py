@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _program, _torch
 from epass._decomp import (
     batch,
     encoding,
@@ -29,7 +29,7 @@ from epass._decomp import (
     tracing,
 )
 from epass._decomp.safety import Fallback
-from epass._program import pytree
+from epass._torch import pytree
 
 __all__ = [
     "Session",
@@ -132,11 +132,9 @@ class Session:
 
     @contextlib.contextmanager
     def overrides(self) -> Iterator[None]:
-        from torch.export.exported_program import _override_composite_implicit_decomp
-
         if not self._entered:
             self._stack.enter_context(state.torch_state(self.tables.cia))
-            self._stack.enter_context(_override_composite_implicit_decomp(self.tables.cia))
+            self._stack.enter_context(_torch.override_cia(self.tables.cia))
             self._entered = True
         yield
 
@@ -172,7 +170,7 @@ def pending_calls(
         nodes += 1
         if not (
             node.op == "call_function"
-            and isinstance(node.target, torch._ops.OpOverload)
+            and isinstance(node.target, _torch.OpOverload)
             and table.rewrites(node.target, tables)
         ):
             continue
@@ -356,7 +354,7 @@ def template_work(ep: ExportedProgram, tables: table.Tables) -> tuple[int, int, 
 def _disk_key(
     op: Any, spec: str, parts: tuple[Any, ...], name: identity.CacheName, fake_mode: Any
 ) -> keys.DiskKey | None:
-    if name.table is None or not isinstance(op, torch._ops.OpOverload):
+    if name.table is None or not isinstance(op, _torch.OpOverload):
         return None
     if store.directory() is None:
         return None
@@ -391,7 +389,7 @@ def _storable(template: tracing.Template, tables: table.Tables) -> bool:
         # the size, whatever the override.
         if (
             node.op == "call_function"
-            and isinstance(target, torch._ops.OpOverload)
+            and isinstance(target, _torch.OpOverload)
             and target not in table.SIZE_OPS
             and (table.is_cia(target) or table.rewrites(target, tables))
         ):

@@ -10,10 +10,10 @@ from typing import Any
 import attrs
 import torch
 
-from epass import _program
+from epass import _program, _torch
 from epass._decomp import keys, safety, shapes, state, table
 from epass._decomp.safety import Fallback
-from epass._program import pytree
+from epass._torch import pytree
 
 __all__ = [
     "INHERITED_META",
@@ -38,9 +38,7 @@ Overrides = Callable[[], contextlib.AbstractContextManager[None]]
 # them meanwhile (``original_aten`` is set around each ATen call and reset to None
 # after it). ``custom`` is merged and ``nn_module_stack`` follows its own rule.
 INHERITED_META = tuple(
-    f
-    for f in torch.fx.proxy._COPY_META_FIELDS
-    if f not in ("from_node", "custom", "nn_module_stack")
+    f for f in _torch.copied_meta_fields() if f not in ("from_node", "custom", "nn_module_stack")
 )
 
 
@@ -121,15 +119,8 @@ def call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.fx
     the new value of the tensor it writes, which its result aliases). Raise
     :class:`safety.Fallback` when it mutates anything else, or changes the metadata of
     what it writes."""
-    from torch._functorch._aot_autograd.functional_utils import (
-        from_fun,
-        has_data_mutation,
-        has_metadata_mutation,
-        to_fun,
-    )
-
     xs = list(xs)
-    funs = [to_fun(x) for x in xs]
+    funs = [_torch.to_fun(x) for x in xs]
     it = iter(funs)
     filled = [next(it) if isinstance(a, torch.fx.Node) else a for a in flat]
     a, k = pytree.tree_unflatten(filled, spec)
@@ -137,16 +128,12 @@ def call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.fx
     written = None if at is None or at >= len(a) else a[at]
     # The retrace runs each node under that node's meta (the interpreter's
     # set_current_meta), which drops annotations of the tracer's own frames.
-    with torch.fx.traceback.set_current_meta(blank):
+    with _torch.current_meta(blank):
         out = op(*a, **k)
     for f, x in zip(funs, xs, strict=True):
-        if not isinstance(f, torch.Tensor):
-            continue
-        if has_metadata_mutation(f, x, check_only_storage_mutation=False) or (
-            f is not written and has_data_mutation(f)
-        ):
+        if isinstance(f, torch.Tensor) and _torch.mutated(f, x, data=f is not written):
             raise Fallback(f"the decomposition of {op} mutates an input")
-    return pytree.tree_map(from_fun, out)
+    return pytree.tree_map(_torch.from_fun, out)
 
 
 def capture(
@@ -160,31 +147,11 @@ def capture(
     """``make_fx(fn)(*fakes)`` under the stack a template trace runs in. ``frames``:
     record on each node the ``forward`` frames it was made in, as the retrace's tracer
     does for a node with no stack trace of its own (a region's body)."""
-    from torch._dispatch.python import enable_python_dispatcher
-    from torch._export.utils import _compiling_state_context
-    from torch._subclasses.functional_tensor import FunctionalTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     # The same stack as AOTAutograd's graph capture inside export's retrace, less the
     # CompositeImplicitAutograd override: patching every such operator costs more
     # than most traces, so a session enters it once for all of a program's traces.
-    with (
-        overrides(),
-        fake_mode,
-        state.backend_decomps_off(),
-        _compiling_state_context(),
-        torch.no_grad(),
-        torch.fx.traceback.preserve_node_meta(),
-        enable_python_dispatcher(),
-        FunctionalTensorMode(pre_dispatch=False, export=False, _allow_token_discovery=True),
-    ):
-        return make_fx(
-            fn,
-            decomposition_table=dict(tables.python),
-            record_module_stack=True,
-            pre_dispatch=False,
-            record_stack_traces=frames,
-        )(*fakes)
+    with overrides(), fake_mode, state.backend_decomps_off():
+        return _torch.make_fx_as_export(fn, fakes, dict(tables.python), frames=frames)
 
 
 def check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> None:

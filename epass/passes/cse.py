@@ -10,7 +10,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.dialect.common.cse_pass import get_CSE_banned_ops
 
 from epass import _graph, _writes
-from epass._program import pytree
+from epass._torch import pytree
 from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 

@@ -16,7 +16,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _graph, _program, _torch
-from epass._decomp import INTERNALS, identity, keys, safety, shapes, splice, state, templates
+from epass._decomp import identity, keys, safety, shapes, splice, state, templates
 from epass._decomp.check import first_difference
 from epass._decomp.table import REGIONS, Tables, rewrites, splices, split_table
 from epass.errors import (
@@ -394,7 +394,7 @@ class Decompose:
         except safety.Fallback as exc:
             return None, None, exc.reason
         except Exception as exc:  # torch's retrace decides, and explains its failure
-            return None, None, _torch.unexpected(exc, (*INTERNALS, *_program.INTERNALS))
+            return None, None, _torch.unexpected(exc)
         return out, rewritten, None
 
     def _tables(self) -> Tables:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim
 
-from epass import Decompose
+from epass import Decompose, _torch
 from epass._decomp import check, safety, views
 
 aten = torch.ops.aten
@@ -21,9 +21,9 @@ aten = torch.ops.aten
 # Write-backs through chains of views, into views a decomposition returns, items of a
 # split of a written tensor and size queries placed where the retrace makes them are
 # made exact for torch 2.13's functionalization; on another release they keep the
-# retrace (safety.EXACT_RELEASE).
+# retrace (_torch.EXACT_RELEASE).
 only_exact_release = pytest.mark.skipif(
-    not safety.EXACT_RELEASE, reason="made exact for torch 2.13 only; retraces elsewhere"
+    not _torch.EXACT_RELEASE, reason="made exact for torch 2.13 only; retraces elsewhere"
 )
 
 

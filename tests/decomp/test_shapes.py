@@ -20,8 +20,8 @@ from decomp_helpers import entry_paths, run_script
 from torch import nn
 from torch.export import Dim
 
-from epass import Decompose
-from epass._decomp import keys, safety, shapes, splice, state, store, templates
+from epass import Decompose, _torch
+from epass._decomp import keys, shapes, splice, state, store, templates
 from epass._decomp.check import first_difference
 from epass._decomp.table import split_table
 from epass.errors import DecompositionMismatchError
@@ -443,7 +443,7 @@ class _Convs(nn.Module):
 
 
 @pytest.mark.skipif(
-    not safety.EXACT_RELEASE, reason="size queries placed for torch 2.13 only; retraces elsewhere"
+    not _torch.EXACT_RELEASE, reason="size queries placed for torch 2.13 only; retraces elsewhere"
 )
 @pytest.mark.parametrize("kind", ["1-d", "2-d"])
 def test_sizes_a_decompositions_convolution_computes_are_read_where_the_retrace_reads_them(kind):

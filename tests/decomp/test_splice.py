@@ -15,17 +15,16 @@ from test_properties import LAYERS, Drawn
 from torch import nn
 from torch.export import Dim
 
-from epass import Decompose, PassManager
-from epass._decomp import safety
+from epass import Decompose, PassManager, _torch
 
 aten = torch.ops.aten
 
 # Write-backs through chains of views, into views a decomposition returns, items of a
 # split of a written tensor and size queries placed where the retrace makes them are
 # made exact for torch 2.13's functionalization; on another release they keep the
-# retrace (safety.EXACT_RELEASE).
+# retrace (_torch.EXACT_RELEASE).
 only_exact_release = pytest.mark.skipif(
-    not safety.EXACT_RELEASE, reason="made exact for torch 2.13 only; retraces elsewhere"
+    not _torch.EXACT_RELEASE, reason="made exact for torch 2.13 only; retraces elsewhere"
 )
 
 
