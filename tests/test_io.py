@@ -542,7 +542,12 @@ def test_bytes_rewritten_after_screening_are_not_what_torch_reads(
     reference = torch.export.load(program_file)
     assert [n.target for n in ep.graph.nodes] == [n.target for n in reference.graph.nodes]
     assert sorted(ep.state_dict) == sorted(reference.state_dict)
-    assert all(not v.any() for v in ep.state_dict.values())
+    # Raw tensor data comes from the disk after the wipe (zeros), or, where torch's zip
+    # reader has no record-size call (torch 2.11, 2.12) and each record is read whole to
+    # tell its size, from the bytes the view kept from that read: never anything else.
+    wiped = [not v.any() for v in ep.state_dict.values()]
+    screened = [torch.equal(v, reference.state_dict[k]) for k, v in ep.state_dict.items()]
+    assert all(wiped) or all(screened), (wiped, screened)
 
 
 def test_screen_refuses_members_torch_finds_elsewhere(program_file: Path, tmp_path: Path) -> None:

@@ -347,7 +347,10 @@ def test_the_guards_the_retrace_runs_are_run_and_carried_as_the_retrace_carries_
     result = Decompose(check=True)(_inception(model))
     assert result.notes["method"] == "incremental", result.notes
     assert result.notes["checked"] is True
-    x = torch.randn(1, 3, 80, 112)
+    # Another size than the export's, one that its guards admit on every release
+    # (torch 2.11's export also guards the parity of each pooled size).
+    x = torch.randn(1, 3, 64, 64)
+    ep.module()(x)
     torch.testing.assert_close(result.program.module()(x), model(x))
 
 
