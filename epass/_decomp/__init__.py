@@ -3,7 +3,7 @@
 One concept a module, each importing only from those listed before it
 (pyproject.toml's contract "the decomposition engine's modules"):
 
-- ``store``: the files of the on-disk template cache (stdlib only at import, so that
+- ``disk``: the files of the on-disk template cache (stdlib only at import, so that
   ``epass cache`` starts without torch); ``encoding``: a template as JSON data and
   back (stdlib only at import too).
 - ``state``: torch's process-global state: ``LOCK``, ``torch_state``,
@@ -17,9 +17,12 @@ One concept a module, each importing only from those listed before it
 - ``keys``: arguments as the dispatcher passes them, template keys, fresh fakes.
 - ``tracing``: tracing one decomposition into a template.
 - ``batch``: one trace for many templates.
+- ``views``: views of tensors written in place, regenerated where the retrace's
+  functionalization regenerates them.
 - ``templates``: finding a template (memory, disk, batch, trace), the caches' public
   ``cache_info`` / ``clear_cache``, and what a program still needs traced.
 - ``signature``: the retrace's inputs, in its order and under its names.
+- ``writeback``: writes through views written back through each view's inverse.
 - ``splice``: ``decompose``, the engine itself.
 - ``check``: check mode, ``first_difference`` from torch's program.
 

@@ -1,6 +1,6 @@
 """A template graph as JSON data and back, for the disk cache.
 
-Stdlib only at import, like the store. Operators are written and looked up by name
+Stdlib only at import, like the disk cache. Operators are written and looked up by name
 among ``torch.ops.aten`` / ``torch.ops.prims`` only, plain functions among a fixed
 list, values by tag. Nothing in an entry is ever imported, unpickled or evaluated.
 """

@@ -23,7 +23,7 @@ import attrs
 import torch
 
 from epass import _torch
-from epass._decomp import state, store
+from epass._decomp import disk, state
 from epass._decomp.table import DefaultSide, Tables
 
 __all__ = [
@@ -374,7 +374,7 @@ def cache_name(tables: Tables) -> CacheName:
         names = name_table(others)
     except Unnamed as exc:
         return CacheName(None, exc.reason, read)
-    return CacheName(store.digest([fixed, names])[1], None, read)
+    return CacheName(disk.digest([fixed, names])[1], None, read)
 
 
 def _name_entries(tables: Tables) -> tuple[str, list[Any]]:
@@ -403,7 +403,7 @@ def _name_entries(tables: Tables) -> tuple[str, list[Any]]:
             names.append((side, str(op), own))
         else:
             others.append((side, op, fn))
-    return store.digest([*fixed, sorted(names)])[1], others
+    return disk.digest([*fixed, sorted(names)])[1], others
 
 
 def _python_cia_kernels() -> list[tuple[str, Any, Any]]:

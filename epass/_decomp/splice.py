@@ -17,12 +17,12 @@ from torch.export import ExportedProgram
 
 from epass import _program, _torch
 from epass._decomp import (
+    disk,
     keys,
     safety,
     shapes,
     signature,
     state,
-    store,
     table,
     templates,
     views,
@@ -460,7 +460,7 @@ def decompose(
             return result
         finally:
             session.close()
-            store.prune_soon()
+            disk.prune_soon()
 
 
 def _decompose(

@@ -18,13 +18,13 @@ from torch.export import ExportedProgram
 from epass import _program, _torch
 from epass._decomp import (
     batch,
+    disk,
     encoding,
     identity,
     keys,
     safety,
     shapes,
     state,
-    store,
     table,
     tracing,
 )
@@ -74,7 +74,7 @@ def cache_info() -> dict[str, Any]:
         info = epass.cache_info()
         print(info["disk"]["directory"], info["disk"]["entries"])
     """
-    return {"memory": memory_info(), "disk": store.info()}
+    return {"memory": memory_info(), "disk": disk.info()}
 
 
 def clear_cache() -> dict[str, Any]:
@@ -82,7 +82,7 @@ def clear_cache() -> dict[str, Any]:
     (``disk_entries``) and the files of the entries folder that were left, each with
     why (``left``: a file this cache did not write is never removed)."""
     clear_memory()
-    removed, left = store.clear()
+    removed, left = disk.clear()
     return {"disk_entries": removed, "left": left}
 
 
@@ -188,7 +188,7 @@ def pending_calls(
             if key in cache:
                 continue
         disk_key = _disk_key(node.target, spec, parts, session.name, fake_mode)
-        if disk_key is None or not store.exists(disk_key.data):
+        if disk_key is None or not disk.exists(disk_key.data):
             values = [a.meta["val"] for a in inputs]
             pending.append(batch.Pending(key, disk_key, node.target, args, kwargs, values, flags))
     return pending, unkeyed, nodes
@@ -230,7 +230,7 @@ def fill(ep: ExportedProgram, tables: table.Tables, limit: int | None = None) ->
             templates = batch.trace_batch(calls, tables, fake_mode, session.overrides)
         finally:
             session.close()
-            store.prune_soon()
+            disk.prune_soon()
         for call in calls:
             template = templates.get(call.key)
             if template is None:
@@ -291,7 +291,7 @@ def find(
         if disk_key is not None:
             _store(disk_key, template, tables)
         elif session.name.table is None:
-            store.count("bypassed")
+            disk.count("bypassed")
     with state.LOCK:
         _keep(cache, key, template)
     return template, inputs
@@ -356,10 +356,10 @@ def _disk_key(
 ) -> keys.DiskKey | None:
     if name.table is None or not isinstance(op, _torch.OpOverload):
         return None
-    if store.directory() is None:
+    if disk.directory() is None:
         return None
     data: dict[str, Any] = {
-        **store.environment(),
+        **disk.environment(),
         "op": str(op),
         "spec": spec,
         "parts": repr(parts),
@@ -421,7 +421,7 @@ def _store(key: keys.DiskKey, template: tracing.Template, tables: table.Tables) 
         return
     if taught is not None:
         body["lesson"] = taught
-    store.store(key.data, body)
+    disk.save(key.data, body)
 
 
 def _load(
@@ -432,7 +432,7 @@ def _load(
     watch: shapes.Watch,
     expected: Any = None,
 ) -> tracing.Template | None:
-    body = store.load(key.data)
+    body = disk.load(key.data)
     if body is None:
         return None
     op = call[0]
@@ -450,10 +450,10 @@ def _load(
             with watch.retrace(f"the lesson of the template of {op}"):
                 shapes.teach(watch.shape_env, taught, key.names)
     except shapes.Changed:
-        store.reject(key.data, "changed the shape environment")
+        disk.reject(key.data, "changed the shape environment")
         raise
     except Exception as exc:
-        store.reject(key.data, f"{type(exc).__name__}: {exc}")
+        disk.reject(key.data, f"{type(exc).__name__}: {exc}")
         return None
     return template
 

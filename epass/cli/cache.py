@@ -1,6 +1,7 @@
 """``epass cache``: the decomposition-template cache on disk, shown or emptied.
 
-The store is stdlib-only at import: this command starts without torch.
+The disk cache (:mod:`epass._decomp.disk`) is stdlib-only at import: this command
+starts without torch.
 """
 
 from __future__ import annotations
@@ -26,24 +27,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, out: Out) -> int:
-    from epass._decomp import store
+    from epass._decomp import disk
 
     if args.action == "clear":
-        removed, left = store.clear()
-        where = store.directory()
+        removed, left = disk.clear()
+        where = disk.directory()
         out.line(f"removed {removed} entries from {where}" if where else "the cache is off")
         if left:
             out.line(f"left {len(left)} that this cache did not write: {', '.join(left[:10])}")
         return 0
-    info = store.info()
+    info = disk.info()
     if args.json:
         print(json_text(info))
         return 0
     if not info["enabled"]:
-        out.line(f"the template cache is off ({store.DIR_ENV} is empty)")
+        out.line(f"the template cache is off ({disk.DIR_ENV} is empty)")
         return 0
     mib = 1024 * 1024
     out.line(f"directory: {info['directory']}")
     out.line(f"entries: {info['entries']} ({info['bytes'] / mib:.1f} MiB)")
-    out.line(f"limit: {info['max_bytes'] / mib:.1f} MiB ({store.SIZE_ENV})")
+    out.line(f"limit: {info['max_bytes'] / mib:.1f} MiB ({disk.SIZE_ENV})")
     return 0

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from epass._decomp import store, templates
+from epass._decomp import disk, templates
 
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty disk cache of this test's own, the memory cache emptied around it and
-    the store's one warning not yet given."""
+    the disk cache's one warning not yet given."""
     folder = tmp_path / "cache"
     monkeypatch.setenv("EPASS_CACHE_DIR", str(folder))
-    monkeypatch.setattr(store, "WARNED", False)
+    monkeypatch.setattr(disk, "WARNED", False)
     templates.clear_memory()
     yield folder
     templates.clear_memory()

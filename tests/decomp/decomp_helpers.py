@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from epass import Decompose
-from epass._decomp import store
+from epass._decomp import disk
 from epass.passes.decompose import DecomposeResult
 
 # The checkout: subprocesses run there, with it on their path.
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def entry_paths(folder: Path) -> list[Path]:
     """The entry files of the disk cache in ``folder``."""
-    return sorted((folder / f"templates-v{store.FORMAT}").glob("*.json"))
+    return sorted((folder / f"templates-v{disk.FORMAT}").glob("*.json"))
 
 
 def run_script(script: str, cache: Path, *args: str, env: Mapping[str, str] = {}) -> Any:

@@ -94,7 +94,7 @@ _SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     import behaviours
     from epass import Decompose
-    from epass._decomp import store
+    from epass._decomp import disk
     from epass._decomp.check import first_difference
     from epass._decomp.state import run_decompositions
 
@@ -111,7 +111,7 @@ _SCRIPT = textwrap.dedent(
             result.program.module()(x).tolist(),
             ref.module()(x).tolist(),
         ]
-    print(json.dumps({"tables": found, "disk": store.info()}))
+    print(json.dumps({"tables": found, "disk": disk.info()}))
     """
 )
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from epass import Decompose
-from epass._decomp import keys, safety, store
+from epass._decomp import disk, keys, safety
 from epass._decomp.check import first_difference
 from epass._decomp.state import run_decompositions
 
@@ -167,7 +167,7 @@ _VARIANTS = {
 def test_programs_differing_in_one_input_property_each_get_torchs_graph(
     variant, tmp_path, monkeypatch
 ):
-    monkeypatch.setenv(store.DIR_ENV, str(tmp_path))  # a disk cache of its own
+    monkeypatch.setenv(disk.DIR_ENV, str(tmp_path))  # a disk cache of its own
     for ep in _VARIANTS[variant]():
         result = Decompose(method="incremental")(ep)
         ref = run_decompositions(ep)[0]
@@ -243,7 +243,7 @@ class _ByTransposedParameter(nn.Module):
 def test_a_view_of_a_parameter_requires_grad_in_the_retrace(read, tmp_path, monkeypatch):
     # The retrace computes under no_grad, yet a view of a parameter requires grad
     # there as in eager mode, and matmul folds into mm because of it.
-    monkeypatch.setenv(store.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(disk.DIR_ENV, str(tmp_path))
     module = _ByTransposedParameter()
     if read == "split":
         module.forward = lambda x: (  # type: ignore[method-assign]

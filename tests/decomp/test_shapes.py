@@ -21,7 +21,7 @@ from torch import nn
 from torch.export import Dim
 
 from epass import Decompose, _torch
-from epass._decomp import keys, shapes, splice, state, store, templates
+from epass._decomp import disk, keys, shapes, splice, state, templates
 from epass._decomp.check import first_difference
 from epass._decomp.table import split_table
 from epass.errors import DecompositionMismatchError
@@ -80,7 +80,7 @@ _DYNAMIC_SCRIPT = textwrap.dedent(
     sys.path.insert(0, "tests")
     import models
     from epass import Decompose
-    from epass._decomp import keys, shapes, state, store
+    from epass._decomp import disk, keys, shapes, state
     from epass._decomp.check import first_difference
     import io, torch
     result = {}
@@ -103,7 +103,7 @@ _DYNAMIC_SCRIPT = textwrap.dedent(
             "guards": [guards, out.program._guards_code, ref._guards_code],
             "code": out.program.graph_module.code,
         }
-    print(json.dumps({"programs": result, "disk": store.info()}))
+    print(json.dumps({"programs": result, "disk": disk.info()}))
     """
 )
 
@@ -203,12 +203,12 @@ def test_a_tampered_stored_value_is_rejected_and_the_template_traced_again(cache
     entry["sha256"] = hashlib.sha256(body.encode()).hexdigest()
     path.write_text(json.dumps(entry))
     templates.clear_memory()
-    before = store.info()["rejected"]
+    before = disk.info()["rejected"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = Decompose(method="incremental")(ep)
     assert [w for w in caught if "another value" in str(w.message)]
-    assert store.info()["rejected"] - before == 1
+    assert disk.info()["rejected"] - before == 1
     assert first_difference(result.program, state.run_decompositions(ep)[0]) is None
     assert json.loads(path.read_text())["template"] != entry["template"]  # rebuilt
 
@@ -236,9 +236,9 @@ def test_a_template_whose_trace_taught_a_guard_is_stored_with_its_lesson(cache):
     assert lessons
     templates.clear_memory()
     warm = _loaded(exported)
-    hits = store.info()["hits"]
+    hits = disk.info()["hits"]
     result = Decompose(method="incremental", check=True)(warm)
-    assert result.notes["method"] == "incremental" and store.info()["hits"] > hits
+    assert result.notes["method"] == "incremental" and disk.info()["hits"] > hits
     assert [g.expr for g in keys.fake_mode_of(warm).shape_env.guards] == taught
 
     path, entry = lessons[0]

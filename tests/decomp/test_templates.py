@@ -21,7 +21,7 @@ from decomp_helpers import ROOT, entry_paths, run_script
 
 import epass
 from epass import Decompose
-from epass._decomp import state, store, templates
+from epass._decomp import disk, state, templates
 from epass._decomp.check import first_difference
 from epass._decomp.table import split_table
 from epass.passes import decompose as decompose_module
@@ -49,7 +49,7 @@ _ZOO_SCRIPT = textwrap.dedent(
     sys.path.insert(0, "tests")
     import models
     from epass import Decompose
-    from epass._decomp import state, store
+    from epass._decomp import disk, state
     from epass._decomp.check import first_difference
     result = {}
     for name in sys.argv[1].split(","):
@@ -61,7 +61,7 @@ _ZOO_SCRIPT = textwrap.dedent(
                 out.notes["method"], first_difference(out.program, ref),
                 out.program.graph_module.code,
             ]
-    print(json.dumps({"programs": result, "disk": store.info()}))
+    print(json.dumps({"programs": result, "disk": disk.info()}))
     """
 )
 
@@ -109,7 +109,7 @@ def test_two_processes_filling_one_directory_leave_it_sound(tmp_path):
         assert p.returncode == 0, err[-3000:]
         for key, (_, difference, _) in json.loads(out.splitlines()[-1])["programs"].items():
             assert difference is None, key
-    assert not [n for n in os.listdir(cache / f"templates-v{store.FORMAT}") if n.endswith(".tmp")]
+    assert not [n for n in os.listdir(cache / f"templates-v{disk.FORMAT}") if n.endswith(".tmp")]
     third = run_script(_ZOO_SCRIPT, cache, "transformer,convbn")
     assert third["disk"]["rejected"] == 0 and third["disk"]["writes"] == 0
     assert third["disk"]["hits"] > 0
@@ -158,7 +158,7 @@ def test_hostile_and_broken_entries_are_ignored_with_one_warning(cache, tmp_path
 
     _rewrite(entries[7], save)  # would write the marker if called
     templates.clear_memory()
-    before = store.info()["rejected"]  # the process's count, whatever ran before
+    before = disk.info()["rejected"]  # the process's count, whatever ran before
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = Decompose(method="incremental")(ep).program
@@ -166,10 +166,10 @@ def test_hostile_and_broken_entries_are_ignored_with_one_warning(cache, tmp_path
     assert len(mine) == 1, [str(w.message) for w in mine]
     assert not marker.exists()  # nothing in the entries ran
     assert first_difference(out, state.run_decompositions(ep)[0]) is None
-    assert store.info()["rejected"] - before == 8
+    assert disk.info()["rejected"] - before == 8
     # Rejected entries were rebuilt: the next process finds sound ones.
     for path in entries[:8]:
-        assert json.loads(path.read_text())["format"] == store.FORMAT
+        assert json.loads(path.read_text())["format"] == disk.FORMAT
 
 
 def test_public_cache_info_and_clear_cover_memory_and_disk(cache):
@@ -263,12 +263,12 @@ def test_an_entry_whose_result_does_not_match_the_operator_is_rejected_and_rebui
     _rewrite(linear, lambda e: e["template"].update(output={"ref": 1}))  # the weight
     _rewrite(transpose, lambda e: e["template"].update(output={"list": []}))
     templates.clear_memory()
-    before = store.info()["rejected"]
+    before = disk.info()["rejected"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = Decompose(method="incremental")(ep)
     assert len([w for w in caught if "template cache" in str(w.message)]) == 1
-    assert store.info()["rejected"] - before == 2
+    assert disk.info()["rejected"] - before == 2
     assert result.notes["method"] == "incremental"
     assert first_difference(result.program, state.run_decompositions(ep)[0]) is None
     for path in (linear, transpose):  # rebuilt

@@ -48,7 +48,7 @@ __all__ = [
     "prune",
     "prune_soon",
     "reject",
-    "store",
+    "save",
 ]
 
 DIR_ENV = "EPASS_CACHE_DIR"
@@ -275,7 +275,7 @@ def discard(key: Any) -> None:
 
 
 @_quiet(False)
-def store(key: Any, template: Any) -> bool:
+def save(key: Any, template: Any) -> bool:
     """Write one entry atomically (a temporary file renamed into place)."""
     folder = _entries_dir(create=True)
     if folder is None:
@@ -498,7 +498,7 @@ def reject(key: Any, reason: str) -> None:
 @_quiet(None)
 def prune_soon() -> None:
     """Prune when this process's writes could have taken the cache past its bound
-    (read again: it may have been lowered since). :func:`store` checks at every
+    (read again: it may have been lowered since). :func:`save` checks at every
     write; neither scans the directory unless a prune may be due."""
     with _LOCK:
         folders = list(KNOWN)

@@ -1,4 +1,4 @@
-"""``epass._decomp.store``: the files of the template cache on disk, private, bounded,
+"""``epass._decomp.disk``: the files of the template cache on disk, private, bounded,
 safe against whatever lies in its directory, shared by concurrent processes, and
 read by ``epass cache`` without torch."""
 
@@ -21,7 +21,7 @@ from decomp_helpers import ROOT, entry_paths
 
 import epass
 from epass import Decompose
-from epass._decomp import store, templates
+from epass._decomp import disk, templates
 
 aten = torch.ops.aten
 
@@ -30,12 +30,12 @@ def test_cache_directory_is_private_and_entries_are_data(cache):
     _, ep, _ = models.export("mlp")
     Decompose(method="incremental")(ep)
     assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(cache / f"templates-v{store.FORMAT}").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(cache / f"templates-v{disk.FORMAT}").st_mode) == 0o700
     entries = entry_paths(cache)
     assert entries
     for path in entries:
         entry = json.loads(path.read_text())
-        assert entry["format"] == store.FORMAT
+        assert entry["format"] == disk.FORMAT
         assert entry["key"]["torch"] == torch.__version__
 
 
@@ -50,9 +50,9 @@ def test_an_empty_cache_dir_setting_turns_the_disk_cache_off(cache, monkeypatch)
 def test_default_directory_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("EPASS_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert store.directory() == tmp_path / "epass"
+    assert disk.directory() == tmp_path / "epass"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert store.directory() == Path.home() / ".cache" / "epass"
+    assert disk.directory() == Path.home() / ".cache" / "epass"
 
 
 def test_eviction_drops_the_least_recently_used_entries(cache):
@@ -62,7 +62,7 @@ def test_eviction_drops_the_least_recently_used_entries(cache):
     for age, path in enumerate(entries):
         os.utime(path, (1000 + age, 1000 + age))
     sizes = [p.stat().st_size for p in entries]
-    removed = store.prune(sum(sizes[2:]))
+    removed = disk.prune(sum(sizes[2:]))
     assert removed == 2
     assert [p.exists() for p in entries] == [False, False] + [True] * (len(entries) - 2)
 
@@ -81,12 +81,12 @@ def test_a_hit_refreshes_the_entry_for_eviction(cache):
 def test_a_cache_size_that_is_not_a_size_warns_once_naming_it_and_keeps_the_default(
     cache, monkeypatch, value
 ):
-    monkeypatch.setattr(store, "BAD_SIZES", set(), raising=False)
+    monkeypatch.setattr(disk, "BAD_SIZES", set(), raising=False)
     monkeypatch.setenv("EPASS_CACHE_SIZE", value)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert store.limit() == 64 * 1024 * 1024
-        assert store.info()["max_bytes"] == 64 * 1024 * 1024
+        assert disk.limit() == 64 * 1024 * 1024
+        assert disk.info()["max_bytes"] == 64 * 1024 * 1024
     assert len(caught) == 1
     assert f"EPASS_CACHE_SIZE={value!r}" in str(caught[0].message)
 
@@ -100,7 +100,7 @@ def test_a_cache_size_takes_bytes_or_binary_units(monkeypatch, value, size):
     monkeypatch.setenv("EPASS_CACHE_SIZE", value)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert store.limit() == size
+        assert disk.limit() == size
 
 
 def _disk_bytes(folder: Path) -> int:
@@ -109,28 +109,28 @@ def _disk_bytes(folder: Path) -> int:
 
 def test_a_small_cache_stays_within_its_bound_over_many_writes(cache, monkeypatch):
     monkeypatch.setenv("EPASS_CACHE_SIZE", "16K")
-    monkeypatch.setattr(store, "KNOWN", {}, raising=False)
+    monkeypatch.setattr(disk, "KNOWN", {}, raising=False)
     scans = []
-    files = store.entry_files
-    monkeypatch.setattr(store, "entry_files", lambda d: scans.append(d) or files(d))
+    files = disk.entry_files
+    monkeypatch.setattr(disk, "entry_files", lambda d: scans.append(d) or files(d))
     writes = 0
     for session in range(30):  # as the decomposition engine does: writes, then prune_soon
         for i in range(10):
-            assert store.store({"session": session, "i": i}, {"pad": "x" * 900})
+            assert disk.save({"session": session, "i": i}, {"pad": "x" * 900})
             writes += 1
             assert _disk_bytes(cache) <= 16 * 1024, (session, i)
-        store.prune_soon()
+        disk.prune_soon()
     assert _disk_bytes(cache) > 16 * 1024 * 0.7  # pruned to fit, not emptied
     assert len(scans) < writes / 3  # no directory scan per write
 
 
 def test_an_entry_larger_than_the_bound_is_not_written_and_evicts_nothing(cache, monkeypatch):
     monkeypatch.setenv("EPASS_CACHE_SIZE", "4K")
-    assert store.store({"small": 1}, {"pad": "x"})
-    assert not store.store({"large": 1}, {"pad": "x" * 5000})
+    assert disk.save({"small": 1}, {"pad": "x"})
+    assert not disk.save({"large": 1}, {"pad": "x" * 5000})
     assert [json.loads(p.read_text())["key"] for p in entry_paths(cache)] == [{"small": 1}]
     monkeypatch.setenv("EPASS_CACHE_SIZE", "0")  # keeps nothing
-    assert not store.store({"small": 2}, {"pad": "x"})
+    assert not disk.save({"small": 2}, {"pad": "x"})
 
 
 # Writes COUNT entries of about 1 kB from START, calling prune_soon every 10 as the
@@ -138,12 +138,12 @@ def test_an_entry_larger_than_the_bound_is_not_written_and_evicts_nothing(cache,
 _WRITER = textwrap.dedent(
     """
     import sys
-    from epass._decomp import store
+    from epass._decomp import disk
     start, count = int(sys.argv[1]), int(sys.argv[2])
     for i in range(start, start + count):
-        assert store.store({"writer": i}, {"pad": "x" * 900})
+        assert disk.save({"writer": i}, {"pad": "x" * 900})
         if i % 10 == 9:
-            store.prune_soon()
+            disk.prune_soon()
     """
 )
 
@@ -204,28 +204,28 @@ def test_a_cache_directory_others_can_write_is_not_used(cache):
     os.chmod(cache, 0o777)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert store.store({"k": 1}, {"inputs": []}) is False
-        assert store.load({"k": 1}) is None
+        assert disk.save({"k": 1}, {"inputs": []}) is False
+        assert disk.load({"k": 1}) is None
     assert any("writable by other users" in str(w.message) for w in caught)
-    assert not (cache / f"templates-v{store.FORMAT}").exists() or not entry_paths(cache)
+    assert not (cache / f"templates-v{disk.FORMAT}").exists() or not entry_paths(cache)
     os.chmod(cache, 0o700)
-    (cache / f"templates-v{store.FORMAT}").mkdir(exist_ok=True)
-    os.chmod(cache / f"templates-v{store.FORMAT}", 0o757)
-    assert store.store({"k": 1}, {"inputs": []}) is False
+    (cache / f"templates-v{disk.FORMAT}").mkdir(exist_ok=True)
+    os.chmod(cache / f"templates-v{disk.FORMAT}", 0o757)
+    assert disk.save({"k": 1}, {"inputs": []}) is False
 
 
 def test_an_entry_that_is_a_fifo_or_a_symlink_is_ignored_without_blocking(cache, tmp_path):
     import threading
 
     key = {"k": 1}
-    assert store.store(key, {"inputs": []})
-    path = cache / f"templates-v{store.FORMAT}" / f"{store.digest(key)[1]}.json"
+    assert disk.save(key, {"inputs": []})
+    path = cache / f"templates-v{disk.FORMAT}" / f"{disk.digest(key)[1]}.json"
     results: list = []
 
     def load():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            results.append((store.load(key), [str(w.message) for w in caught]))
+            results.append((disk.load(key), [str(w.message) for w in caught]))
 
     path.unlink()
     os.mkfifo(path)  # opening it for reading would wait for a writer forever
@@ -245,18 +245,18 @@ def test_an_entry_that_is_a_fifo_or_a_symlink_is_ignored_without_blocking(cache,
     load()
     assert results[1][0] is None
     assert other.exists()  # what the link points at is left alone
-    assert store.store(key, {"inputs": []})  # and the entry is rebuilt
+    assert disk.save(key, {"inputs": []})  # and the entry is rebuilt
     assert path.is_file() and not path.is_symlink()
 
 
 def test_cache_info_and_clear_report_an_unusable_directory_as_empty(monkeypatch, tmp_path):
     # A name the file system refuses (too long): stat raises, not just "missing".
     monkeypatch.setenv("EPASS_CACHE_DIR", str(tmp_path / ("x" * 300)))
-    info = store.info()
+    info = disk.info()
     assert info["enabled"] is True and info["entries"] == 0
-    assert store.clear()[0] == 0
-    assert store.store({"k": 1}, {"inputs": []}) is False
-    assert store.load({"k": 1}) is None
+    assert disk.clear()[0] == 0
+    assert disk.save({"k": 1}, {"inputs": []}) is False
+    assert disk.load({"k": 1}) is None
 
 
 def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -276,13 +276,13 @@ def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     ids=["400-digits", "5000-digits", "long-fraction", "leading-zeros"],
 )
 def test_any_cache_size_is_taken_without_a_crash(cache, monkeypatch, value):
-    monkeypatch.setenv(store.SIZE_ENV, value)
-    assert store.limit() > 0
+    monkeypatch.setenv(disk.SIZE_ENV, value)
+    assert disk.limit() > 0
     done = _cli("cache", "info", env={"EPASS_CACHE_DIR": str(cache), "EPASS_CACHE_SIZE": value})
     assert done.returncode == 0 and "limit:" in done.stdout, done.stderr
     _, ep, _ = models.export("mlp")
     result = Decompose()(ep)
-    assert result.notes["method"] == "incremental" and store.info()["entries"] > 0
+    assert result.notes["method"] == "incremental" and disk.info()["entries"] > 0
 
 
 def test_an_error_inside_the_disk_cache_costs_the_entry_not_the_incremental_path(
@@ -291,7 +291,7 @@ def test_an_error_inside_the_disk_cache_costs_the_entry_not_the_incremental_path
     def broken(*args, **kwargs):
         raise OverflowError("cannot convert float infinity to integer")
 
-    monkeypatch.setattr(store, "limit", broken)
+    monkeypatch.setattr(disk, "limit", broken)
     templates.clear_memory()
     _, ep, _ = models.export("mlp")
     with warnings.catch_warnings(record=True) as caught:
@@ -317,7 +317,7 @@ def _look_alikes(folder: Path) -> dict[str, bytes]:
 def test_cache_clear_follows_no_symbolic_link_and_says_what_it_left(cache, tmp_path):
     _, ep, _ = models.export("mlp")
     Decompose(method="incremental")(ep)
-    entries = cache / f"templates-v{store.FORMAT}"
+    entries = cache / f"templates-v{disk.FORMAT}"
     genuine = sorted(p.name for p in entries.glob("*.json"))
     assert genuine
     # Files of the entries folder this cache did not write stay.
@@ -342,15 +342,15 @@ def test_cache_clear_leaves_a_linked_entries_folder_and_what_it_points_to(tmp_pa
     elsewhere = tmp_path / "elsewhere"
     files = _look_alikes(elsewhere)
     (elsewhere / ("e" * 64 + ".json")).write_text("{}")
-    (cache / f"templates-v{store.FORMAT}").symlink_to(elsewhere)
+    (cache / f"templates-v{disk.FORMAT}").symlink_to(elsewhere)
     done = _cli("cache", "clear", env={"EPASS_CACHE_DIR": str(cache)})
     assert done.returncode == 0, done.stderr
     assert "removed 0 entries" in done.stdout and "symbolic link, not followed" in done.stdout
     assert all((elsewhere / name).read_bytes() == data for name, data in files.items())
     assert (elsewhere / ("e" * 64 + ".json")).exists()
     # Nor do lookups and writes use it.
-    monkeypatch.setenv(store.DIR_ENV, str(cache))
+    monkeypatch.setenv(disk.DIR_ENV, str(cache))
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        assert store.store({"k": 1}, {"inputs": []}) is False
+        assert disk.save({"k": 1}, {"inputs": []}) is False
     assert not list(elsewhere.glob("*.tmp"))
