@@ -39,7 +39,7 @@ __all__ = [
     "clear_dispatch_cache", "cia_registrations", "is_cia_op", "is_preservable_cia_op",
     "decomp_for_cia", "cia_binding_code", "aten_cia_ops", "preserve_marker", "split_decomp_table",
     "override_cia", "core_aten_decompositions", "preserved_aten_cia_ops", "decomposition_registry",
-    "library_impls", "fake_rules",
+    "library_impls", "registered_from", "fake_rules",
     # tracing
     "make_fx_as_export", "to_fun", "from_fun", "mutated", "traced_graph", "python_dispatcher",
     "current_meta", "copied_meta_fields",
@@ -101,6 +101,7 @@ INTERNALS = (
     "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS",
     "torch._decomp.global_decomposition_table",  # torch's own decompositions (identity)
     "torch.library._impls",  # the Python registrations of ATen kernels (identity)
+    "torch._C._dispatch_dump",  # where each was registered from (identity)
     "torch._subclasses.fake_impls.op_implementations_dict",
     "torch._subclasses.fake_impls.op_implementations_checks",
     # tracing a template as the retrace traces
@@ -356,10 +357,23 @@ def decomposition_registry() -> dict[str, dict[Any, Any]]:
 
 
 def library_impls() -> Collection[str]:
-    """The kernels registered through ``torch.library`` (``"aten::gelu/CPU"``)."""
+    """The kernels registered through ``torch.library`` (``"aten/gelu/CPU"``)."""
     from torch import library
 
     return library._impls  # type: ignore[no-any-return]
+
+
+def registered_from(key: str) -> str:
+    """The file that registered a :func:`library_impls` kernel, as the dispatcher
+    recorded it (``"aten/gelu/Meta"``: torch's ``_meta_registrations.py``); ""
+    when it does not say."""
+    namespace, _, rest = key.partition("/")
+    op, _, dispatch_key = rest.rpartition("/")
+    for line in str(torch._C._dispatch_dump(f"{namespace}::{op}")).splitlines():
+        head, found, where = line.partition(": registered at ")
+        if found and head.split("[")[0] == dispatch_key:
+            return where.split(" :: ")[0].rpartition(":")[0]
+    return ""
 
 
 def fake_rules() -> tuple[dict[Any, Any], list[Any]]:

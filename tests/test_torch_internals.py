@@ -310,6 +310,8 @@ def _library_registration_is_seen() -> None:
     lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
     try:
         assert "epass_internals/twice/CompositeImplicitAutograd" in _torch.library_impls()
+        where = _torch.registered_from("epass_internals/twice/CompositeImplicitAutograd")
+        assert where == __file__, where
     finally:
         lib._destroy()
     assert isinstance(identity.library_kernels(), list)
@@ -567,6 +569,7 @@ CALLS: dict[str, Callable[[], None]] = {
         "post_autograd" in _torch.decomposition_registry()
     ),
     "torch.library._impls": _library_registration_is_seen,
+    "torch._C._dispatch_dump": _library_registration_is_seen,
     "torch._subclasses.fake_impls.op_implementations_dict": _fake_rules_are_put_back,
     "torch._subclasses.fake_impls.op_implementations_checks": _fake_rules_are_put_back,
     f"{_UTILS}._compiling_state_context": _trace_ran_under_export_stack,

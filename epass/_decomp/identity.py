@@ -279,17 +279,27 @@ def name_table(entries: Iterable[tuple[str, Any, Callable[..., Any]]]) -> list[t
 
 
 _LIBRARY: list[Any] = [-1, []]
+# Per registration key: whether a file outside torch registered it.
+_FOREIGN: dict[str, bool] = {}
 
 
 def library_kernels() -> list[str]:
     """Kernels registered from Python through ``torch.library`` for ATen or prims
-    operators (``"aten::gelu/CompositeImplicitAutograd"``): arbitrary Python behind an
-    operator every decomposition may call. Read again whenever the registrations
-    (which libraries add and remove) change in number."""
+    operators from outside torch's own files (``"aten::gelu/CompositeImplicitAutograd"``):
+    arbitrary Python behind an operator every decomposition may call. torch registers
+    hundreds itself (meta kernels, the prims), from its own files. Read again whenever
+    the registrations (which libraries add and remove) change in number."""
     impls = _torch.library_impls()
     with _LOCK:
         if _LIBRARY[0] != len(impls):
-            found = sorted(k for k in list(impls) if k.startswith(("aten::", "prims::")))
+            keys = [k for k in list(impls) if k.startswith(("aten/", "prims/"))]
+            own = os.path.dirname(torch.__file__) + os.sep
+            for gone in _FOREIGN.keys() - set(keys):  # removed: asked again if it comes back
+                del _FOREIGN[gone]
+            for key in keys:  # each registration is asked once: ~30 us a question
+                if key not in _FOREIGN:
+                    _FOREIGN[key] = not _torch.registered_from(key).startswith(own)
+            found = sorted(k.replace("/", "::", 1) for k in keys if _FOREIGN[k])
             _LIBRARY[:] = [len(impls), found]
         return list(_LIBRARY[1])
 
