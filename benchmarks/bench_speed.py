@@ -1,8 +1,9 @@
 """Every performance figure in one table: start-up of the command and the import, the
 core figures (bench_core.py), the no-op skip, coalescing, the zoo's fallback rate (which
-programs ``Decompose()`` could not take incrementally, and why), pipeline overhead on
-the zoo, peak memory on a ~1 GB model, load and save of a 200 MB file, and ``epass run``
-end to end against the same work in a torch script.
+programs ``Decompose()`` could not take incrementally, and why), the vision corpus's
+median and worst program, pipeline overhead on the zoo, peak memory on a ~1 GB model,
+load and save of a 200 MB file, and ``epass run`` end to end against the same work in a
+torch script; then the per-pass table of the scale run (bench_scale.py).
 
 Run from the repository root: ``python benchmarks/bench_speed.py [--quick]``.
 All values are ratios (or microseconds, where marked) measured side by side in one run.
@@ -997,6 +998,16 @@ def bench_guards(repeats: int) -> list[Row]:
     ]
 
 
+def bench_scale(quick: bool) -> None:
+    """The scale run of ``bench_scale.py`` (the Llama-7B-shaped decoder at 8, 16 and 32
+    layers, static and dynamic sequence, each step in a fresh process), printed as it
+    prints it: one line per program with ``presets.lower()``'s wall, each pass and the
+    manager's own seconds, then its ratios and the time per doubling of layers."""
+    script = Path(__file__).with_name("bench_scale.py")
+    layers = "4,8" if quick else "8,16,32"
+    subprocess.run([sys.executable, str(script), "--layers", layers], check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller models")
@@ -1004,10 +1015,20 @@ def main() -> None:
     parser.add_argument("--first-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument(
         "--only",
-        choices=["first-run", "auto", "incremental", "fallbacks", "vision", "io", "overhead"],
+        choices=[
+            "first-run",
+            "auto",
+            "incremental",
+            "fallbacks",
+            "vision",
+            "io",
+            "overhead",
+            "scale",
+        ],
         help="one group: first-run, auto (auto's first run on many programs), incremental, "
         "fallbacks (the zoo's fallback rate), vision (the torchvision and timm corpus: "
-        "fallbacks and warm speed-ups), io (load, save, end to end) or overhead",
+        "fallbacks, warm speed-ups and the worst program), io (load, save, end to end), "
+        "overhead or scale (bench_scale.py's per-pass table at 8, 16 and 32 layers)",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)  # tracing is Python-bound; idle OpenMP threads only add noise
@@ -1045,6 +1066,9 @@ def main() -> None:
     if args.only == "overhead":
         print_table(bench_overhead(repeats=2 if quick else 5))
         return
+    if args.only == "scale":
+        bench_scale(quick)
+        return
     rows = bench_start(repeats=3 if quick else 7)
     rows += bench_core.core_rows(quick)
     rows += bench_skip(repeats=3 if quick else 7)
@@ -1062,6 +1086,8 @@ def main() -> None:
     rows += bench_end_to_end(repeats=2 if quick else 5, layers=2 if quick else 12)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU-time medians")
     print_table(rows)
+    print("\nThe whole lowering at scale (bench_scale.py):")
+    bench_scale(quick)
 
 
 if __name__ == "__main__":
