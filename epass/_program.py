@@ -473,7 +473,9 @@ def overload_of(value: Any) -> Any:
     overload (``aten.relu`` -> ``aten.relu.default``), or None."""
     if isinstance(value, OpOverload):
         return value
-    if isinstance(value, _torch.OpOverloadPacket) and "default" in value.overloads():
+    if isinstance(value, _torch.OpOverloadPacket) and "default" in _torch.op_overloads(
+        value, names=True
+    ):
         return value.default
     return None
 

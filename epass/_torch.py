@@ -242,10 +242,10 @@ def inexact(what: str) -> str | None:
 # --- operators ------------------------------------------------------------------------
 
 
-def op_overloads(packet: Any) -> list[Any]:
-    """Every overload of an operator packet, in torch's order: what torch 2.13's
+def op_overloads(packet: Any, *, names: bool = False) -> list[Any]:
+    """Every overload of an operator packet (or its name), in torch's order: what 2.13's
     ``OpOverloadPacket.op_overloads()`` does, on every declared release."""
-    return [getattr(packet, name) for name in packet.overloads()]
+    return list(packet.overloads()) if names else [getattr(packet, n) for n in packet.overloads()]
 
 
 def schema(op: Any) -> torch.FunctionSchema:

@@ -46,12 +46,16 @@ def _dotted(node: ast.AST) -> str | None:
 
 
 def _instance_attributes() -> frozenset[str]:
-    """Private attributes of torch objects that INTERNALS names on a class
-    (``torch._ops.OpOverload._schema``): read on an instance, as ``op._schema``."""
+    """Attributes and methods of torch objects that INTERNALS names on a class
+    (``torch._ops.OpOverload._schema``, ``torch._ops.OpOverloadPacket.overloads``): read
+    on an instance, as ``op._schema`` or ``packet.overloads()``. An enum member
+    (``DispatchKey.CompositeImplicitAutograd``) is a name, not something read on an
+    object."""
     found = set()
     for path in LISTED:
         owner, _, name = path.rpartition(".")
-        if name.startswith("_") and owner.rpartition(".")[2].lstrip("_")[:1].isupper():
+        on_class = owner.rpartition(".")[2].lstrip("_")[:1].isupper()
+        if on_class and (name.startswith("_") or name[:1].islower()):
             found.add(name)
     return frozenset(found)
 
@@ -170,6 +174,7 @@ def test_the_scans_find_what_they_must():
         "    torch.fx.traceback.preserve_node_meta()\n"
         "    op._schema, ep._state_dict, self._constants\n"
         "    getattr(m, '_buffers')\n"
+        "    'default' in packet.overloads()\n"
     )
     assert torch_internals(source) == [
         (2, "torch._dynamo.config"),
@@ -182,6 +187,7 @@ def test_the_scans_find_what_they_must():
         (11, "._schema"),
         (11, "._state_dict"),
         (12, "._buffers"),
+        (13, ".overloads"),
     ]
     versions = (
         "import torch\n"

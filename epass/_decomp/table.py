@@ -136,7 +136,7 @@ def _walk_meets(op: Any) -> bool:
         isinstance(space, _torch.OpNamespace)
         and packet.__name__ in space
         and getattr(space, packet.__name__) is packet
-        and name in packet.overloads()
+        and name in _torch.op_overloads(packet, names=True)
         and getattr(packet, name) is op
     )
 
