@@ -8,12 +8,15 @@ serves a copy, a rebuild or the placeholders and specs they carry.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import operator
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import attrs
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import (
@@ -36,6 +39,13 @@ __all__ = [
     "InputKinds",
     "build_program",
     "copy_graph",
+    "editable_graph",
+    "eliminate_dead_code",
+    "impure_test",
+    "take_lease",
+    "Lease",
+    "granted",
+    "note_built",
     "original_name",
     "constant_spec",
     "fake_mode",
@@ -199,6 +209,109 @@ def remove_unused_state_placeholders(
     return removed
 
 
+@attrs.define(eq=False)
+class Lease:
+    """What a pipeline lets the built-in pass it is calling do with graphs.
+
+    ``graph_module`` is the graph module of the pass's input that the pass may edit in
+    place instead of copying (:func:`editable_graph`), when nobody outside the run
+    holds it; else None. ``built`` holds the graphs the pass built for itself while
+    it ran (copies, new graphs): nobody else holds those either, so a program over
+    one of them is the run's own, and the next pass may edit it in place too.
+    """
+
+    graph_module: torch.fx.GraphModule | None
+    built: list[torch.fx.Graph] = attrs.field(factory=list)
+    used: bool = False
+
+    def owns(self, ep: ExportedProgram) -> bool:
+        """Whether ``ep``'s graph is one nobody outside the run holds."""
+        graph = ep.graph_module.graph
+        leased = self.graph_module is not None and graph is self.graph_module.graph
+        return leased or any(graph is g for g in self.built)
+
+
+_LEASE: contextvars.ContextVar[Lease | None] = contextvars.ContextVar("epass_lease", default=None)
+
+
+@contextlib.contextmanager
+def granted(held: Lease | None) -> Iterator[Lease | None]:
+    """While a pipeline calls one pass: ``held`` is its lease (None: it has none).
+    Only this thread (context) sees it."""
+    token = _LEASE.set(held)
+    try:
+        yield held
+    finally:
+        _LEASE.reset(token)
+
+
+def note_built(graph: torch.fx.Graph) -> None:
+    """Tell the running pipeline, if any, that ``graph`` is new: built by the pass it
+    calls (a copy, the splice's output), held by nobody else."""
+    held = _LEASE.get()
+    if held is not None:
+        held.built.append(graph)
+
+
+def editable_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
+    """The graph module a built-in pass edits to make its output from ``ep``:
+    :func:`take_lease`, else :func:`copy_graph`."""
+    leased = take_lease(ep)
+    return copy_graph(ep) if leased is None else leased
+
+
+def take_lease(ep: ExportedProgram) -> torch.fx.GraphModule | None:
+    """``ep``'s own graph module when the running pipeline leased it to the pass it
+    calls (nobody outside the run holds it: :func:`granted`), else None.
+
+    A lease is good for one call, so a helper the pass runs cannot take it again. A
+    leased module keeps its node names and is not tagged: :func:`build_program`
+    finds each placeholder's spec by name. A pass that takes it must return a
+    program built from it (its input is gone), or leave it as it was and return its
+    input unmodified.
+    """
+    held = _LEASE.get()
+    if held is None or held.used or held.graph_module is not ep.graph_module:
+        return None
+    held.used = True
+    return ep.graph_module
+
+
+def impure_test() -> Callable[[torch.fx.Node], bool]:
+    """``Node.is_impure`` for the nodes of one pass run, asked once per operator
+    overload: for an ``OpOverload`` torch's answer depends on the operator alone (a
+    mutable schema, the side-effect and effect registries), not on the node."""
+    known: dict[Any, bool] = {}
+
+    def impure(node: torch.fx.Node) -> bool:
+        target = node.target
+        if node.op != "call_function" or not _program.is_op_overload(target):
+            return bool(node.is_impure())
+        answer = known.get(target)
+        if answer is None:
+            answer = known[target] = bool(node.is_impure())
+        return answer
+
+    return impure
+
+
+def eliminate_dead_code(gm: torch.fx.GraphModule) -> bool:
+    """``gm.graph.eliminate_dead_code()``: erase, newest first, every node without
+    users that ``Node.is_impure`` does not keep. Asked only of nodes without users
+    (torch asks every node, and lints the graph first); torch's own for a graph
+    that reads attributes, whose nested graphs it cleans as well. Returns whether
+    anything was erased."""
+    if reads_attributes(gm):
+        return bool(gm.graph.eliminate_dead_code())
+    changed = False
+    impure = impure_test()
+    for node in reversed(gm.graph.nodes):
+        if not node.users and not impure(node):
+            gm.graph.erase_node(node)
+            changed = True
+    return changed
+
+
 def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
     """A private copy of ``ep``'s graph (tensors shared) whose placeholders remember
     their input specs.
@@ -214,6 +327,7 @@ def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
         raise ProgramError(f"{len(nodes)} placeholders but {len(specs)} input specs")
     for node, spec in zip(nodes, specs, strict=True):
         node.meta[_SPEC] = spec
+    note_built(gm.graph)
     return gm
 
 
@@ -242,6 +356,7 @@ def adopt_graph(ep: ExportedProgram, graph: torch.fx.Graph) -> torch.fx.GraphMod
         node.meta[_SPEC] = spec
     out = _program.graph_module_without_code(graph)
     out.meta.update(_program.copy_meta(ep.graph_module.meta))
+    note_built(graph)
     return out
 
 

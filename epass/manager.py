@@ -19,7 +19,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _heap, _program, _snapshot, building, protocol
+from epass import _graph, _heap, _program, _snapshot, building, protocol, verify
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -33,7 +33,6 @@ from epass.instrumentation import Dispatch, instrument_list
 from epass.linker import STORE_LOCK, Journal, StateLinker
 from epass.protocol import FxPass, PassModel, PassResult, adapt, check_ordering
 from epass.records import OpDelta, PassInfo, PassRecord, PipelineResult, op_targets
-from epass.verify import check_output
 from epass.watch import StoreWatch
 
 __all__ = [
@@ -183,6 +182,9 @@ class _Run:
     held: _snapshot.ProgramSnapshot | None = None
     # current's call_function target count, while no pass has edited it since.
     targets: Counter[Any] | None = None
+    # The verification's walk over current's calls, while current is the program
+    # it checked (it serves the checks of a pass that edits current in place).
+    walk: tuple[ExportedProgram, verify.CallWalk] | None = None
 
 
 @attrs.define
@@ -199,6 +201,12 @@ class _Prepared:
     # current's target count, when the pass gets current's own graph (else it is
     # counted after the pass, and only when the pass modified the program).
     targets_before: Counter[Any] | None
+    # For a built-in pass: what it may edit in place and the graphs it built
+    # (epass._graph.editable_graph), else None.
+    lease: _graph.Lease | None = None
+    # What the output's checks compare with when the pass may edit current's graph
+    # in place (verify.before, read before it ran), else None: current itself.
+    source: verify.Before | None = None
     seconds: float = 0.0
 
 
@@ -339,9 +347,9 @@ class PassManager:
                                         user=run.user,
                                     )
                                 else:
-                                    out = p(prepared.view)
-                            # sys.exit() in a pass is a failure of that pass, not
-                            # the process's decision to end.
+                                    with _graph.granted(prepared.lease):
+                                        out = p(prepared.view)
+                            # sys.exit() in a pass fails that pass; the process goes on.
                             except (Exception, SystemExit) as exc:
                                 self._raise_failure(p, info, exc, prepared)
                             prepared.seconds = time.perf_counter() - start
@@ -404,17 +412,7 @@ class PassManager:
             return self._skip(info, run, str(reason), nodes_before)
         if dispatch:
             dispatch.call("before_pass", info, current, info=info)
-        changes_input = model.changes_input
-        # A pass that may edit its input gets its own graph unless this run made
-        # the current one and nobody else can see it: instruments get the current
-        # program (as the failing pass's input when a pass fails halfway through an
-        # edit, which a Reproducer saves), and a program a pass returned that it
-        # did not get from this run (memoized, another run's output) may be held.
-        copy_graph = changes_input and (
-            bool(dispatch)
-            or current.graph_module is not run.owned
-            or _program.shares_graph(current.graph_module, run.user.graph_module)
-        )
+        copy_graph, lease, in_place = self._ownership(model, run)
         # A nested pipeline reads the current dicts as they are (it never inserts
         # into them, and its own passes get copies), so that its link reports say
         # whose dicts its outputs hold; one with the in_place policy gets copies,
@@ -435,6 +433,10 @@ class PassManager:
         # A pass handed current's own graph could edit it: count its ops first.
         if not copy_graph and run.targets is None:
             run.targets = op_targets(current)
+        source = None
+        if in_place and self.verify:  # current will not show what it was
+            walk = run.walk[1] if run.walk is not None and run.walk[0] is current else None
+            source = verify.before(current, walk)
         prepared = _Prepared(
             model=model,
             view=view,
@@ -442,11 +444,38 @@ class PassManager:
             nodes_before=nodes_before,
             private_gm=view.graph_module if copy_graph else run.owned,
             targets_before=None if copy_graph else run.targets,
+            lease=lease,
+            source=source,
         )
-        if changes_input and not copy_graph:  # it may edit current's graph in place
+        if in_place:  # it may edit current's graph in place
             run.targets = None
         logger.debug("start %s (position %d, step %d)", info.name, info.index, info.step)
         return prepared
+
+    @staticmethod
+    def _ownership(model: PassModel, run: _Run) -> tuple[bool, _graph.Lease | None, bool]:
+        """Whether the pass gets a copy of current's graph, its lease, and whether
+        it may edit current's graph in place."""
+        # A pass that may edit its input gets its own graph unless this run made
+        # the current one and nobody else can see it: instruments get the current
+        # program (as the failing pass's input when a pass fails halfway through an
+        # edit, which a Reproducer saves), and a program a pass returned that it
+        # did not get from this run (memoized, another run's output) may be held.
+        own = not (
+            bool(run.dispatch)
+            or run.current.graph_module is not run.owned
+            or _program.shares_graph(run.current.graph_module, run.user.graph_module)
+        )
+        copy_graph = model.changes_input and not own
+        # A built-in pass copies for itself what it edits, unless it holds a lease
+        # on current's graph; under a lease, the graphs it builds are recorded (no
+        # one else holds them, so its output is this run's own). Instruments see
+        # every program, so no program is the run's own while they watch.
+        lease = None
+        if model.takes_lease and not run.dispatch:
+            lease = _graph.Lease(run.current.graph_module if own else None)
+        in_place = (model.changes_input or lease is not None) and own
+        return copy_graph, lease, in_place
 
     @staticmethod
     def _skip(info: PassInfo, run: _Run, reason: str, nodes: int) -> PassRecord:
@@ -505,7 +534,10 @@ class PassManager:
             program = _program.shallow_clone(program)
         targets: list[Any] | None = None  # the output's call targets, when verified
         if modified and self.verify:
-            targets = _verify_output(program, current, info)
+            source = current if prepared.source is None else prepared.source
+            walk = _verify_output(program, source, info)
+            targets = walk.targets
+            run.walk = (program, walk)
         if model.ensures is not None and model.ensures(program) is False:
             raise PassError(
                 "its postcondition (ensures) does not hold on its result", **info.location()
@@ -561,15 +593,23 @@ class PassManager:
         # A program a pass returned that it did not get from this run (memoized,
         # another run's output) may be held by someone: the next pass edits a copy
         # of its graph.
-        run.owned = prepared.private_gm if program.graph_module is prepared.private_gm else None
+        lease = prepared.lease
+        if program.graph_module is prepared.private_gm:
+            run.owned = prepared.private_gm
+        elif program is not run.current and lease is not None and lease.owns(program):
+            run.owned = program.graph_module  # over a graph the pass edited or built
+        else:
+            run.owned = None
         run.current = program
 
 
-def _verify_output(program: ExportedProgram, current: ExportedProgram, info: PassInfo) -> list[Any]:
+def _verify_output(
+    program: ExportedProgram, source: ExportedProgram | verify.Before, info: PassInfo
+) -> verify.CallWalk:
     """Raise VerificationError, naming the pass, when its output does not verify;
-    else return its top-level call targets (:func:`epass.verify.check_output`)."""
+    else return the walk over its calls (:func:`epass.verify.check_output`)."""
     try:
-        return check_output(program, current)
+        return verify.check_output(program, source)
     except Exception as exc:
         detail = str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
         raise VerificationError(f"its output does not verify: {detail}", **info.location()) from exc

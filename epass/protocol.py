@@ -206,6 +206,10 @@ class PassModel:
             :class:`PassResult` (or a subclass), which carries its own ``modified``
             flag: the manager takes no before-snapshot to find out.
         limit_rewrites: its ``with_max_rewrites``, or None.
+        takes_lease: a built-in pass that edits in place a graph the manager
+            leases it, when this run made that graph and nobody else holds it, and
+            copies it otherwise (``epass._graph.editable_graph``); its own
+            ``_takes_lease``, which only epass's passes set.
     """
 
     pass_: Any
@@ -223,6 +227,7 @@ class PassModel:
     children: tuple[PassModel, ...] = ()
     reports_modified: bool = False
     limit_rewrites: Callable[[int | None], Any] | None = None
+    takes_lease: bool = False
 
 
 class RewriteCounter:
@@ -439,6 +444,7 @@ def adapt(
         children=tuple(m for m in declared["models"] or () if isinstance(m, PassModel)),
         reports_modified=_reports_modified(p),
         limit_rewrites=declared["with_max_rewrites"],
+        takes_lease=declared["_takes_lease"] is True,
     )
 
 
@@ -457,6 +463,7 @@ def _declared(p: Any) -> dict[str, Any]:
         "origin": getattr(p, "origin", None),
         "with_max_rewrites": getattr(p, "with_max_rewrites", None),
         "models": getattr(p, "models", ()),
+        "_takes_lease": getattr(p, "_takes_lease", False),
     }
 
 

@@ -13,7 +13,10 @@ from epass import _graph, _program, _writes
 from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = [
+    "Before",
+    "CallWalk",
     "argument_problems",
+    "before",
     "check_arguments",
     "check_output",
     "check_state_writes",
@@ -27,13 +30,15 @@ _MUTATION_KINDS = tuple(
 )
 
 
-def state_problems(ep: ExportedProgram, source: ExportedProgram | None = None) -> list[str]:
+def state_problems(
+    ep: ExportedProgram, source: ExportedProgram | Before | None = None
+) -> list[str]:
     """Every way the signature and the state dicts disagree, as readable lines.
 
-    With ``source`` (the program a pass made ``ep`` from), a state tensor whose
-    placeholder holds the same ``meta["val"]`` object, under the same key, as in
-    ``source`` is not compared with it again: the pass changed neither (a write
-    into the tensor is the store watch's to catch).
+    With ``source`` (the program a pass made ``ep`` from, or :func:`before` of it), a
+    state tensor whose placeholder holds the same ``meta["val"]`` object, under the
+    same key, as in ``source`` is not compared with it again: the pass changed
+    neither (a write into the tensor is the store watch's to catch).
     """
     problems: list[str] = []
     sd, consts = ep.state_dict, ep.constants
@@ -57,7 +62,7 @@ def state_problems(ep: ExportedProgram, source: ExportedProgram | None = None) -
                 problems.append(f"constant {target!r} is not a tensor")
         elif spec.kind == InputKind.CUSTOM_OBJ and target not in consts:
             problems.append(f"custom object {target!r} is missing from constants")
-    before = {} if source is None else {k: pair for k, _, *pair in _state_values(source)}
+    before = _state_pairs(source)
     for target, name, value, val in _state_values(ep):
         was = before.get(target)
         if was is None or was[0] is not value or was[1] is not val:
@@ -65,6 +70,15 @@ def state_problems(ep: ExportedProgram, source: ExportedProgram | None = None) -
             if problem is not None:
                 problems.append(problem)
     return problems
+
+
+def _state_pairs(source: ExportedProgram | Before | None) -> dict[str, tuple[Any, Any]]:
+    """Key -> (state tensor, placeholder value) of ``source``'s state inputs."""
+    if source is None:
+        return {}
+    if isinstance(source, Before):
+        return source.state
+    return {k: (value, val) for k, _, value, val in _state_values(source)}
 
 
 def _state_values(ep: ExportedProgram) -> list[tuple[str, Any, torch.Tensor, torch.Tensor]]:
@@ -110,11 +124,7 @@ def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
         for s in ep.graph_signature.input_specs
         if s.kind in _graph.STATE_KINDS and s.target is not None and hasattr(s.arg, "name")
     }
-    declared = {
-        str(s.target)
-        for s in ep.graph_signature.output_specs
-        if s.kind in _MUTATION_KINDS and s.target is not None
-    }
+    declared = _declared_writes(ep)
     written: set[str] = set()
     for root in _writes.in_place_writes(ep.graph_module).written:
         target = state.get(root.name) if root.op == "placeholder" else None
@@ -123,7 +133,16 @@ def state_writes(ep: ExportedProgram) -> tuple[set[str], set[str]]:
     return written, declared
 
 
-def check_state_writes(output: ExportedProgram, source: ExportedProgram) -> None:
+def _declared_writes(ep: ExportedProgram) -> set[str]:
+    """The state keys ``ep``'s signature declares as mutated."""
+    return {
+        str(s.target)
+        for s in ep.graph_signature.output_specs
+        if s.kind in _MUTATION_KINDS and s.target is not None
+    }
+
+
+def check_state_writes(output: ExportedProgram, source: ExportedProgram | Before) -> None:
     """Raise when ``output`` writes in place into a parameter, buffer or constant
     that its signature does not declare mutated and that ``source`` (the pass's
     input) did not write (in place or declared) either.
@@ -139,7 +158,7 @@ def check_state_writes(output: ExportedProgram, source: ExportedProgram) -> None
     new = written - declared
     if not new:
         return
-    before, before_declared = state_writes(source)
+    before, before_declared = source.writes if isinstance(source, Before) else state_writes(source)
     bad = sorted(new - before - before_declared)
     if bad:
         raise ProgramError(
@@ -325,15 +344,36 @@ def argument_problems(ep: ExportedProgram) -> list[str]:
 
 
 @attrs.frozen
-class _Calls:
-    """What one walk over a program's calls finds (:func:`_walk_calls`)."""
+class CallWalk:
+    """What one walk over a program's calls finds (:func:`check_output` walks its
+    output so)."""
 
     targets: list[Any]  # each top-level call_function target, in order
     problems: list[str]  # :func:`argument_problems`
     writes: bool  # some call, nested graphs included, has a schema that writes
 
 
-def _walk_calls(gm: torch.fx.GraphModule) -> _Calls:
+@attrs.frozen
+class Before:
+    """What :func:`check_output` compares a pass's output with, read from the pass's
+    input before the pass ran (:func:`before`): for a pass that may edit its input's
+    graph in place, after which the input no longer shows what it was."""
+
+    state: dict[str, tuple[Any, Any]]  # key -> (state tensor, placeholder value)
+    problems: frozenset[str]  # argument_problems
+    writes: tuple[set[str], set[str]]  # state_writes
+
+
+def before(ep: ExportedProgram, walk: CallWalk | None = None) -> Before:
+    """:class:`Before` of ``ep``. ``walk`` is a walk of ``ep``'s calls made already
+    (by the check of the pass that made ``ep``); without one, ``ep`` is walked now.
+    The walk that finds writes into state runs only when some call's schema writes."""
+    walk = _walk_calls(ep.graph_module) if walk is None else walk
+    writes = state_writes(ep) if walk.writes else (set(), _declared_writes(ep))
+    return Before(_state_pairs(ep), frozenset(walk.problems), writes)
+
+
+def _walk_calls(gm: torch.fx.GraphModule) -> CallWalk:
     targets: list[Any] = []
     problems: list[str] = []
     writes = False
@@ -350,10 +390,10 @@ def _walk_calls(gm: torch.fx.GraphModule) -> _Calls:
                 signature = _signature(node.target, schema)
                 problems += _node_argument_problems(node, signature)
                 writes = writes or signature.writes
-    return _Calls(targets, problems, writes)
+    return CallWalk(targets, problems, writes)
 
 
-def check_arguments(output: ExportedProgram, source: ExportedProgram) -> None:
+def check_arguments(output: ExportedProgram, source: ExportedProgram | Before) -> None:
     """Raise when ``output`` calls an operator with literal arguments its schema
     does not take, and ``source`` (the pass's input) did not already do so.
 
@@ -363,10 +403,10 @@ def check_arguments(output: ExportedProgram, source: ExportedProgram) -> None:
     _raise_new_argument_problems(argument_problems(output), source)
 
 
-def _raise_new_argument_problems(problems: list[str], source: ExportedProgram) -> None:
+def _raise_new_argument_problems(problems: list[str], source: ExportedProgram | Before) -> None:
     if not problems:
         return
-    before = set(argument_problems(source))
+    before = source.problems if isinstance(source, Before) else set(argument_problems(source))
     new = [p for p in problems if p not in before]
     if new:
         raise ProgramError(
@@ -375,16 +415,18 @@ def _raise_new_argument_problems(problems: list[str], source: ExportedProgram) -
         )
 
 
-def check_output(output: ExportedProgram, source: ExportedProgram) -> list[Any]:
+def check_output(output: ExportedProgram, source: ExportedProgram | Before) -> CallWalk:
     """:func:`verify_program`, :func:`check_state_writes` and
-    :func:`check_arguments` of a pass's ``output`` against its input ``source``.
+    :func:`check_arguments` of a pass's ``output`` against its input ``source`` (or
+    :func:`before` of it, read before a pass that may edit it in place ran).
 
     The state check compares only the state inputs the pass changed
     (:func:`state_problems` with ``source``).
     One walk over the output's calls serves the last two: it checks each call's
     arguments, and the walk that finds writes into state runs only when some call's
-    schema writes at all. Returns the top-level call targets the walk met, in order
-    (the manager's op count is made from them).
+    schema writes at all. Returns that walk: the top-level call targets it met, in
+    order (the manager's op count is made from them), which serves :func:`before`
+    of the output for the next pass.
 
     Raises:
         ProgramError: as the three checks do.
@@ -394,7 +436,7 @@ def check_output(output: ExportedProgram, source: ExportedProgram) -> list[Any]:
     if calls.writes:
         check_state_writes(output, source)
     _raise_new_argument_problems(calls.problems, source)
-    return calls.targets
+    return calls
 
 
 def verify_program(ep: ExportedProgram) -> None:
@@ -414,7 +456,7 @@ def verify_program(ep: ExportedProgram) -> None:
     _verify(ep, None)
 
 
-def _verify(ep: ExportedProgram, source: ExportedProgram | None) -> None:
+def _verify(ep: ExportedProgram, source: ExportedProgram | Before | None) -> None:
     try:
         if not _program.still_validated(ep):
             ep.validate()

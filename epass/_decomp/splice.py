@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program, _torch
+from epass import _graph, _program, _torch
 from epass._decomp import (
     disk,
     keys,
@@ -494,6 +494,7 @@ def _decompose(
             graph.erase_node(again)
     gm = _program.graph_module_without_code(graph)
     gm.meta.update(ep.graph_module.meta)
+    _graph.note_built(graph)
     if builder.new_sizes:
         with builder.watch.retrace("the runtime-assertion pass"):
             shapes.rebind_sizes(gm, fake_mode)

@@ -1,0 +1,222 @@
+"""A pipeline's own programs: a built-in pass edits in place a graph this run made and
+nobody else holds (a lease), copies every other graph, and its output is checked
+against its input as the input was before the edit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hf_models
+import models
+import pytest
+import torch
+from fingerprint import fingerprint
+from torch.export import ExportedProgram
+
+import epass
+from epass import _graph, verify
+from epass.passes import CSE, DeadCodeElimination, Decompose, RemoveAssertions, presets
+from epass.protocol import PassResult
+
+aten = torch.ops.aten
+
+
+def _decoder() -> tuple[ExportedProgram, tuple[Any, ...]]:
+    _, ep, args = models.export_dynamic("decoder")
+    return ep, args
+
+
+def _llama() -> tuple[ExportedProgram, tuple[Any, ...]]:
+    """A program on which every pass of ``lower()`` but constant folding changes
+    something (a dynamic sequence brings runtime assertions)."""
+    pytest.importorskip("transformers")
+    try:
+        _, ep, args = hf_models.export("llama", dynamic=True)
+    except torch._dynamo.exc.UserError as exc:  # torch 2.11's export of this Llama
+        reason = str(exc).splitlines()[0]
+        pytest.skip(f"torch {torch.__version__} cannot export Llama with a dynamic seq: {reason}")
+    return ep, args
+
+
+def _copies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the passes that copy a graph from now on."""
+    copied: list[str] = []
+    copy_graph = _graph.copy_graph
+
+    def counted(ep: ExportedProgram) -> torch.fx.GraphModule:
+        copied.append("copy")
+        return copy_graph(ep)
+
+    monkeypatch.setattr(_graph, "copy_graph", counted)
+    return copied
+
+
+class Keep(epass.Instrument):
+    """Keeps every program the passes return, with its code when it was returned."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[ExportedProgram, str]] = []
+
+    def after_pass(self, info: Any, program: ExportedProgram, record: Any) -> None:
+        self.kept.append((program, program.graph_module.code))
+
+
+def _same(a: ExportedProgram, b: ExportedProgram) -> None:
+    assert a.graph_module.code == b.graph_module.code
+    assert str(a.graph_signature) == str(b.graph_signature)
+    assert list(a.state_dict) == list(b.state_dict)
+    assert list(a.constants) == list(b.constants)
+
+
+def test_lowering_copies_no_graph_and_gives_what_a_watched_run_gives(monkeypatch):
+    ep, args = _llama()
+    before = fingerprint(ep)
+    copied = _copies(monkeypatch)
+    result = presets.lower()(ep)
+    assert [r.modified for r in result.records if r.name != "fold-constants"] == [True] * 4
+    assert copied == []  # Decompose built its graph; every later pass edited it
+    assert fingerprint(ep) == before
+    # An instrument sees every program, so nothing is edited in place while it watches.
+    keep = Keep()
+    watched = presets.lower(instruments=[keep])(ep)
+    assert copied  # remove-asserts and dce copied what they edit
+    _same(result.program, watched.program)
+    torch.testing.assert_close(result.program.module()(*args), ep.module()(*args))
+
+
+def test_no_program_an_instrument_was_shown_changes_afterwards():
+    ep, _ = _decoder()
+    keep = Keep()
+    presets.lower(instruments=[keep])(ep)
+    assert len(keep.kept) == 5
+    for program, code in keep.kept:
+        assert program.graph_module.code == code
+
+
+class Returns:
+    """A pass that returns a program it holds (memoized, another run's output)."""
+
+    name = "returns"
+
+    def __init__(self, program: ExportedProgram) -> None:
+        self.program = program
+
+    def __call__(self, ep: ExportedProgram) -> PassResult:
+        return PassResult(self.program, True)
+
+
+def test_a_program_a_pass_holds_is_copied_by_the_passes_after_it():
+    ep, _ = _decoder()
+    held = Decompose()(ep).program
+    code, nodes = held.graph_module.code, len(held.graph.nodes)
+    out = epass.PassManager([Returns(held), RemoveAssertions(), CSE(), DeadCodeElimination()])(ep)
+    assert out.program.graph is not held.graph
+    assert len(out.program.graph.nodes) < nodes
+    assert held.graph_module.code == code
+    assert len(held.graph.nodes) == nodes
+
+
+def test_a_built_in_pass_that_fails_half_way_loses_nothing(monkeypatch):
+    ep, args = _llama()
+    before = fingerprint(ep)
+
+    def fails(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("planted failure")
+
+    # DCE has erased the dead nodes of the graph it was leased when this is called.
+    monkeypatch.setattr(_graph, "remove_unused_state_placeholders", fails)
+    pipeline = presets.lower()
+    with pytest.raises(epass.PassError, match="planted failure") as info:
+        pipeline(ep)
+    assert info.value.pass_name == "dce"
+    assert fingerprint(ep) == before
+    monkeypatch.undo()
+    out = pipeline(ep)
+    torch.testing.assert_close(out.program.module()(*args), ep.module()(*args))
+
+
+class EditsInPlace:
+    """A pass that edits its input's graph in place (the manager hands it a private
+    copy, or a graph this run made)."""
+
+    changes_input = True
+
+    def __init__(self, name: str, edit: Any) -> None:
+        self.name = name
+        self.edit = edit
+
+    def __call__(self, ep: ExportedProgram) -> PassResult:
+        self.edit(ep)
+        return PassResult(ep, True)
+
+
+def _relabel(ep: ExportedProgram) -> None:
+    """A harmless edit: a meta entry on the first call."""
+    next(n for n in ep.graph.nodes if n.op == "call_function").meta["label"] = "seen"
+
+
+def _write_into_a_parameter(ep: ExportedProgram) -> None:
+    """An undeclared in-place write into the first parameter."""
+    name = ep.graph_signature.parameters[0]
+    placeholder = next(
+        n
+        for n in ep.graph.nodes
+        if n.op == "placeholder" and ep.graph_signature.inputs_to_parameters.get(n.name) == name
+    )
+    first_call = next(n for n in ep.graph.nodes if n.op == "call_function")
+    with ep.graph.inserting_before(first_call):
+        write = ep.graph.call_function(aten.mul_.Scalar, (placeholder, 2.0))
+    write.meta["val"] = placeholder.meta["val"]
+
+
+def _bad_argument(ep: ExportedProgram) -> None:
+    """A call whose literal argument its schema does not take."""
+    node = next(n for n in ep.graph.nodes if n.target is aten.linear.default)
+    with ep.graph.inserting_after(node):
+        bad = ep.graph.call_function(aten.mul.Scalar, (node, "two"))
+    bad.meta["val"] = node.meta["val"]
+    node.replace_all_uses_with(bad, delete_user_cb=lambda user: user is not bad)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_write_into_a_parameter, "writes in place into state"),
+        (_bad_argument, "arguments their schemas do not take"),
+    ],
+    ids=["undeclared state write", "bad literal argument"],
+)
+def test_a_pass_editing_a_graph_this_run_made_is_checked_against_it_as_it_was(edit, message):
+    # The first pass edits a private copy, which makes the graph this run's own; the
+    # second gets that graph itself, so only what it was before tells the edit.
+    ep = models.export("mlp")[1]
+    before = fingerprint(ep)
+    pipeline = epass.PassManager([EditsInPlace("relabel", _relabel), EditsInPlace("edit", edit)])
+    with pytest.raises(epass.VerificationError, match=message) as info:
+        pipeline(ep)
+    assert info.value.pass_name == "edit"
+    assert fingerprint(ep) == before
+
+
+def test_before_reads_what_the_checks_compare_with():
+    ep = models.export("seed")[1]
+    facts = verify.before(ep)
+    written, declared = verify.state_writes(ep)
+    assert facts.writes == (written, declared)
+    assert written | declared  # the seed model's buffer update
+    assert facts.problems == frozenset(verify.argument_problems(ep))
+    assert set(facts.state) == set(ep.state_dict) | {
+        k for k in ep.constants if isinstance(ep.constants[k], torch.Tensor)
+    }
+
+
+def test_a_lease_is_good_for_one_call():
+    ep = models.export("mlp")[1]
+    own = _graph.build_program(ep, _graph.copy_graph(ep))
+    lease = _graph.Lease(own.graph_module)
+    with _graph.granted(lease):
+        assert _graph.take_lease(ep) is None  # not the leased program's graph
+        assert _graph.take_lease(own) is own.graph_module
+        assert _graph.take_lease(own) is None
+        assert _graph.editable_graph(own) is not own.graph_module
+    assert _graph.take_lease(own) is None
