@@ -66,6 +66,7 @@ class CastDtype:
 
     name: ClassVar[str] = "cast-dtype"
     changes_input: ClassVar[bool] = False
+    _takes_lease: ClassVar[bool] = True
 
     dtype: torch.dtype = attrs.field(
         default=torch.bfloat16, validator=attrs.validators.in_(_TARGETS)
@@ -99,7 +100,7 @@ class CastDtype:
         cast_backs = self._cast_backs(gm0) if self.keep_io else set()
         if not cast_names and not float_inputs and not self._has_dtype_args(gm0, cast_backs):
             return PassResult(ep, False)
-        gm = _graph.copy_graph(ep)
+        gm = _graph.editable_graph(ep)
         state_dict, constants = self._cast_state(ep, cast_names)
         mode = _graph.fake_mode(gm)
         cast_backs = {n.name for n in cast_backs}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import operator
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import attrs
@@ -99,7 +100,7 @@ class ConstantFoldResult(PassResult):
     notes: dict[str, Any] = attrs.field(factory=dict)
 
 
-def _foldable_op(node: torch.fx.Node) -> bool:
+def _foldable_op(node: torch.fx.Node, impure: Callable[[torch.fx.Node], bool]) -> bool:
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
@@ -109,7 +110,7 @@ def _foldable_op(node: torch.fx.Node) -> bool:
         return False
     if torch.Tag.nondeterministic_seeded in node.target.tags:  # type: ignore[union-attr]
         return False
-    return not node.is_impure()
+    return not impure(node)
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
@@ -196,6 +197,7 @@ class ConstantFold:
 
     name: ClassVar[str] = "fold-constants"
     changes_input: ClassVar[bool] = False
+    _takes_lease: ClassVar[bool] = True
 
     max_growth: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
     fold_views: bool = False
@@ -250,6 +252,7 @@ class ConstantFold:
         mutated = _writes.mutated_nodes(ep.graph_module, ep.graph_signature)
         ev = _Evaluated()
         seen: dict[Any, torch.fx.Node] = {}
+        impure = _graph.impure_test()
         with torch.no_grad():
             for node in ep.graph_module.graph.nodes:
                 if node in mutated:
@@ -262,7 +265,7 @@ class ConstantFold:
                         ev.trivial.add(node)
                     continue
                 inputs = node.all_input_nodes
-                if not _foldable_op(node) or not all(i in ev.values for i in inputs):
+                if not all(i in ev.values for i in inputs) or not _foldable_op(node, impure):
                     continue
                 # Identical computations (tied weights) share one evaluation and
                 # one constant.
@@ -298,7 +301,7 @@ class ConstantFold:
         evaluated: set[str],
         notes: dict[str, Any],
     ) -> ConstantFoldResult:
-        gm = _graph.copy_graph(ep)
+        gm = _graph.editable_graph(ep)
         kinds = _graph.input_kinds(ep)
         constants = dict(ep.constants)
         state_ptrs = {

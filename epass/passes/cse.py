@@ -10,7 +10,6 @@ from torch.export import ExportedProgram
 from torch.fx.passes.dialect.common.cse_pass import get_CSE_banned_ops
 
 from epass import _graph, _writes
-from epass._torch import pytree
 from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
@@ -30,12 +29,13 @@ def _banned(gm: torch.fx.GraphModule) -> set[Any]:
     banned: set[Any] = set(get_CSE_banned_ops())
     writes = _writes.in_place_writes(gm)
     mutated = writes.mutated()
+    impure = _graph.impure_test()
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         target = node.target
         tags = getattr(target, "tags", ())
-        if node.is_impure() or node in writes.writers or torch.Tag.nondeterministic_seeded in tags:
+        if impure(node) or node in writes.writers or torch.Tag.nondeterministic_seeded in tags:
             banned.add(_packet(target))
         elif any(i in mutated for i in node.all_input_nodes):
             # Reads a value an in-place op changes while the graph runs: two
@@ -45,6 +45,12 @@ def _banned(gm: torch.fx.GraphModule) -> set[Any]:
     return banned
 
 
+def _token(node: torch.fx.Node, args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """What two nodes that compute the same value share: target, arguments and
+    keyword arguments in order (fx keeps arguments as hashable immutable lists)."""
+    return (node.target, args, tuple(kwargs.items()))
+
+
 def _merge(gm: torch.fx.GraphModule, banned: set[Any], counter: RewriteCounter) -> torch.fx.Graph:
     """A copy of ``gm``'s graph in which each node computing what an earlier node
     computes (same target, same arguments after earlier merges) is replaced by
@@ -52,26 +58,38 @@ def _merge(gm: torch.fx.GraphModule, banned: set[Any], counter: RewriteCounter) 
     at a time."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    seen: dict[Any, tuple[torch.fx.Node, Any]] = {}
-
-    def substitute(value: Any) -> tuple[tuple[Any, ...], Any]:
-        leaves, spec = pytree.tree_flatten(value)
-        return tuple(env.get(v, v) if isinstance(v, torch.fx.Node) else v for v in leaves), spec
-
+    seen: dict[Any, torch.fx.Node] = {}
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr") or _packet(node.target) in banned:
             env[node] = graph.node_copy(node, env.__getitem__)
             continue
-        args, kwargs = substitute(node.args), substitute(node.kwargs)
-        token = (node.target, args, kwargs)
-        key = (node.target, hash((args[0], kwargs[0])))
-        earlier = seen.get(key)
-        if earlier is not None and earlier[1] == token and counter.allow(node.target, node.name):
-            env[node] = earlier[0]
+        args = torch.fx.node.map_arg(node.args, env.__getitem__)
+        kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
+        token = _token(node, args, kwargs)
+        earlier = seen.get(token)
+        if earlier is not None and counter.allow(node.target, node.name):
+            env[node] = earlier
             continue
         env[node] = graph.node_copy(node, env.__getitem__)
-        seen.setdefault(key, (env[node], token))
+        seen.setdefault(token, env[node])
     return graph
+
+
+def _merge_in_place(gm: torch.fx.GraphModule, banned: set[Any], counter: RewriteCounter) -> None:
+    """:func:`_merge` in ``gm``'s own graph: each node merged away hands its users to
+    the earlier node and is left without users (for dead-code elimination). A
+    later node's arguments already name the node each was merged into, so its
+    token is what :func:`_merge` computes through its map."""
+    seen: dict[Any, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr") or _packet(node.target) in banned:
+            continue
+        token = _token(node, node.args, node.kwargs)
+        earlier = seen.get(token)
+        if earlier is not None and counter.allow(node.target, node.name):
+            node.replace_all_uses_with(earlier)
+            continue
+        seen.setdefault(token, node)
 
 
 @attrs.frozen
@@ -112,6 +130,7 @@ class CSE:
 
     name: ClassVar[str] = "cse"
     changes_input: ClassVar[bool] = False
+    _takes_lease: ClassVar[bool] = True
 
     max_rewrites: int | None = None
 
@@ -121,6 +140,13 @@ class CSE:
 
     def __call__(self, ep: ExportedProgram) -> CSEResult:
         counter = RewriteCounter(self.max_rewrites)
+        leased = _graph.take_lease(ep)
+        if leased is not None:  # this run's own graph: merged where it is
+            _merge_in_place(leased, _banned(leased), counter)
+            if not counter.count:
+                return CSEResult(ep, False, notes=counter.notes)
+            _graph.eliminate_dead_code(leased)
+            return CSEResult(_graph.build_program(ep, leased), True, notes=counter.notes)
         if _graph.reads_attributes(ep.graph_module):
             # Submodules (nested graphs) go with the graph: copied first.
             gm = _graph.copy_graph(ep)
@@ -133,5 +159,5 @@ class CSE:
             new_gm = _graph.adopt_graph(ep, graph) if counter.count else gm
         if not counter.count:
             return CSEResult(ep, False, notes=counter.notes)
-        new_gm.graph.eliminate_dead_code()
+        _graph.eliminate_dead_code(new_gm)
         return CSEResult(_graph.build_program(ep, new_gm), True, notes=counter.notes)

@@ -15,13 +15,14 @@ __all__ = ["DeadCodeElimination"]
 
 
 def _has_dead_code(ep: ExportedProgram, state_names: set[str]) -> bool:
+    impure = _graph.impure_test()
     for node in ep.graph.nodes:
         if node.users or node.op == "output":
             continue
         if node.op == "placeholder":
             if node.name in state_names:
                 return True
-        elif not node.is_impure():
+        elif not impure(node):
             return True
     return False
 
@@ -52,6 +53,7 @@ class DeadCodeElimination:
 
     name: ClassVar[str] = "dce"
     changes_input: ClassVar[bool] = False
+    _takes_lease: ClassVar[bool] = True
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
         sig = ep.graph_signature
@@ -64,8 +66,8 @@ class DeadCodeElimination:
         }
         if not _has_dead_code(ep, state_names):
             return PassResult(ep, False)
-        gm = _graph.copy_graph(ep)
-        gm.graph.eliminate_dead_code()
+        gm = _graph.editable_graph(ep)
+        _graph.eliminate_dead_code(gm)
         _graph.remove_unused_state_placeholders(gm, sig, only=state_names)
         gm.delete_all_unused_submodules()
         return PassResult(_graph.build_program(ep, gm), True)

@@ -246,6 +246,8 @@ class Decompose:
 
     name: ClassVar[str] = "decompose"
     changes_input: ClassVar[bool] = False
+    # It builds a new graph: under the manager's lease, its output is the run's own.
+    _takes_lease: ClassVar[bool] = True
 
     table: dict[Any, Callable[..., Any]] | None = attrs.field(default=None, converter=_table)
     keep: tuple[Any, ...] = attrs.field(default=(), converter=_ops)

@@ -103,6 +103,7 @@ class FuseConvBN:
 
     name: ClassVar[str] = "fuse-conv-bn"
     changes_input: ClassVar[bool] = False
+    _takes_lease: ClassVar[bool] = True
 
     max_rewrites: int | None = None
 
@@ -116,7 +117,7 @@ class FuseConvBN:
         matches = [m for m in self._matches(ep) if counter.allow(targets[m.bn], m.bn)]
         if not matches:
             return FuseConvBNResult(ep, False, notes=counter.notes)
-        gm = _graph.copy_graph(ep)
+        gm = _graph.editable_graph(ep)
         nodes = {n.name: n for n in gm.graph.nodes}
         state = _graph.state_values(ep)
         kinds = _graph.input_kinds(ep)

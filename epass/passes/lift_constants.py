@@ -64,4 +64,9 @@ class LiftConstants:
             return PassResult(program, modified)
         if not _graph.tensor_attributes(ep.graph_module):
             return PassResult(ep, False)
-        return PassResult(_graph.lift_tensor_attributes(ep, _graph.copy_graph(ep)), True)
+        return PassResult(_graph.lift_tensor_attributes(ep, _graph.editable_graph(ep)), True)
+
+    @property
+    def _takes_lease(self) -> bool:
+        # An fx function may keep the module it is given: it always gets a copy.
+        return self.fx is None

@@ -71,11 +71,12 @@ class RemoveAssertions:
 
     name: ClassVar[str] = "remove-asserts"
     changes_input: ClassVar[bool] = False
+    _takes_lease: ClassVar[bool] = True
 
     def __call__(self, ep: ExportedProgram) -> RemoveAssertionsResult:
         if not any(_is_assertion(n) for n in ep.graph.nodes):
             return RemoveAssertionsResult(ep, False)
-        gm = _graph.copy_graph(ep)
+        gm = _graph.editable_graph(ep)
         removed = 0
         # Newest first: a functional assertion's token is used only by later ones.
         for node in reversed(list(gm.graph.nodes)):

@@ -1,7 +1,8 @@
 """The built-in graph passes give, node for node, what their plain forms give: each
-pass copies its input graph without generating its Python code, and CSE builds its
-output from the input graph without copying it first; the plain forms copy into a
-module that generates its code, as every pass did before."""
+pass copies its input graph without generating its Python code, CSE builds its
+output from the input graph without copying it first, and under a pipeline's lease
+(a graph the run made, which nobody else holds) each edits that graph in place; the
+plain forms copy into a module that generates its code, as every pass did before."""
 
 from __future__ import annotations
 
@@ -144,6 +145,26 @@ def test_each_pass_gives_what_its_plain_form_gives(
         assert fingerprint(ep) == before, key
         assert getattr(fast, "modified", None) == getattr(plain, "modified", None), key
         assert_same_program(_program_of(fast), _program_of(plain))
+        in_place, lease = _leased(make(), ep)
+        assert fingerprint(ep) == before, key
+        assert getattr(in_place, "modified", None) == getattr(plain, "modified", None), key
+        if getattr(in_place, "modified", False) and getattr(make(), "_takes_lease", False):
+            assert lease.used, key  # edited the leased graph, copied nothing
+        assert_same_program(_program_of(in_place), _program_of(plain))
+
+
+def _own_copy(ep: ExportedProgram) -> ExportedProgram:
+    """A program equal to ``ep`` over a graph nobody else holds."""
+    return _graph.build_program(ep, _graph.copy_graph(ep))
+
+
+def _leased(p: Any, ep: ExportedProgram) -> tuple[Any, _graph.Lease]:
+    """``p`` run as a pipeline runs it on a program the run made: with a lease on a
+    copy of ``ep``'s graph."""
+    own = _own_copy(ep)
+    lease = _graph.Lease(own.graph_module)
+    with _graph.granted(lease):
+        return p(own), lease
 
 
 def test_lowering_generates_python_code_for_no_intermediate_program(
