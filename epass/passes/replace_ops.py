@@ -165,8 +165,15 @@ class ReplaceOps:
     def __call__(self, ep: ExportedProgram) -> ReplaceOpsResult:
         counter = RewriteCounter(self.max_rewrites)
         ep, modified, bare = self._trace_in(ep, counter)
-        retarget = {op: new for op, new in self.ops.items() if _program.is_op_overload(new)}
-        if not retarget and not self.patterns:
+        # Only what can match is applied: the graph is copied for no rewrite.
+        present = {(n.op, n.target) for n in ep.graph.nodes}
+        retarget = {
+            op: new
+            for op, new in self.ops.items()
+            if _program.is_op_overload(new) and ("call_function", op) in present
+        }
+        patterns = [pair for pair in self.patterns if _may_match(pair[0], present)]
+        if not retarget and not patterns:
             return ReplaceOpsResult(ep, modified, notes=counter.notes, bare=bare)
         gm = _graph.copy_graph(ep)
         changed = False
@@ -177,7 +184,7 @@ class ReplaceOps:
                 node.meta.pop("val", None)
                 changed = True
         taken: set[str] = set()
-        for pattern, replacement in self.patterns:
+        for pattern, replacement in patterns:
             replaced = subgraph_rewriter.replace_pattern_with_filters(
                 gm, pattern, _traced(replacement, gm, taken), match_filters=[_ask(counter)]
             )
@@ -203,6 +210,38 @@ class ReplaceOps:
             return ep, False, None
         out, bare = state.run_decompositions(ep, traced)
         return out, True, bare
+
+
+def _may_match(pattern: Callable[..., Any], present: set[tuple[str, Any]]) -> bool:
+    """False when some call of ``pattern`` has no call of the same kind and target in
+    the graph whose nodes' ``(op, target)`` are ``present``: the subgraph matcher
+    matches a call only by an equal target, so such a pattern matches nowhere.
+    True too when the pattern cannot be traced (the rewriter then says why)."""
+    calls: frozenset[tuple[str, Any]] | None
+    if isinstance(pattern, torch.fx.GraphModule):  # read as it is now
+        calls = _calls(pattern.graph)
+    else:
+        try:
+            calls = _traced_calls(pattern)
+        except TypeError:  # unhashable: nor can symbolic_trace take it
+            return True
+    return calls is None or calls <= present
+
+
+@functools.lru_cache(maxsize=256)
+def _traced_calls(pattern: Callable[..., Any]) -> frozenset[tuple[str, Any]] | None:
+    """:func:`_calls` of ``pattern`` traced as ``subgraph_rewriter`` traces a function
+    (``symbolic_trace``); None when it cannot be traced."""
+    try:
+        graph = torch.fx.symbolic_trace(pattern).graph
+    except Exception:
+        return None
+    return _calls(graph)
+
+
+def _calls(graph: torch.fx.Graph) -> frozenset[tuple[str, Any]]:
+    kinds = ("call_function", "call_method", "call_module")
+    return frozenset((n.op, n.target) for n in graph.nodes if n.op in kinds)
 
 
 def _ask(counter: RewriteCounter) -> Callable[..., bool]:

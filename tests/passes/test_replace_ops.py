@@ -88,6 +88,37 @@ def test_replace_ops_without_matches_is_unmodified() -> None:
         assert result.modified is False and result.program is ep
 
 
+def test_replace_ops_copies_no_graph_for_rewrites_that_cannot_match(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A retarget whose operator is absent and a pattern with a call the graph lacks
+    (by kind and target, as the subgraph matcher compares) are not applied: the
+    graph is not copied for them. A pattern whose calls are all present is tried."""
+    from epass import _graph
+
+    copies: list[object] = []
+    real = _graph.copy_graph
+    monkeypatch.setattr(_graph, "copy_graph", lambda ep: copies.append(ep) or real(ep))
+
+    ep = h.program("mlp", True, "decomposed")
+    relu_then_tanh = torch.fx.symbolic_trace(lambda x: aten.tanh.default(aten.relu.default(x)))
+    absent = ReplaceOps(
+        {aten.tanh.default: aten.relu.default},
+        patterns=[(relu_then_tanh, lambda x: x), (lambda x: aten.sigmoid.default(x), lambda x: x)],
+    )
+    result = absent(ep)
+    assert result.modified is False and result.program is ep and copies == []
+
+    # Every call present (relu then addmm), but not in that order: tried, no match.
+    def relu_into_addmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return aten.addmm.default(b, aten.relu.default(x), w)
+
+    assert {aten.relu.default, aten.addmm.default} <= {n.target for n in ep.graph.nodes}
+    tried = ReplaceOps(patterns=[(relu_into_addmm, lambda b, x, w: x)])(ep)
+    assert len(copies) == 1
+    assert tried.modified is (len(tried.program.graph.nodes) != len(ep.graph.nodes))
+
+
 def test_replace_ops_validates_its_options() -> None:
     with pytest.raises(TypeError, match="operator overloads"):
         ReplaceOps({"relu": clamp_relu})
