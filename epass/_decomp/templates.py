@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -249,6 +250,16 @@ def _keep(cache: dict[Any, tracing.Template], key: Any, template: tracing.Templa
             _CACHE.popitem(last=False)
 
 
+def _hit(cache: dict[Any, tracing.Template], key: Any) -> tracing.Template | None:
+    with state.LOCK:
+        hit = cache.get(key)
+        if hit is not None:
+            if cache is _CACHE:
+                _CACHE.move_to_end(key)
+            _STATS["hits"] += 1
+        return hit
+
+
 def find(
     op: Any,
     args: tuple[Any, ...],
@@ -266,13 +277,9 @@ def find(
     values = [a.meta["val"] for a in inputs]
     key = keys.memory_key(op, spec, parts, session.name, fake_mode)
     cache = session.cache()
-    with state.LOCK:
-        hit = cache.get(key)
-        if hit is not None:
-            if cache is _CACHE:
-                _CACHE.move_to_end(key)
-            _STATS["hits"] += 1
-            return hit, inputs
+    hit = _hit(cache, key)
+    if hit is not None:
+        return hit, inputs
     watch = session.watching(fake_mode)
     disk_key = _disk_key(op, spec, parts, session.name, fake_mode)
     template = (
@@ -305,13 +312,28 @@ def region(
     fake_mode: Any,
     session: Session,
 ) -> tuple[tracing.Template, list[torch.fx.Node]]:
-    """The template of a region (``table.REGIONS``): its own trace, each time. Its key
-    would be its body's whole graph, so no cache keeps it.
+    """The template of a region (``table.REGIONS``), from memory or its own trace.
+
+    In memory it is keyed by the code its body runs (:func:`body_code`: what the
+    trace runs, and what the stack traces of its nodes quote) in place of the body,
+    and by its other arguments as any call's template is; a body whose code does not
+    tell it apart is traced each time. Never on disk: a region's template is its
+    program's.
 
     Raises:
         Fallback: when the body returns a view of one of its inputs, or writes into one.
     """
+    codes = [body_code(a) if isinstance(a, torch.fx.GraphModule) else "" for a in args]
+    key = None
+    if None not in codes:
+        keyed = tuple(code or a for code, a in zip(codes, args, strict=True))
+        spec, parts, _, _ = keys.template_key(op, keyed, kwargs, session.grads)
+        key = keys.memory_key(op, spec, parts, session.name, fake_mode)
     inputs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.fx.Node)]
+    cache = session.cache()
+    hit = None if key is None else _hit(cache, key)
+    if hit is not None:
+        return hit, inputs
     flags = [keys.requires_grad(a, session.grads) for a in inputs]
     values = [a.meta["val"] for a in inputs]
     with session.watching(fake_mode).retrace(f"the trace of {op.name()}"):
@@ -321,7 +343,33 @@ def region(
     session.traced += 1
     if safety.returns_a_view_of_an_input(template.graph):
         raise Fallback(f"the body of {op.name()} returns a view of its input")
+    if key is not None:
+        with state.LOCK:
+            _keep(cache, key, template)
     return template, inputs
+
+
+def body_code(body: torch.fx.GraphModule) -> str | None:
+    """The code a region's body runs, then that of each body nested in it, by
+    attribute name; None when it reads any other attribute or calls a module (its
+    value would be part of what the code does), or has no code."""
+    try:
+        parts = [body.code]
+    except RuntimeError:  # never generated
+        return None
+    for node in body.graph.nodes:
+        if node.op == "call_module":
+            return None
+        if node.op == "get_attr":
+            try:
+                nested = operator.attrgetter(str(node.target))(body)
+            except AttributeError:
+                return None
+            code = body_code(nested) if isinstance(nested, torch.fx.GraphModule) else None
+            if code is None:
+                return None
+            parts.append(f"# {node.target}\n{code}")
+    return "\n".join(parts)
 
 
 def missing_templates(ep: ExportedProgram, tables: table.Tables) -> tuple[int, int]:

@@ -12,7 +12,7 @@ from torch import nn
 from torch.export import Dim
 
 from epass import Decompose, _program
-from epass._decomp import check
+from epass._decomp import check, table, templates
 
 
 class _Autocast(nn.Module):
@@ -128,3 +128,70 @@ def test_a_region_is_inlined_whole_under_max_rewrites_and_not_counted(limit):
     assert _regions(result.program) == []
     assert result.notes["rewrites"] == result.rewritten == limit
     assert result.notes["held_back"] == full.rewritten - limit
+
+
+def _region_traces(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The region traces made from now on, by the region's name."""
+    from epass._decomp import tracing
+
+    made: list[str] = []
+    real = tracing.trace
+
+    def trace(op, *args, **kwargs):
+        if op in table.REGIONS:
+            made.append(op.name())
+        return real(op, *args, **kwargs)
+
+    monkeypatch.setattr(tracing, "trace", trace)
+    return made
+
+
+class _ThreeRegions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(_Autocast(True), _Autocast(True), _Autocast(False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_warm_decomposition_finds_each_region_in_memory_by_its_bodys_code(monkeypatch, dynamic):
+    ep = _exported(_ThreeRegions(), dynamic)
+    made = _region_traces(monkeypatch)
+    first = assert_same_as_torch(ep)
+    assert made == ["wrap_with_autocast"] * 3
+    made.clear()
+    again = assert_same_as_torch(ep)  # torch's program, node for node, from memory
+    assert made == [] and again.method == "incremental"
+    assert again.program.graph_module.code == first.program.graph_module.code
+    traces = [[n.meta.get("stack_trace") for n in r.program.graph.nodes] for r in (first, again)]
+    assert traces[0] == traces[1]
+
+
+def test_a_body_whose_code_changed_is_traced_again():
+    ep = _exported(_Autocast(enabled=False), dynamic=False)
+    Decompose()(ep)
+    (body,) = [m for m in ep.graph_module.children() if isinstance(m, torch.fx.GraphModule)]
+    (eps,) = [n for n in body.graph.nodes if n.target == torch.ops.aten.add.Tensor]
+    eps.args = (eps.args[0], 0.5)  # what the body adds to the denominator
+    body.recompile()
+    out = assert_same_as_torch(ep).program
+    assert 0.5 in [a for n in out.graph.nodes for a in n.args]
+    assert 1e-5 not in [a for n in out.graph.nodes for a in n.args]
+
+
+def test_the_body_key_is_its_code_and_that_of_the_bodies_it_nests():
+    ep = _exported(_Autocast(enabled=True), dynamic=False)
+    (body,) = [m for m in ep.graph_module.children() if isinstance(m, torch.fx.GraphModule)]
+    code = templates.body_code(body)
+    assert code == body.code
+    graph = torch.fx.Graph()
+    graph.output((graph.placeholder("x"), graph.get_attr("inner")))
+    outer = torch.fx.GraphModule({"inner": body}, graph)
+    assert templates.body_code(outer) == f"{outer.code}\n# inner\n{code}"
+    # A body reading a tensor: its code does not say what the tensor holds.
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(torch.add, (graph.placeholder("x"), graph.get_attr("w"))))
+    held = torch.fx.GraphModule({"w": torch.nn.Parameter(torch.ones(1))}, graph)
+    assert templates.body_code(held) is None
