@@ -29,7 +29,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from epass import _program
+from epass import _program, _torch
 from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = [
@@ -652,10 +652,14 @@ def fill_meta(gm: torch.fx.GraphModule, *, force: bool = False) -> None:
     def val(arg: Any) -> Any:
         return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
 
-    with FAKE_LOCK, mode:
+    # Under the Python dispatcher, as export's tracer runs them: a composite operator
+    # then keeps sizes symbolic (torch 2.12's C++ aten.linear reads a dynamic size
+    # as an int, which specializes it in the program's shape environment).
+    with FAKE_LOCK, mode, _torch.python_dispatcher():
         for node in gm.graph.nodes:
             if node.op != "call_function" or (not force and "val" in node.meta):
                 continue
             args = torch.fx.node.map_aggregate(node.args, val)
             kwargs = torch.fx.node.map_aggregate(node.kwargs, val)
             node.meta["val"] = node.target(*args, **kwargs)  # type: ignore[operator]
+
