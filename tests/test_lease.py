@@ -29,12 +29,7 @@ def _decoder() -> tuple[ExportedProgram, tuple[Any, ...]]:
 def _llama() -> tuple[ExportedProgram, tuple[Any, ...]]:
     """A program on which every pass of ``lower()`` but constant folding changes
     something (a dynamic sequence brings runtime assertions)."""
-    pytest.importorskip("transformers")
-    try:
-        _, ep, args = hf_models.export("llama", dynamic=True)
-    except torch._dynamo.exc.UserError as exc:  # torch 2.11's export of this Llama
-        reason = str(exc).splitlines()[0]
-        pytest.skip(f"torch {torch.__version__} cannot export Llama with a dynamic seq: {reason}")
+    _, ep, args = hf_models.export_or_skip("llama", dynamic=True)
     return ep, args
 
 

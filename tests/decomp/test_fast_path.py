@@ -35,19 +35,7 @@ BY_DESIGN = {"cond": "get_attr", "running_mean": "a write into input"}
 # release takes it for every class it can export, so this is empty.
 TORCH_FALLBACKS: dict[tuple[str, str, bool], str] = {}
 
-# Programs a torch release cannot export at all, so there is nothing to decompose:
-# (torch "major.minor", zoo name, dynamic) -> torch's message. The tiny Llama with a
-# dynamic sequence length needs min(16*seq, 32*seq) == 16*seq for 2 <= seq <= 32, which
-# torch 2.11 and 2.12 cannot prove; 2.13 can.
-TORCH_CANNOT_EXPORT: dict[tuple[str, str, bool], str] = {
-    ("2.11", "llama", True): "Constraints violated (seq)",
-    ("2.12", "llama", True): "Constraints violated (seq)",
-}
-
-
-def torch_release() -> str:
-    """The running torch as "major.minor" (2.15.0+cu132 -> 2.15)."""
-    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+torch_release = hf_models.torch_release
 
 
 def _cases(names: Any) -> list[Any]:
@@ -68,7 +56,7 @@ def _assert_close(got: Any, want: Any) -> None:
 
 @pytest.mark.parametrize(("name", "dynamic"), _cases(FAST_PATH))
 def test_zoo_program_takes_the_incremental_path_and_matches_torch(name: str, dynamic: bool):
-    unexportable = TORCH_CANNOT_EXPORT.get((torch_release(), name, dynamic))
+    unexportable = hf_models.TORCH_CANNOT_EXPORT.get((torch_release(), name, dynamic))
     if unexportable is not None:  # named above; when torch exports it, the entry goes
         with pytest.raises(torch._dynamo.exc.UserError, match=re.escape(unexportable)):
             hf_models.export(name, dynamic=dynamic)

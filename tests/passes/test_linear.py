@@ -65,9 +65,7 @@ PROGRAMS = [
 
 def _export(zoo: str, name: str, dynamic: bool) -> ExportedProgram:
     if zoo == "hf":
-        if hf_models.ZOO[name].transformers:
-            pytest.importorskip("transformers")
-        return hf_models.export(name, dynamic=dynamic)[1]
+        return hf_models.export_or_skip(name, dynamic=dynamic)[1]
     return models.export(name, dynamic=dynamic)[1]
 
 
@@ -172,12 +170,7 @@ def test_lowering_generates_python_code_for_no_intermediate_program(
 ) -> None:
     # Generating a graph's code costs more than copying it: the passes after
     # Decompose copy and rebuild without it, and the result makes its code when read.
-    pytest.importorskip("transformers")
-    try:
-        exported = hf_models.export("llama", dynamic=True)[1]
-    except torch._dynamo.exc.UserError as exc:  # torch 2.11's export of this Llama
-        reason = str(exc).splitlines()[0]
-        pytest.skip(f"torch {torch.__version__} cannot export Llama with a dynamic seq: {reason}")
+    exported = hf_models.export_or_skip("llama", dynamic=True)[1]
     ep = exported.run_decompositions()
     generated: list[torch.fx.Graph] = []
     python_code = torch.fx.Graph.python_code
