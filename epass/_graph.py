@@ -662,4 +662,3 @@ def fill_meta(gm: torch.fx.GraphModule, *, force: bool = False) -> None:
             args = torch.fx.node.map_aggregate(node.args, val)
             kwargs = torch.fx.node.map_aggregate(node.kwargs, val)
             node.meta["val"] = node.target(*args, **kwargs)  # type: ignore[operator]
-
