@@ -217,31 +217,15 @@ def _may_match(pattern: Callable[..., Any], present: set[tuple[str, Any]]) -> bo
     the graph whose nodes' ``(op, target)`` are ``present``: the subgraph matcher
     matches a call only by an equal target, so such a pattern matches nowhere.
     True too when the pattern cannot be traced (the rewriter then says why)."""
-    calls: frozenset[tuple[str, Any]] | None
-    if isinstance(pattern, torch.fx.GraphModule):  # read as it is now
-        calls = _calls(pattern.graph)
-    else:
+    if isinstance(pattern, torch.fx.GraphModule):
+        graph = pattern.graph
+    else:  # traced each time: what a function traces to may change with its globals
         try:
-            calls = _traced_calls(pattern)
-        except TypeError:  # unhashable: nor can symbolic_trace take it
+            graph = torch.fx.symbolic_trace(pattern).graph
+        except Exception:
             return True
-    return calls is None or calls <= present
-
-
-@functools.lru_cache(maxsize=256)
-def _traced_calls(pattern: Callable[..., Any]) -> frozenset[tuple[str, Any]] | None:
-    """:func:`_calls` of ``pattern`` traced as ``subgraph_rewriter`` traces a function
-    (``symbolic_trace``); None when it cannot be traced."""
-    try:
-        graph = torch.fx.symbolic_trace(pattern).graph
-    except Exception:
-        return None
-    return _calls(graph)
-
-
-def _calls(graph: torch.fx.Graph) -> frozenset[tuple[str, Any]]:
     kinds = ("call_function", "call_method", "call_module")
-    return frozenset((n.op, n.target) for n in graph.nodes if n.op in kinds)
+    return all((n.op, n.target) in present for n in graph.nodes if n.op in kinds)
 
 
 def _ask(counter: RewriteCounter) -> Callable[..., bool]:

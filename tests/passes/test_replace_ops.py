@@ -238,3 +238,23 @@ def test_replace_ops_composite_op_calling_itself_does_not_recurse() -> None:
     x = h.inputs("mlp")[0]
     hidden = torch.relu(net[0](x) * 2)
     torch.testing.assert_close(out.module()(x), net[4](torch.relu(net[2](hidden) * 2)) * 2)
+
+
+def test_replace_ops_reads_a_pattern_as_it_traces_now() -> None:
+    # What a function traces to may change between runs (the globals or cells it
+    # reads): the match check traces it each time, as the rewriter does.
+    chosen = [aten.sigmoid.default]
+
+    def pattern(x: torch.Tensor) -> torch.Tensor:
+        return chosen[0](x)
+
+    def replacement(x: torch.Tensor) -> torch.Tensor:
+        return aten.clamp_min.default(x, 0.0)
+
+    ep = h.program("mlp", True, "decomposed")
+    p = ReplaceOps(patterns=[(pattern, replacement)])
+    assert p(ep).modified is False  # no sigmoid in the program
+    chosen[0] = aten.relu.default
+    out = p(ep)
+    assert out.modified is True
+    assert aten.clamp_min.default in {n.target for n in out.program.graph.nodes}
