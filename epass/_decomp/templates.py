@@ -314,7 +314,7 @@ def region(
 ) -> tuple[tracing.Template, list[torch.fx.Node]]:
     """The template of a region (``table.REGIONS``), from memory or its own trace.
 
-    In memory it is keyed by the code its body runs (:func:`body_code`: what the
+    In memory it is keyed by the code its body runs (:func:`body_key`: what the
     trace runs, and what the stack traces of its nodes quote) in place of the body,
     and by its other arguments as any call's template is; a body whose code does not
     tell it apart is traced each time. Never on disk: a region's template is its
@@ -323,12 +323,14 @@ def region(
     Raises:
         Fallback: when the body returns a view of one of its inputs, or writes into one.
     """
-    codes = [body_code(a) if isinstance(a, torch.fx.GraphModule) else "" for a in args]
+    bodies = [body_key(a) if isinstance(a, torch.fx.GraphModule) else () for a in args]
     key = None
-    if None not in codes:
-        keyed = tuple(code or a for code, a in zip(codes, args, strict=True))
+    if None not in bodies:
+        keyed = tuple(b[0] if b else a for b, a in zip(bodies, args, strict=True))
         spec, parts, _, _ = keys.template_key(op, keyed, kwargs, session.grads)
-        key = keys.memory_key(op, spec, parts, session.name, fake_mode)
+        # The code names a function it calls by a name; the key holds the function.
+        targets = tuple(t for b in bodies if b for t in b[1])
+        key = (keys.memory_key(op, spec, parts, session.name, fake_mode), targets)
     inputs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.fx.Node)]
     cache = session.cache()
     hit = None if key is None else _hit(cache, key)
@@ -349,27 +351,32 @@ def region(
     return template, inputs
 
 
-def body_code(body: torch.fx.GraphModule) -> str | None:
-    """The code a region's body runs, then that of each body nested in it, by
-    attribute name; None when it reads any other attribute or calls a module (its
-    value would be part of what the code does), or has no code."""
+def body_key(body: torch.fx.GraphModule) -> tuple[str, tuple[Any, ...]] | None:
+    """The code a region's body runs, then that of each body nested in it by
+    attribute name, and every function their nodes call; None when a body reads any
+    other attribute or calls a module (its value would be part of what the code
+    does), or has no code."""
     try:
         parts = [body.code]
     except RuntimeError:  # never generated
         return None
+    targets: list[Any] = []
     for node in body.graph.nodes:
         if node.op == "call_module":
             return None
+        if node.op == "call_function":
+            targets.append(node.target)
         if node.op == "get_attr":
             try:
                 nested = operator.attrgetter(str(node.target))(body)
             except AttributeError:
                 return None
-            code = body_code(nested) if isinstance(nested, torch.fx.GraphModule) else None
-            if code is None:
+            inner = body_key(nested) if isinstance(nested, torch.fx.GraphModule) else None
+            if inner is None:
                 return None
-            parts.append(f"# {node.target}\n{code}")
-    return "\n".join(parts)
+            parts.append(f"# {node.target}\n{inner[0]}")
+            targets += inner[1]
+    return "\n".join(parts), tuple(targets)
 
 
 def missing_templates(ep: ExportedProgram, tables: table.Tables) -> tuple[int, int]:

@@ -181,17 +181,38 @@ def test_a_body_whose_code_changed_is_traced_again():
     assert 1e-5 not in [a for n in out.graph.nodes for a in n.args]
 
 
-def test_the_body_key_is_its_code_and_that_of_the_bodies_it_nests():
+def test_the_body_key_is_its_code_and_calls_and_those_of_the_bodies_it_nests():
     ep = _exported(_Autocast(enabled=True), dynamic=False)
     (body,) = [m for m in ep.graph_module.children() if isinstance(m, torch.fx.GraphModule)]
-    code = templates.body_code(body)
+    code, calls = templates.body_key(body)
     assert code == body.code
+    assert calls == tuple(n.target for n in body.graph.nodes if n.op == "call_function")
     graph = torch.fx.Graph()
     graph.output((graph.placeholder("x"), graph.get_attr("inner")))
     outer = torch.fx.GraphModule({"inner": body}, graph)
-    assert templates.body_code(outer) == f"{outer.code}\n# inner\n{code}"
+    assert templates.body_key(outer) == (f"{outer.code}\n# inner\n{code}", calls)
     # A body reading a tensor: its code does not say what the tensor holds.
     graph = torch.fx.Graph()
     graph.output(graph.call_function(torch.add, (graph.placeholder("x"), graph.get_attr("w"))))
     held = torch.fx.GraphModule({"w": torch.nn.Parameter(torch.ones(1))}, graph)
-    assert templates.body_code(held) is None
+    assert templates.body_key(held) is None
+
+
+def _call(fn):
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(fn, (graph.placeholder("x"),)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_bodies_calling_functions_of_one_name_have_other_keys():
+    # FX writes a function it cannot import by its name: the code of two bodies is
+    # then the same, the functions they call are not.
+    def make(scale):
+        def helper(x):
+            return x * scale
+
+        return helper
+
+    one, two = _call(make(2.0)), _call(make(3.0))
+    assert one.code == two.code
+    assert templates.body_key(one) != templates.body_key(two)
