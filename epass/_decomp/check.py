@@ -11,7 +11,7 @@ from torch.export import ExportedProgram
 from epass import _torch
 from epass._decomp import keys
 
-__all__ = ["COMPARED_META", "first_difference"]
+__all__ = ["COMPARED_META", "first_difference", "numeric_difference"]
 
 
 # Node meta compared by the check: what a user reads, prints or saves with the
@@ -106,3 +106,65 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
     if fast.dialect != ref.dialect:
         return f"dialect {fast.dialect} / torch: {ref.dialect}"
     return None
+
+
+# The tolerance of ``numeric_difference`` by dtype: torch.testing's defaults (rtol,
+# atol), with atol relative to the output's largest magnitude when that exceeds one.
+_TOLERANCE = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+
+
+def numeric_difference(got: Any, want: Any, where: str) -> str | None:
+    """How output ``got`` of the incremental program differs from torch's ``want``
+    on the same inputs (None: the same within float rounding). ``where`` names it.
+
+    The two programs run the same graph, so what tells them apart is a wrong value
+    (a constant, a state tensor), never rounding. Rounding still differs between
+    two calls: a CPU matrix product's summation order can change with the threads
+    it gets and the alignment of its buffers, and a logit that sums to near zero
+    then differs far beyond ``torch.allclose``'s default ``atol=1e-8``. So floating
+    values are compared with torch.testing's tolerance for their dtype, its atol
+    scaled by the output's largest magnitude; NaNs must sit in the same places;
+    anything else must be equal.
+    """
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
+        return None if got == want else f"{where} is {got!r} / torch: {want!r}"
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return (
+            f"{where} is {got.dtype} {tuple(got.shape)} / torch: {want.dtype} {tuple(want.shape)}"
+        )
+    a, b = got.detach(), want.detach()
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if not a.is_floating_point():
+        if torch.equal(a, b):
+            return None
+        mismatched = int((a != b).sum())
+        return f"{where} differs in {mismatched} of {a.numel()} elements"
+    rtol, atol = _TOLERANCE.get(a.dtype, (1.3e-6, 1e-5))
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    nan_a, nan_b = a64.isnan(), b64.isnan()
+    if not torch.equal(nan_a, nan_b):
+        return f"{where} has NaN in other places than torch's"
+    a64, b64 = a64.masked_fill(nan_a, 0.0), b64.masked_fill(nan_b, 0.0)
+    infinite = b64.isinf() | a64.isinf()
+    if not torch.equal(a64[infinite], b64[infinite]):
+        return f"{where} has infinities in other places than torch's"
+    a64, b64 = a64.masked_fill(infinite, 0.0), b64.masked_fill(infinite, 0.0)
+    if not a64.numel():
+        return None
+    scale = max(1.0, float(b64.abs().max()))
+    excess = (a64 - b64).abs() - (atol * scale + rtol * b64.abs())
+    if float(excess.max()) <= 0:
+        return None
+    i = int(excess.argmax())
+    index = tuple(int(k) for k in torch.unravel_index(torch.tensor(i), a64.shape))
+    return (
+        f"{where} differs by {float((a64 - b64).abs().flatten()[i]):.3g} at {index} "
+        f"({float(a64.flatten()[i]):.6g} / torch: {float(b64.flatten()[i]):.6g}; "
+        f"the tolerance there is {atol * scale + rtol * float(b64.abs().flatten()[i]):.3g})"
+    )

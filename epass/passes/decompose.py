@@ -17,7 +17,7 @@ from torch.export import ExportedProgram
 
 from epass import _graph, _program, _torch
 from epass._decomp import identity, keys, safety, shapes, splice, state, templates
-from epass._decomp.check import first_difference
+from epass._decomp.check import first_difference, numeric_difference
 from epass._decomp.table import REGIONS, Tables, rewrites, splices, split_table
 from epass.errors import (
     ArgumentTypeError,
@@ -614,13 +614,15 @@ def _learnt(before: shapes.Snapshot | None, after: shapes.Snapshot | None) -> st
 
 
 def _numerics(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
-    """Whether both programs compute the same outputs on the example inputs."""
+    """Whether both programs compute the same outputs on the example inputs (within
+    float rounding: ``numeric_difference``)."""
     if fast.example_inputs is None:
         return None
     args, kwargs = fast.example_inputs
     got = _program.tree_leaves(fast.module()(*args, **kwargs))
     want = _program.tree_leaves(ref.module()(*args, **kwargs))
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        if isinstance(a, torch.Tensor) and not torch.allclose(a, b, equal_nan=True):
-            return f"output {i} differs numerically from run_decompositions' program"
+        difference = numeric_difference(a, b, f"output {i}")
+        if difference is not None:
+            return f"{difference} on the example inputs"
     return None
