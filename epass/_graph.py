@@ -393,6 +393,7 @@ def build_program(
     new_specs: Mapping[str, InputSpec] | None = None,
     state_dict: Mapping[str, Any] | None = None,
     constants: Mapping[str, Any] | None = None,
+    erased_only: bool = False,
 ) -> ExportedProgram:
     """A new, validated program from ``ep`` with graph ``gm``: the one rule by which
     every epass pass and adapter turns a rewritten graph into a program.
@@ -405,6 +406,11 @@ def build_program(
     them. The number of user inputs and of outputs must stay the same; outputs keep
     ``ep``'s output specs, renamed after ``gm``'s output nodes. State entries whose
     inputs are gone leave the new program's dicts.
+
+    ``erased_only``: the pass only erased nodes of ``gm`` and pointed their uses at
+    nodes it already had. When ``gm`` is ``ep``'s own module (a lease), the program
+    is then made without validating every node again
+    (:func:`epass._program.after_erasure`).
     """
     old_specs = ep.graph_signature.input_specs
     inputs = _input_specs(old_specs, list(placeholders(gm)), dict(new_specs or {}))
@@ -426,6 +432,10 @@ def build_program(
         if spec.target is not None and spec.target not in referenced:
             sd.pop(spec.target, None)
             consts.pop(spec.target, None)
+    if erased_only and gm is ep.graph_module:
+        out = _program.after_erasure(ep, signature, sd, consts)
+        if out is not None:
+            return out
     return _program.new_program(ep, gm, signature, sd, consts)
 
 

@@ -249,6 +249,44 @@ def new_program(
     return out
 
 
+def after_erasure(
+    ep: ExportedProgram,
+    signature: ExportGraphSignature,
+    state_dict: dict[str, Any],
+    constants: dict[str, Any],
+) -> ExportedProgram | None:
+    """The program :func:`new_program` makes from ``ep``'s own graph module after a
+    pass only erased nodes of it (pointing their uses at nodes it already had), made
+    without the constructor; None where that cannot be shown to be the same.
+
+    The constructor validates every node again (tens of milliseconds a pass at a few
+    thousand nodes). That adds nothing here: ``ep`` passed validation
+    (:func:`mark_validated`, or its constructor), and every node left was one of its
+    nodes, unchanged, so only what reads more than one node is checked again (the
+    signature against the graph's inputs and outputs, the module call graph; the
+    graph's lint). Range constraints and guards are recomputed as the constructor
+    computes them. Any other field is ``ep``'s, as the constructor would take it.
+    """
+    if ep not in _VALIDATED:
+        return None
+    gm = ep.graph_module
+    values = _torch.one_value_module(gm)
+    out = copy.copy(ep)
+    _torch.set_fields(
+        out,
+        graph_signature=signature,
+        state_dict=state_dict,
+        constants=constants,
+        range_constraints=_torch.updated_range_constraints(values, ep.range_constraints),
+        module_call_graph=copy_call_graph(ep.module_call_graph),
+        guards_code=_torch.graph_guards_code(values),
+    )
+    gm.graph.lint()
+    _torch.verify_beyond_nodes(out)
+    mark_validated(out)
+    return out
+
+
 def flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> list[Any]:
     """What ``ep.graph_module`` takes for the call ``ep.module()(*args, **kwargs)``:
     the state placeholders' values, then the user inputs flattened by the program's

@@ -49,7 +49,9 @@ __all__ = [
     # programs
     "pytree", "set_fields", "guards_code", "guards_fn", "graph_module_flat_inputs",
     "updated_range_constraints", "updated_module_call_graph", "rename_without_collisions",
-    "placeholder_prefixes", "base_verifier", "lazy_graph_module", "construct_without_code",
+    "placeholder_prefixes", "base_verifier", "verify_beyond_nodes", "one_value_module",
+    "graph_guards_code",
+    "lazy_graph_module", "construct_without_code",
     "reserve_name", "module_buffers", "version_counter", "spec_children",
     # archives
     "load_pt2", "zip_reader", "record_size", "serde_schema", "serialized_sym_ops",
@@ -149,6 +151,13 @@ INTERNALS = (
     f"{_UTILS}._rename_without_collisions",  # the retrace's placeholder names
     f"{_UTILS}.placeholder_prefixes",
     "torch._export.verifier.Verifier",
+    # a program rebuilt around its graph after nodes were only erased: the verifier's
+    # checks that read more than the nodes, and the guards a constructor records
+    "torch._export.verifier._verify_exported_program_signature",
+    "torch._export.verifier._verify_exported_program_module_call_graph",
+    f"{_PROGRAM}._convert_guards_to_code",
+    f"{_PROGRAM}._get_shape_env",  # reads each node's meta["val"] (one_value_module)
+    "torch._subclasses.fake_tensor.FakeTensor",
     "torch.fx._lazy_graph_module._LazyGraphModule",
     "torch.fx.Graph._graph_namespace",
     "torch.fx.graph._Namespace._obj_to_name",
@@ -534,7 +543,7 @@ def graph_module_flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> lis
     return list(ep._graph_module_flat_inputs(args, kwargs))
 
 
-def updated_range_constraints(gm: torch.fx.GraphModule, old: Any) -> dict[Any, Any]:
+def updated_range_constraints(gm: Any, old: Any) -> dict[Any, Any]:
     """The range constraints of the symbols ``gm`` mentions, as a retrace updates them."""
     from torch.export.exported_program import _get_updated_range_constraints
 
@@ -572,6 +581,36 @@ def base_verifier() -> type[Any]:
     from torch._export.verifier import Verifier
 
     return Verifier  # type: ignore[no-any-return]
+
+
+def verify_beyond_nodes(ep: ExportedProgram) -> None:
+    """What torch's ``Verifier.check`` checks of ``ep`` besides each node: the
+    signature against the graph's inputs and outputs, and the module call graph."""
+    from torch._export import verifier
+
+    verifier._verify_exported_program_module_call_graph(ep)
+    verifier._verify_exported_program_signature(ep)
+
+
+def one_value_module(gm: torch.fx.GraphModule) -> Any:
+    """What torch's ``_get_shape_env`` reads of ``gm`` (each node's ``meta["val"]``),
+    cut to the first node whose value is a fake tensor (``gm`` itself when none is):
+    the same shape environment, found without walking every node, where all of a
+    graph's fake values share one mode (torch's walk raises where they do not, so no
+    program holds such a graph)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for node in gm.graph.nodes:
+        if isinstance(node.meta.get("val"), FakeTensor):
+            return types.SimpleNamespace(graph=types.SimpleNamespace(nodes=[node]))
+    return gm
+
+
+def graph_guards_code(gm: Any) -> list[str]:
+    """The guards a program constructed over ``gm`` records (``_guards_code``)."""
+    from torch.export.exported_program import _convert_guards_to_code
+
+    return _convert_guards_to_code(gm)  # type: ignore[no-any-return]
 
 
 def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:

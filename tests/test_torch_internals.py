@@ -422,6 +422,39 @@ def _new_program_without_code() -> None:
     assert _program.still_validated(out)
 
 
+def _after_erasure() -> None:
+    batch = torch.export.Dim("batch", min=2)
+    ep = torch.export.export(_Flat(), (torch.randn(3, 4, 5, 5),), dynamic_shapes=({0: batch},))
+    gm = _program.copy_graph_module(ep.graph_module)
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    with gm.graph.inserting_after(x):
+        dead = gm.graph.call_function(aten.neg.default, (x,))
+    dead.meta["val"] = x.meta["val"]
+    own = _program.new_program(ep, gm, ep.graph_signature, ep.state_dict, ep.constants)
+    # The shape environment learns a guard after the program was made: the rebuilt
+    # program must carry it, as a constructor's would.
+    assert bool(x.meta["val"].shape[0] > 2)
+    own.graph.erase_node(dead)
+    out = _program.after_erasure(own, own.graph_signature, own.state_dict, own.constants)
+    assert out is not None and out.graph_module is own.graph_module
+    plain = _program.new_program(
+        own, own.graph_module, own.graph_signature, own.state_dict, own.constants
+    )
+    assert sorted(vars(out)) == sorted(vars(plain))
+    assert out.range_constraints == plain.range_constraints
+    assert _torch.guards_code(out) == _torch.guards_code(plain) != _torch.guards_code(own)
+    assert _program.still_validated(out)
+    (first,) = _torch.one_value_module(own.graph_module).graph.nodes
+    assert isinstance(first.meta["val"], torch._subclasses.fake_tensor.FakeTensor)
+    unvalidated = torch.export.export(nn.Linear(4, 2), (torch.randn(3, 4),))
+    assert (
+        _program.after_erasure(
+            unvalidated, unvalidated.graph_signature, unvalidated.state_dict, unvalidated.constants
+        )
+        is None
+    )
+
+
 def _module_call_graph() -> None:
     ep = _static()
     graph = _torch.updated_module_call_graph(ep, ep.graph_module, ep.graph_signature)
@@ -629,6 +662,11 @@ CALLS: dict[str, Callable[[], None]] = {
     f"{_PROGRAM}._create_graph_module_for_export": _new_program_without_code,
     f"{_PROGRAM}._get_updated_range_constraints": _new_program_without_code,
     f"{_PROGRAM}._get_updated_module_call_graph": _module_call_graph,
+    f"{_PROGRAM}._convert_guards_to_code": _after_erasure,
+    f"{_PROGRAM}._get_shape_env": _after_erasure,
+    "torch._export.verifier._verify_exported_program_signature": _after_erasure,
+    "torch._export.verifier._verify_exported_program_module_call_graph": _after_erasure,
+    "torch._subclasses.fake_tensor.FakeTensor": _after_erasure,
     f"{_UTILS}._rename_without_collisions": _placeholder_names,
     f"{_UTILS}.placeholder_prefixes": _placeholder_names,
     "torch._export.verifier.Verifier": lambda: (_builtin_targets(), _new_program_without_code()),

@@ -146,7 +146,8 @@ class CSE:
             if not counter.count:
                 return CSEResult(ep, False, notes=counter.notes)
             _graph.eliminate_dead_code(leased)
-            return CSEResult(_graph.build_program(ep, leased), True, notes=counter.notes)
+            program = _graph.build_program(ep, leased, erased_only=True)
+            return CSEResult(program, True, notes=counter.notes)
         if _graph.reads_attributes(ep.graph_module):
             # Submodules (nested graphs) go with the graph: copied first.
             gm = _graph.copy_graph(ep)

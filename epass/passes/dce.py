@@ -70,4 +70,4 @@ class DeadCodeElimination:
         _graph.eliminate_dead_code(gm)
         _graph.remove_unused_state_placeholders(gm, sig, only=state_names)
         gm.delete_all_unused_submodules()
-        return PassResult(_graph.build_program(ep, gm), True)
+        return PassResult(_graph.build_program(ep, gm, erased_only=True), True)

@@ -89,7 +89,8 @@ class RemoveAssertions:
         if not removed:
             return RemoveAssertionsResult(ep, False)
         logger.info("remove-asserts: %d assertion nodes removed", removed)
-        return RemoveAssertionsResult(_graph.build_program(ep, gm), True, removed=removed)
+        program = _graph.build_program(ep, gm, erased_only=True)
+        return RemoveAssertionsResult(program, True, removed=removed)
 
 
 def _erase_dead_producers(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> None:
