@@ -14,7 +14,7 @@ from fingerprint import fingerprint
 from torch.export import ExportedProgram
 
 import epass
-from epass import _graph, verify
+from epass import _graph, _program, _torch, verify
 from epass.passes import CSE, DeadCodeElimination, Decompose, RemoveAssertions, presets
 from epass.protocol import PassResult
 
@@ -61,6 +61,12 @@ def _same(a: ExportedProgram, b: ExportedProgram) -> None:
     assert str(a.graph_signature) == str(b.graph_signature)
     assert list(a.state_dict) == list(b.state_dict)
     assert list(a.constants) == list(b.constants)
+    # A program rebuilt around its own graph (no constructor) holds what one the
+    # constructor made holds.
+    assert a.range_constraints == b.range_constraints
+    assert _torch.guards_code(a) == _torch.guards_code(b)
+    assert [e.fqn for e in a.module_call_graph] == [e.fqn for e in b.module_call_graph]
+    assert a.verifiers == b.verifiers and sorted(vars(a)) == sorted(vars(b))
 
 
 def test_lowering_copies_no_graph_and_gives_what_a_watched_run_gives(monkeypatch):
@@ -215,3 +221,24 @@ def test_a_lease_is_good_for_one_call():
         assert _graph.take_lease(own) is None
         assert _graph.editable_graph(own) is not own.graph_module
     assert _graph.take_lease(own) is None
+
+
+@pytest.mark.parametrize("name", ["decoder", "cnn"])
+def test_a_program_rebuilt_after_erasures_is_the_one_the_constructor_makes(name, monkeypatch):
+    _, ep, args = models.export_dynamic(name)
+    rebuilt: list[bool] = []
+    after_erasure = _program.after_erasure
+
+    def counted(*given: Any) -> ExportedProgram | None:
+        out = after_erasure(*given)
+        rebuilt.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_program, "after_erasure", counted)
+    result = presets.lower()(ep)
+    assert rebuilt and all(rebuilt)  # DCE at least erased nodes of a leased graph
+    rebuilt.clear()
+    watched = presets.lower(instruments=[Keep()])(ep)
+    assert not rebuilt  # watched: every pass copied what it edits
+    _same(result.program, watched.program)
+    torch.testing.assert_close(result.program.module()(*args), ep.module()(*args))
