@@ -76,56 +76,39 @@ _FUNCTIONAL = "torch._functorch._aot_autograd.functional_utils"
 # calls each as epass calls it, on every declared release.
 INTERNALS = (
     # operators: what a node's target is, its schema, kernels and dispatch cache
-    "torch._ops.HigherOrderOperator",
-    "torch._ops.OperatorBase",
-    "torch._ops.OpOverload",
-    "torch._ops.OpOverloadPacket",
-    "torch._ops.OpOverloadPacket.overloads",  # each name looked up (op_overloads)
-    "torch._ops.OpOverload._schema",
-    "torch._ops.OpOverload._overloadpacket",
-    "torch._ops.OpOverload._overloadname",
-    "torch._ops.OpOverload.py_kernels",
-    "torch._ops.OpOverload._dispatch_cache",
-    "torch._ops._OpNamespace",
+    "torch._ops.HigherOrderOperator", "torch._ops.OperatorBase", "torch._ops.OpOverload",
+    "torch._ops.OpOverloadPacket", "torch._ops.OpOverloadPacket.overloads",  # each name looked up
+    "torch._ops.OpOverload._schema", "torch._ops.OpOverload._overloadpacket",
+    "torch._ops.OpOverload._overloadname", "torch._ops.OpOverload.py_kernels",
+    "torch._ops.OpOverload._dispatch_cache", "torch._ops._OpNamespace",
     "torch._C.DispatchKey.CompositeImplicitAutograd",
     "torch._C._dispatch_get_registrations_for_dispatch_key",
     # the decomposition table and its split, as run_decompositions makes them
     f"{_PROGRAM}._split_decomp_table_to_cia_and_python_decomp",
-    f"{_PROGRAM}._override_composite_implicit_decomp",
-    f"{_PROGRAM}._special_op_to_preserve_cia",
-    f"{_UTILS}._is_cia_op",
-    f"{_UTILS}._is_preservable_cia_op",
-    f"{_UTILS}._get_decomp_for_cia",
+    f"{_PROGRAM}._override_composite_implicit_decomp", f"{_PROGRAM}._special_op_to_preserve_cia",
+    f"{_UTILS}._is_cia_op", f"{_UTILS}._is_preservable_cia_op", f"{_UTILS}._get_decomp_for_cia",
     f"{_UTILS}._collect_all_valid_cia_ops",  # walked as it walks (patchable_ops)
     f"{_UTILS}._collect_all_valid_cia_ops_for_aten_namespace",
-    f"{_UTILS}._materialize_cpp_cia_ops",
-    "torch._decomp._core_aten_decompositions_post_autograd",
-    "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS",
+    f"{_UTILS}._materialize_cpp_cia_ops", "torch._decomp._core_aten_decompositions_post_autograd",
+    "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS", f"{_UTILS}._compiling_state_context",
     "torch._decomp.global_decomposition_table",  # torch's own decompositions (identity)
     "torch.library._impls",  # the Python registrations of ATen kernels (identity)
     "torch._C._dispatch_dump",  # where each was registered from (identity)
     "torch._subclasses.fake_impls.op_implementations_dict",
     "torch._subclasses.fake_impls.op_implementations_checks",
     # tracing a template as the retrace traces
-    f"{_UTILS}._compiling_state_context",
     "torch.export._trace._ignore_backend_decomps",  # mirrored by state.backend_decomps_off
-    "torch._subclasses.functional_tensor.FunctionalTensorMode",
-    f"{_FUNCTIONAL}.to_fun",
-    f"{_FUNCTIONAL}.from_fun",
-    f"{_FUNCTIONAL}.has_data_mutation",
-    f"{_FUNCTIONAL}.has_metadata_mutation",
-    "torch.fx.experimental.proxy_tensor.make_fx",
+    "torch._subclasses.functional_tensor.FunctionalTensorMode", f"{_FUNCTIONAL}.to_fun",
+    f"{_FUNCTIONAL}.from_fun", f"{_FUNCTIONAL}.has_data_mutation",
+    f"{_FUNCTIONAL}.has_metadata_mutation", "torch.fx.experimental.proxy_tensor.make_fx",
     "torch.fx.experimental.proxy_tensor.get_proxy_mode",  # .tracer.graph
-    "torch._dispatch.python.enable_python_dispatcher",
-    "torch.fx.traceback.preserve_node_meta",
-    "torch.fx.traceback.set_current_meta",
-    "torch.fx.proxy._COPY_META_FIELDS",
+    "torch._dispatch.python.enable_python_dispatcher", "torch.fx.traceback.preserve_node_meta",
+    "torch.fx.traceback.set_current_meta", "torch.fx.proxy._COPY_META_FIELDS",
     # fake values and the shape environment
-    "torch._guards.detect_fake_mode",
+    "torch._guards.detect_fake_mode", "torch._prims_common.is_contiguous_or_false",
     "torch._subclasses.fake_tensor.disable_fake_tensor_cache",  # sets cache_enabled
-    "torch._prims_common.is_contiguous_or_false",
-    # its guards, var_to_range, replacements, deferred_runtime_asserts,
-    # unbacked_symint_counter, divisible, backed_var_to_val, settings, suppress_guards
+    # its guards, var_to_range, replacements, deferred_runtime_asserts, unbacked_symint_counter,
+    # divisible, backed_var_to_val, settings, suppress_guards
     "torch.fx.experimental.symbolic_shapes.ShapeEnv",
     "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static",  # .cache_clear
     "torch.fx.passes.runtime_assert.insert_deferred_runtime_asserts",
@@ -134,44 +117,29 @@ INTERNALS = (
     "torch._dynamo.config.do_not_emit_runtime_asserts",
     # programs: fields set without the constructor (which re-validates the graph, tens
     # of ms a pass: set_fields), and how the retrace rebuilds one
-    f"{_PROGRAM}.ExportedProgram._state_dict",
-    f"{_PROGRAM}.ExportedProgram._constants",
-    f"{_PROGRAM}.ExportedProgram._graph_module",
-    f"{_PROGRAM}.ExportedProgram._graph_signature",
-    f"{_PROGRAM}.ExportedProgram._module_call_graph",
+    f"{_PROGRAM}.ExportedProgram._state_dict", f"{_PROGRAM}.ExportedProgram._constants",
+    f"{_PROGRAM}.ExportedProgram._graph_module", f"{_PROGRAM}.ExportedProgram._graph_signature",
+    f"{_PROGRAM}.ExportedProgram._module_call_graph", f"{_PROGRAM}.ExportedProgram._guards_code",
     f"{_PROGRAM}.ExportedProgram._range_constraints",
-    f"{_PROGRAM}.ExportedProgram._example_inputs",
-    f"{_PROGRAM}.ExportedProgram._verifiers",
-    f"{_PROGRAM}.ExportedProgram._guards_code",
+    f"{_PROGRAM}.ExportedProgram._example_inputs", f"{_PROGRAM}.ExportedProgram._verifiers",
     f"{_PROGRAM}.ExportedProgram._graph_module_flat_inputs",
     "torch.export._unlift._unlift_exported_program_lifted_states",  # its _guards_fn
-    f"{_PROGRAM}._create_graph_module_for_export",
-    f"{_PROGRAM}._get_updated_range_constraints",
-    f"{_PROGRAM}._get_updated_module_call_graph",
+    f"{_PROGRAM}._create_graph_module_for_export", f"{_PROGRAM}._get_updated_range_constraints",
+    f"{_PROGRAM}._get_updated_module_call_graph", "torch.Tensor._version",
     f"{_UTILS}._rename_without_collisions",  # the retrace's placeholder names
-    f"{_UTILS}.placeholder_prefixes",
-    "torch._export.verifier.Verifier",
-    # a program rebuilt around its graph after nodes were only erased: the verifier's
-    # checks that read more than the nodes, and the guards a constructor records
-    "torch._export.verifier._verify_exported_program_signature",
+    f"{_UTILS}.placeholder_prefixes", "torch._export.verifier.Verifier",
+    # a program rebuilt after erasures (_program.after_erasure); _get_shape_env reads meta["val"]
+    "torch._export.verifier._verify_exported_program_signature", f"{_PROGRAM}._get_shape_env",
     "torch._export.verifier._verify_exported_program_module_call_graph",
-    f"{_PROGRAM}._convert_guards_to_code",
-    f"{_PROGRAM}._get_shape_env",  # reads each node's meta["val"] (one_value_module)
-    "torch._subclasses.fake_tensor.FakeTensor",
-    "torch.fx._lazy_graph_module._LazyGraphModule",
-    "torch.fx.Graph._graph_namespace",
-    "torch.fx.graph._Namespace._obj_to_name",
-    "torch.fx.graph._Namespace._used_names",
-    "torch.nn.Module._buffers",
-    "torch.Tensor._version",
-    "torch.utils._pytree",  # TreeSpec, tree_flatten, tree_leaves, the serialized types
+    f"{_PROGRAM}._convert_guards_to_code", "torch._subclasses.fake_tensor.FakeTensor",
+    "torch.fx._lazy_graph_module._LazyGraphModule", "torch.fx.Graph._graph_namespace",
+    "torch.fx.graph._Namespace._obj_to_name", "torch.fx.graph._Namespace._used_names",
+    "torch.nn.Module._buffers", "torch.utils._pytree",  # TreeSpec, flattening, serialized types
     # archives: reading one once it is screened, and the schema the screen walks
-    "torch._C.PyTorchFileReader",
-    "torch.export.pt2_archive._package.load_pt2",
+    "torch._C.PyTorchFileReader", "torch.export.pt2_archive._package.load_pt2",
     "torch._export.serde.schema",  # ExportedProgram, SCHEMA_VERSION
-    "torch._export.serde.serialize._SYM_OPS",
-    "torch._export.serde.union._Union",
-)
+    "torch._export.serde.serialize._SYM_OPS", "torch._export.serde.union._Union",
+)  # fmt: skip
 
 CIA_KEY = DispatchKey.CompositeImplicitAutograd
 
@@ -584,8 +552,7 @@ def base_verifier() -> type[Any]:
 
 
 def verify_beyond_nodes(ep: ExportedProgram) -> None:
-    """What torch's ``Verifier.check`` checks of ``ep`` besides each node: the
-    signature against the graph's inputs and outputs, and the module call graph."""
+    """torch's ``Verifier.check`` of ``ep`` but its walk of each node."""
     from torch._export import verifier
 
     verifier._verify_exported_program_module_call_graph(ep)
@@ -593,24 +560,18 @@ def verify_beyond_nodes(ep: ExportedProgram) -> None:
 
 
 def one_value_module(gm: torch.fx.GraphModule) -> Any:
-    """What torch's ``_get_shape_env`` reads of ``gm`` (each node's ``meta["val"]``),
-    cut to the first node whose value is a fake tensor (``gm`` itself when none is):
-    the same shape environment, found without walking every node, where all of a
-    graph's fake values share one mode (torch's walk raises where they do not, so no
-    program holds such a graph)."""
+    """``gm`` cut to its first fake value, all ``_get_shape_env`` reads (one mode per graph)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    for node in gm.graph.nodes:
-        if isinstance(node.meta.get("val"), FakeTensor):
-            return types.SimpleNamespace(graph=types.SimpleNamespace(nodes=[node]))
-    return gm
+    first = [n for n in gm.graph.nodes if isinstance(n.meta.get("val"), FakeTensor)][:1]
+    return types.SimpleNamespace(graph=types.SimpleNamespace(nodes=first)) if first else gm
 
 
 def graph_guards_code(gm: Any) -> list[str]:
     """The guards a program constructed over ``gm`` records (``_guards_code``)."""
-    from torch.export.exported_program import _convert_guards_to_code
+    from torch.export.exported_program import _convert_guards_to_code as convert
 
-    return _convert_guards_to_code(gm)  # type: ignore[no-any-return]
+    return convert(gm)  # type: ignore[no-any-return]
 
 
 def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:
