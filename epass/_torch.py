@@ -563,8 +563,8 @@ def one_value_module(gm: torch.fx.GraphModule) -> Any:
     """``gm`` cut to its first fake value, all ``_get_shape_env`` reads (one mode per graph)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    first = [n for n in gm.graph.nodes if isinstance(n.meta.get("val"), FakeTensor)][:1]
-    return types.SimpleNamespace(graph=types.SimpleNamespace(nodes=first)) if first else gm
+    one = next((n for n in gm.graph.nodes if isinstance(n.meta.get("val"), FakeTensor)), None)
+    return gm if one is None else types.SimpleNamespace(graph=types.SimpleNamespace(nodes=(one,)))
 
 
 def graph_guards_code(gm: Any) -> list[str]:
