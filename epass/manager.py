@@ -535,7 +535,8 @@ class PassManager:
         targets: list[Any] | None = None  # the output's call targets, when verified
         if modified and self.verify:
             source = current if prepared.source is None else prepared.source
-            walk = _verify_output(program, source, info)
+            previous = run.walk[1] if run.walk is not None else None
+            walk = _verify_output(program, source, info, previous)
             targets = walk.targets
             run.walk = (program, walk)
         if model.ensures is not None and model.ensures(program) is False:
@@ -604,12 +605,15 @@ class PassManager:
 
 
 def _verify_output(
-    program: ExportedProgram, source: ExportedProgram | verify.Before, info: PassInfo
+    program: ExportedProgram,
+    source: ExportedProgram | verify.Before,
+    info: PassInfo,
+    previous: verify.CallWalk | None,
 ) -> verify.CallWalk:
     """Raise VerificationError, naming the pass, when its output does not verify;
     else return the walk over its calls (:func:`epass.verify.check_output`)."""
     try:
-        return verify.check_output(program, source)
+        return verify.check_output(program, source, previous)
     except Exception as exc:
         detail = str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
         raise VerificationError(f"its output does not verify: {detail}", **info.location()) from exc

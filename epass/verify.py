@@ -351,6 +351,9 @@ class CallWalk:
     targets: list[Any]  # each top-level call_function target, in order
     problems: list[str]  # :func:`argument_problems`
     writes: bool  # some call, nested graphs included, has a schema that writes
+    # What the walk found per call, for the next walk to reuse on the calls it
+    # meets unchanged: node -> (name, target, args, kwargs, problems, writes).
+    calls: dict[torch.fx.Node, tuple[Any, ...]] = attrs.field(factory=dict, repr=False, eq=False)
 
 
 @attrs.frozen
@@ -373,24 +376,43 @@ def before(ep: ExportedProgram, walk: CallWalk | None = None) -> Before:
     return Before(_state_pairs(ep), frozenset(walk.problems), writes)
 
 
-def _walk_calls(gm: torch.fx.GraphModule) -> CallWalk:
+def _walk_calls(gm: torch.fx.GraphModule, previous: CallWalk | None = None) -> CallWalk:
+    """Walk ``gm``'s calls. A call ``previous`` (a walk of the program a pass
+    started from) met with the same name, target and argument containers (fx
+    replaces a node's argument tuple on every change, and its containers are
+    immutable) keeps what that walk found, so a pass that changed a few calls
+    costs a check of those few."""
     targets: list[Any] = []
     problems: list[str] = []
     writes = False
+    known = previous.calls if previous is not None else {}
+    calls: dict[torch.fx.Node, tuple[Any, ...]] = {}
     for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
         for node in module.graph.nodes:
             if node.op != "call_function":
                 continue
+            target = node.target
             if module is gm:
-                targets.append(node.target)
-            schema = _program.op_schema(node.target)
-            if schema is not None:
-                signature = _signature(node.target, schema)
-                problems += _node_argument_problems(node, signature)
-                writes = writes or signature.writes
-    return CallWalk(targets, problems, writes)
+                targets.append(target)
+            name, args, kwargs = node.name, node.args, node.kwargs
+            seen = known.get(node)
+            if seen is None or not (
+                seen[0] == name and seen[1] is target and seen[2] is args and seen[3] is kwargs
+            ):
+                schema = _program.op_schema(target)
+                if schema is None:
+                    seen = (name, target, args, kwargs, (), False)
+                else:
+                    signature = _signature(target, schema)
+                    found = tuple(_node_argument_problems(node, signature))
+                    seen = (name, target, args, kwargs, found, signature.writes)
+            calls[node] = seen
+            if seen[4]:
+                problems += seen[4]
+            writes = writes or seen[5]
+    return CallWalk(targets, problems, writes, calls)
 
 
 def check_arguments(output: ExportedProgram, source: ExportedProgram | Before) -> None:
@@ -415,7 +437,9 @@ def _raise_new_argument_problems(problems: list[str], source: ExportedProgram | 
         )
 
 
-def check_output(output: ExportedProgram, source: ExportedProgram | Before) -> CallWalk:
+def check_output(
+    output: ExportedProgram, source: ExportedProgram | Before, previous: CallWalk | None = None
+) -> CallWalk:
     """:func:`verify_program`, :func:`check_state_writes` and
     :func:`check_arguments` of a pass's ``output`` against its input ``source`` (or
     :func:`before` of it, read before a pass that may edit it in place ran).
@@ -426,13 +450,15 @@ def check_output(output: ExportedProgram, source: ExportedProgram | Before) -> C
     arguments, and the walk that finds writes into state runs only when some call's
     schema writes at all. Returns that walk: the top-level call targets it met, in
     order (the manager's op count is made from them), which serves :func:`before`
-    of the output for the next pass.
+    of the output for the next pass. ``previous``, the walk of the program the
+    pass started from, lets the walk reuse what it found on the calls the pass
+    left as they were.
 
     Raises:
         ProgramError: as the three checks do.
     """
     _verify(output, source)
-    calls = _walk_calls(output.graph_module)
+    calls = _walk_calls(output.graph_module, previous)
     if calls.writes:
         check_state_writes(output, source)
     _raise_new_argument_problems(calls.problems, source)

@@ -179,13 +179,28 @@ def _bad_argument(ep: ExportedProgram) -> None:
     node.replace_all_uses_with(bad, delete_user_cb=lambda user: user is not bad)
 
 
+def _bad_literal_in_an_existing_call(ep: ExportedProgram) -> None:
+    """A call the previous pass's check already walked, given an argument more."""
+    node = next(n for n in ep.graph.nodes if n.target is aten.relu.default)
+    node.args = (*node.args, 1)
+
+
+def _renamed_bad_call(ep: ExportedProgram) -> None:
+    """A bad literal argument, then its call renamed: the problem names the new name."""
+    _bad_literal_in_an_existing_call(ep)
+    node = next(n for n in ep.graph.nodes if n.target is aten.relu.default)
+    node.name = "renamed_relu"
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
         (_write_into_a_parameter, "writes in place into state"),
         (_bad_argument, "arguments their schemas do not take"),
+        (_bad_literal_in_an_existing_call, "gets 2 positional arguments"),
+        (_renamed_bad_call, "'renamed_relu'"),
     ],
-    ids=["undeclared state write", "bad literal argument"],
+    ids=["undeclared state write", "bad literal argument", "existing call", "renamed call"],
 )
 def test_a_pass_editing_a_graph_this_run_made_is_checked_against_it_as_it_was(edit, message):
     # The first pass edits a private copy, which makes the graph this run's own; the
@@ -197,6 +212,33 @@ def test_a_pass_editing_a_graph_this_run_made_is_checked_against_it_as_it_was(ed
         pipeline(ep)
     assert info.value.pass_name == "edit"
     assert fingerprint(ep) == before
+
+
+def _erase_a_dead_call(ep: ExportedProgram) -> None:
+    node = next(n for n in ep.graph.nodes if n.target is aten.relu.default)
+    with ep.graph.inserting_after(node):
+        dead = ep.graph.call_function(aten.neg.default, (node,))
+    ep.graph.erase_node(dead)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [_bad_argument, _bad_literal_in_an_existing_call, _renamed_bad_call, _erase_a_dead_call],
+    ids=["new call", "existing call", "renamed call", "erased call"],
+)
+def test_a_walk_reusing_the_previous_one_finds_what_a_fresh_walk_finds(edit):
+    ep = models.export("mlp")[1]
+    previous = verify._walk_calls(ep.graph_module)
+    assert previous.calls  # what a next walk may reuse
+    edit(ep)
+    fresh = verify._walk_calls(ep.graph_module)
+    reused = verify._walk_calls(ep.graph_module, previous)
+    assert (reused.targets, reused.problems, reused.writes) == (
+        fresh.targets,
+        fresh.problems,
+        fresh.writes,
+    )
+    assert fresh.problems or edit is _erase_a_dead_call
 
 
 def test_before_reads_what_the_checks_compare_with():
