@@ -95,7 +95,7 @@ def normalize(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[A
 
 def sym_key(value: Any) -> Any:
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return ("sym", type(value).__name__, str(value.node.expr))
+        return ("sym", type(value).__name__, shapes.expr_text(value.node.expr))
     return value
 
 
@@ -255,7 +255,7 @@ def describe_val(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return ("tensor", tuple(map(str, v.shape)), tuple(map(str, v.stride())), v.dtype)
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return (type(v).__name__, str(v.node.expr))
+        return (type(v).__name__, shapes.expr_text(v.node.expr))
     if isinstance(v, (list, tuple)):
         return tuple(describe_val(x) for x in v)
     return (type(v).__name__, v if isinstance(v, (int, float, bool, str, type(None))) else "?")

@@ -21,6 +21,8 @@ from epass._decomp import state
 from epass._decomp.safety import Fallback
 
 __all__ = [
+    "expr_text",
+    "free_symbols",
     "origin",
     "RUNTIME_ASSERT_TRACE",
     "run_guards",
@@ -209,6 +211,34 @@ _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SYMBOL_LIKE = re.compile(r"^[a-z]+[0-9]+$")
 
 
+# What was computed lately of size expressions: their text, renamed text and free
+# symbols. Printing or walking a deeply nested one (GoogLeNet's sizes with dynamic
+# height and width) takes milliseconds, and the same expressions recur on every node
+# whose shape holds them and in every key's facts. Equal expressions print alike
+# (sympy compares them by structure, a float never equal to an integer).
+_REMEMBERED: dict[Any, Any] = {}
+_REMEMBERED_LIMIT = 1 << 16
+
+
+def _remember(key: Any, compute: Callable[[], Any]) -> Any:
+    found = _REMEMBERED.get(key, _REMEMBERED)
+    if found is _REMEMBERED:
+        if len(_REMEMBERED) >= _REMEMBERED_LIMIT:
+            _REMEMBERED.clear()
+        found = _REMEMBERED[key] = compute()
+    return found
+
+
+def expr_text(expr: Any) -> str:
+    """``str(expr)`` of a sympy expression."""
+    return _remember(("text", expr), lambda: str(expr))  # type: ignore[no-any-return]
+
+
+def free_symbols(expr: Any) -> Any:
+    """``expr.free_symbols`` of a sympy expression."""
+    return _remember(("free", expr), lambda: frozenset(expr.free_symbols))
+
+
 class Renaming:
     """A template key's symbols named by first appearance (``$0``, ``$1``, ...): a key
     written this way names the same template in any program whose symbols stand in
@@ -218,6 +248,7 @@ class Renaming:
         import sympy
 
         self.symbols = symbols
+        self.key = tuple(symbols)
         self.names = {str(s): f"${i}" for i, s in enumerate(symbols)}
         self.mapping = {s: sympy.Symbol(f"${i}", **s.assumptions0) for i, s in enumerate(symbols)}
 
@@ -227,10 +258,12 @@ class Renaming:
         Raises:
             ValueError: when ``expr`` holds a symbol the key does not.
         """
-        outside = expr.free_symbols - self.mapping.keys()
+        outside = free_symbols(expr) - self.mapping.keys()
         if outside:
             raise ValueError(f"mentions {sorted(map(str, outside))}, outside the key")
-        return str(expr.xreplace(self.mapping))
+        return _remember(  # type: ignore[no-any-return]
+            ("renamed", expr, self.key), lambda: str(expr.xreplace(self.mapping))
+        )
 
     def parts(self, parts: Any) -> Any:
         """A template key's parts with the symbolic expressions renamed."""
@@ -278,13 +311,13 @@ def facts(shape_env: Any, names: Renaming) -> dict[str, Any] | None:
     exprs += [("assert", r.expr) for rs in shape_env.deferred_runtime_asserts.values() for r in rs]
     exprs += [("divisible", d) for d in shape_env.divisible]
     for kind, expr in exprs:
-        if expr.free_symbols & symbols:
+        if free_symbols(expr) & symbols:
             try:
                 known.append(f"{kind} {names.text(expr)}")
             except ValueError:
                 return None
     for sym, value in shape_env.replacements.items():
-        mentioned = {sym} | value.free_symbols
+        mentioned = {sym} | free_symbols(value)
         if mentioned & symbols:
             if not mentioned <= symbols:
                 return None

@@ -46,13 +46,18 @@ _SDPA = "aten.scaled_dot_product_attention"
 # a retrace's fixed and per-node costs. A first incremental decomposition that traces
 # (CPU time, fresh processes, empty cache) took 0.26 s for 3 templates of a 13-node
 # program, 0.48 s for 24 of a 180-node one and 0.91 s for 17 of a 566-node one; first
-# retraces of the same programs, 0.9 to 1.4 s, 1.5 to 1.7 s and 3.5 to 5.7 s.
+# retraces of the same programs, 0.9 to 1.4 s, 1.5 to 1.7 s and 3.5 to 5.7 s. A
+# program with symbolic sizes retraces at about twice the cost per node: first
+# retraces of 5.2 s (ConvNeXt-T, 368 nodes, Dim.AUTO height and width), 4.6 s
+# (MobileNet-v3-small, 403, dynamic batch), 7.1 s (EfficientViT-B0, 419, dynamic
+# batch) and 8.3 to 12.2 s (GoogLeNet, 543, Dim.AUTO height and width).
 _SESSION_SECONDS = 0.25
 _BATCH_SECONDS = 0.05
 _BATCH_TEMPLATE_SECONDS = 0.015
 _TRACE_SECONDS = 0.035
 _RETRACE_SECONDS = 0.9
 _RETRACE_NODE_SECONDS = 0.0065
+_RETRACE_SYMBOLIC_NODE_SECONDS = 0.012
 
 
 def _table(value: Mapping[Any, Callable[..., Any]] | None) -> dict[Any, Any] | None:
@@ -321,7 +326,8 @@ class Decompose:
         trace = _trace_estimate(batched) + alone * _TRACE_SECONDS
         if alone and not batched:
             trace += _SESSION_SECONDS
-        retrace = _RETRACE_SECONDS + nodes * _RETRACE_NODE_SECONDS
+        per_node = _RETRACE_SYMBOLIC_NODE_SECONDS if ep.range_constraints else _RETRACE_NODE_SECONDS
+        retrace = _RETRACE_SECONDS + nodes * per_node
         if not batched + alone:
             return "incremental: every template it needs is in memory or on disk", retrace, 0
         why = (

@@ -463,3 +463,24 @@ def test_sizes_a_decompositions_convolution_computes_are_read_where_the_retrace_
     assert result.notes["method"] == "incremental" and result.notes["checked"]
     y = torch.randn(3, 2000) if kind == "1-d" else torch.randn(3, 3, 40, 24)
     torch.testing.assert_close(result.program.module()(y), module(y))
+
+
+def test_remembered_expression_texts_are_the_texts_sympy_prints():
+    x, y = sympy.symbols("x y", integer=True, positive=True)
+    nested = x
+    for _ in range(6):  # as a size halved by every stride-2 layer of a network
+        nested = sympy.floor((nested - 1) / 2) + 1
+    for expr in (nested, x + 2, x + sympy.Float(2.0), x + sympy.Rational(1, 2)):
+        assert shapes.expr_text(expr) == str(expr)
+        assert shapes.expr_text(expr) == str(expr)  # remembered
+        assert shapes.free_symbols(expr) == expr.free_symbols
+    # Equal only by value (an integer and a float) is not the same expression.
+    assert shapes.expr_text(x + 2) != shapes.expr_text(x + sympy.Float(2.0))
+    # The renamed text depends on which symbols the key names, and in what order.
+    first, second = shapes.Renaming([x, y]), shapes.Renaming([y, x])
+    assert first.text(x + 2 * y) == "$0 + 2*$1"
+    assert second.text(x + 2 * y) == "2*$0 + $1"
+    with pytest.raises(ValueError, match="outside the key"):
+        shapes.Renaming([x]).text(x + y)
+    with pytest.raises(ValueError, match="outside the key"):  # after a text of x alone
+        shapes.Renaming([x]).text(x + y)

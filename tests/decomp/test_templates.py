@@ -226,6 +226,20 @@ def test_auto_retraces_when_tracing_would_cost_more_and_fills_what_fits(cache, m
     assert templates.missing_templates(ep, tables)[0] == missing - 3
 
 
+def test_auto_weighs_a_retrace_of_symbolic_sizes_at_its_own_cost_per_node(cache):
+    # A retrace propagates every symbolic size again: about twice the seconds per
+    # node (decompose.py's cost model, measured).
+    for dynamic, per_node in (
+        (False, decompose_module._RETRACE_NODE_SECONDS),
+        (True, decompose_module._RETRACE_SYMBOLIC_NODE_SECONDS),
+    ):
+        _, ep, _ = models.export("transformer", dynamic=dynamic)
+        decision = Decompose()(ep).notes["decision"]
+        retrace = decompose_module._RETRACE_SECONDS + len(ep.graph.nodes) * per_node
+        assert f"(about {retrace:.2f} s)" in decision
+    assert decompose_module._RETRACE_SYMBOLIC_NODE_SECONDS > decompose_module._RETRACE_NODE_SECONDS
+
+
 def test_auto_fills_nothing_when_the_retrace_leaves_no_time(cache, monkeypatch):
     _, ep, _ = models.export("transformer")
     tables = split_table(None)
