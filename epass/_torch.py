@@ -105,11 +105,11 @@ INTERNALS = (
     "torch._dispatch.python.enable_python_dispatcher", "torch.fx.traceback.preserve_node_meta",
     "torch.fx.traceback.set_current_meta", "torch.fx.proxy._COPY_META_FIELDS",
     # fake values and the shape environment
-    "torch._guards.detect_fake_mode", "torch._prims_common.is_contiguous_or_false",
+    "torch._prims_common.is_contiguous_for_memory_format_or_false",
     "torch._subclasses.fake_tensor.disable_fake_tensor_cache",  # sets cache_enabled
     # its guards, var_to_range, replacements, deferred_runtime_asserts, unbacked_symint_counter,
     # divisible, backed_var_to_val, settings, suppress_guards
-    "torch.fx.experimental.symbolic_shapes.ShapeEnv",
+    "torch.fx.experimental.symbolic_shapes.ShapeEnv", "torch._guards.detect_fake_mode",
     "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static",  # .cache_clear
     "torch.fx.passes.runtime_assert.insert_deferred_runtime_asserts",
     "torch._export.passes._node_metadata_hook._set_node_metadata_hook",
@@ -458,11 +458,11 @@ def fake_cache_off(fake_mode: Any) -> contextlib.AbstractContextManager[Any]:
     return disable_fake_tensor_cache(fake_mode)  # type: ignore[no-any-return]
 
 
-def is_contiguous_or_false(t: Any) -> bool:
-    """Whether ``t`` is contiguous, False where its symbolic sizes leave it open; no guard."""
-    from torch._prims_common import is_contiguous_or_false
+def is_contiguous_or_false(t: Any, memory_format: Any = torch.contiguous_format) -> bool:
+    """Whether ``t`` is contiguous in ``memory_format``; no guard (False if sizes leave it open)."""
+    from torch._prims_common import is_contiguous_for_memory_format_or_false as contiguous
 
-    return bool(is_contiguous_or_false(t))
+    return bool(contiguous(t, memory_format=memory_format))
 
 
 def forget_static_evaluations(shape_env: Any) -> None:

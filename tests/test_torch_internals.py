@@ -361,6 +361,22 @@ def _fake_cache_off() -> None:
 def _contiguity_without_a_guard() -> None:
     x = torch.randn(2, 3)
     assert _torch.is_contiguous_or_false(x) and not _torch.is_contiguous_or_false(x.t())
+    last = torch.channels_last
+    y = torch.randn(2, 3, 4, 5)
+    assert _torch.is_contiguous_or_false(y.contiguous(memory_format=last), last)
+    assert not _torch.is_contiguous_or_false(y, last)
+    assert not _torch.is_contiguous_or_false(torch.randn(2, 3, 4, 5, 6), last)
+    # A symbolic one, asked without a guard.
+    ep = torch.export.export(
+        torch.nn.Conv2d(3, 4, 3),
+        (torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last),),
+        dynamic_shapes=({0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO},),
+    )
+    conv = next(n for n in ep.graph.nodes if n.op == "call_function")
+    env = keys.detected_fake_mode(ep).shape_env
+    guards = len(env.guards)
+    assert _torch.is_contiguous_or_false(conv.meta["val"], last)
+    assert len(env.guards) == guards
 
 
 def _shape_env_snapshot_and_forget() -> None:
@@ -630,7 +646,7 @@ CALLS: dict[str, Callable[[], None]] = {
     ),
     "torch._guards.detect_fake_mode": _fake_mode_found,
     "torch._subclasses.fake_tensor.disable_fake_tensor_cache": _fake_cache_off,
-    "torch._prims_common.is_contiguous_or_false": _contiguity_without_a_guard,
+    "torch._prims_common.is_contiguous_for_memory_format_or_false": _contiguity_without_a_guard,
     "torch.fx.experimental.symbolic_shapes.ShapeEnv": _shape_env_snapshot_and_forget,
     "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static": (
         _shape_env_snapshot_and_forget

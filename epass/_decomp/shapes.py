@@ -551,7 +551,7 @@ def origin(
             n.target is operator.getitem
             or not isinstance(value, torch.Tensor)
             # The retrace compares a program node's sizes, guarding as it goes.
-            or not (value.is_contiguous() if n in copied else _torch.is_contiguous_or_false(value))
+            or not (value.is_contiguous() if n in copied else _made_at_once(value))
         ):
             raise Fallback(
                 f"the size {expr} of {inp.name} is first held by {n.name}, "
@@ -562,6 +562,16 @@ def origin(
             raise Fallback(f"the size {expr} of {inp.name} is not a size of {n.name}")
         return n, dims[-1] if n in copied else dims[0]
     raise Fallback(f"the size {expr} of {inp.name} is held by no node before it")
+
+
+def _made_at_once(value: torch.Tensor) -> bool:
+    """Whether a decomposition's result makes its size nodes as the trace wraps it,
+    first dimension first: contiguous, or channels-last with 4 dimensions (a
+    convolution on a permuted input, as ConvNeXt's blocks make). Asked without a guard;
+    check mode compares both kinds with the retrace's graph (tests/decomp/test_shapes.py)."""
+    return _torch.is_contiguous_or_false(value) or _torch.is_contiguous_or_false(
+        value, torch.channels_last
+    )
 
 
 # --- values whose recomputation taught nothing ------------------------------------

@@ -24,7 +24,7 @@ from epass import Decompose, _torch
 from epass._decomp import disk, keys, shapes, splice, state, templates
 from epass._decomp.check import first_difference
 from epass._decomp.table import split_table
-from epass.errors import DecompositionMismatchError
+from epass.errors import DecompositionMismatchError, IncrementalDecompositionError
 
 aten = torch.ops.aten
 
@@ -484,3 +484,50 @@ def test_remembered_expression_texts_are_the_texts_sympy_prints():
         shapes.Renaming([x]).text(x + y)
     with pytest.raises(ValueError, match="outside the key"):  # after a text of x alone
         shapes.Renaming([x]).text(x + y)
+
+
+class _ConvNeXtBlock(nn.Module):
+    """ConvNeXt's stem and block: a convolution on a permuted (channels-last strided)
+    input, whose result's sizes a linear layer's decomposition reads."""
+
+    def __init__(self, groups: int, kernel: int) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 4, stride=4)
+        self.norm0 = nn.LayerNorm(8)
+        self.conv = nn.Conv2d(8, 8, kernel, padding=kernel // 2, groups=groups)
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm0(self.stem(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.fc(self.norm(self.conv(y).permute(0, 2, 3, 1)))
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels-last"])
+@pytest.mark.parametrize(("groups", "kernel"), [(8, 7), (1, 3)], ids=["depthwise", "dense"])
+def test_a_channels_last_result_makes_its_sizes_where_the_retrace_makes_them(
+    groups, kernel, channels_last, monkeypatch
+):
+    module, x = _ConvNeXtBlock(groups, kernel).eval(), torch.randn(2, 3, 32, 32)
+    if channels_last:
+        module = module.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    ep = torch.export.export(
+        module, (x,), dynamic_shapes=({0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO},)
+    )
+    made = shapes._made_at_once
+    asked: list[bool] = []
+
+    def spied(value: torch.Tensor) -> bool:
+        asked.append(not _torch.is_contiguous_or_false(value) and made(value))
+        return made(value)
+
+    monkeypatch.setattr(shapes, "_made_at_once", spied)
+    if not _torch.EXACT_RELEASE:  # placing a size query is exact on one release only
+        with pytest.raises(IncrementalDecompositionError, match=r"made exact for torch 2\.13"):
+            Decompose(method="incremental")(ep)
+        return
+    # Check mode: both paths run, and the graphs, guards and outputs compared.
+    result = Decompose(method="incremental", check=True)(ep)
+    assert result.notes["method"] == "incremental" and result.notes["checked"]
+    assert any(asked)  # a channels-last result made the size the linear layer reads
