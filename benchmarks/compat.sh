@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One declared torch release, in a virtual environment outside the repository that
 # holds the README's install (torch, the matching torchvision, `pip install -e
-# ".[test]"`): the internals checks, the fast-path test, the real-model smoke
-# (benchmarks/smoke.py) and `epass demo`. docs/compat.md has the results.
+# ".[test]"`): the internals checks, the fast-path test, the cases made exact per release,
+# the real-model smoke (benchmarks/smoke.py) and `epass demo`. docs/compat.md has the results.
 #
 #   bash benchmarks/compat.sh 2.11.0                 # install if needed, then test
 #   bash benchmarks/compat.sh 2.11.0 --install-only  # the environment, no tests
@@ -63,8 +63,11 @@ if [ "$mode" = --quick-suite ]; then
     "$venv_python" -m pytest -q -n auto -m "not slow"
 fi
 # The internals as epass calls them, and the fast path on the zoo (marked slow).
+# The internals, the fast path, and the cases made exact per release (_torch.EXACT_RELEASE:
+# in check mode where this release is one of them, their fallback where it is not).
 "$venv_python" -m pytest -q -n auto tests/decomp/test_internals.py tests/test_torch_internals.py \
-    tests/decomp/test_fast_path.py
+    tests/decomp/test_fast_path.py tests/decomp/test_inplace.py tests/decomp/test_shapes.py \
+    tests/decomp/test_splice.py
 "$venv_python" benchmarks/smoke.py
 demo=$(mktemp -d)
 (cd "$demo" && "$work/venv/bin/epass" demo >/dev/null && echo "epass demo: passed")

@@ -62,10 +62,10 @@ __all__ = [
 RELEASE: str = torch.__version__.split("+")[0]
 """The running torch release without its build tag (``2.11.0`` for ``2.11.0+cu130``)."""
 
-# torch 2.13: the release whose functionalization the engine's write-backs through views
-# and size-query placement mirror node for node (2.15 makes other programs there); on
-# another release those cases keep the retrace (:func:`inexact`).
-EXACT_RELEASE: bool = RELEASE.startswith("2.13.")
+# torch 2.11 to 2.14, whose functionalization the write-backs through views and placed
+# size queries mirror node for node (compat.sh checks each; 2.15 makes other programs
+# there); on another release those cases keep the retrace (:func:`inexact`).
+EXACT_RELEASE: bool = RELEASE.startswith(("2.11.", "2.12.", "2.13.", "2.14."))
 
 _PROGRAM = "torch.export.exported_program"
 _UTILS = "torch._export.utils"
@@ -210,10 +210,10 @@ def unexpected(exc: BaseException, internals: Iterable[str] = INTERNALS) -> str:
 
 def inexact(what: str) -> str | None:
     """Why the engine cannot make ``what`` as this release's retrace does (None: it can):
-    it mirrors torch 2.13's functionalization there (:data:`EXACT_RELEASE`)."""
+    it mirrors torch 2.11 to 2.14's functionalization there (:data:`EXACT_RELEASE`)."""
     if EXACT_RELEASE:
         return None
-    return f"{what}, made exact for torch 2.13 only (this is {torch.__version__})"
+    return f"{what}, made exact for torch 2.11 to 2.14 only (this is {torch.__version__})"
 
 
 # --- operators ------------------------------------------------------------------------

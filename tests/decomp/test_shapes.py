@@ -446,7 +446,8 @@ class _Convs(nn.Module):
 
 
 @pytest.mark.skipif(
-    not _torch.EXACT_RELEASE, reason="size queries placed for torch 2.13 only; retraces elsewhere"
+    not _torch.EXACT_RELEASE,
+    reason="size queries placed for torch 2.11 to 2.14 only; retraces elsewhere",
 )
 @pytest.mark.parametrize("kind", ["1-d", "2-d"])
 def test_sizes_a_decompositions_convolution_computes_are_read_where_the_retrace_reads_them(kind):
@@ -523,8 +524,9 @@ def test_a_channels_last_result_makes_its_sizes_where_the_retrace_makes_them(
         return made(value)
 
     monkeypatch.setattr(shapes, "_made_at_once", spied)
-    if not _torch.EXACT_RELEASE:  # placing a size query is exact on one release only
-        with pytest.raises(IncrementalDecompositionError, match=r"made exact for torch 2\.13"):
+    if not _torch.EXACT_RELEASE:  # placing a size query is exact on 2.11 to 2.14 only
+        # The incremental path steps aside (for that, or a reason met before it).
+        with pytest.raises(IncrementalDecompositionError):
             Decompose(method="incremental")(ep)
         return
     # Check mode: both paths run, and the graphs, guards and outputs compared.
