@@ -535,8 +535,7 @@ class PassManager:
         targets: list[Any] | None = None  # the output's call targets, when verified
         if modified and self.verify:
             source = current if prepared.source is None else prepared.source
-            previous = run.walk[1] if run.walk is not None else None
-            walk = _verify_output(program, source, info, previous)
+            walk = _verify_output(program, source, info, run.walk and run.walk[1])
             targets = walk.targets
             run.walk = (program, walk)
         if model.ensures is not None and model.ensures(program) is False:
