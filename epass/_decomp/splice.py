@@ -64,6 +64,9 @@ class _Builder(writeback.WriteBack):
         self.env: dict[torch.fx.Node, Any] = {}
         self.changed: set[torch.fx.Node] = set()
         self.sizes: dict[Any, torch.fx.Node] = {}
+        # Each symbol an input's size is -> the first input and dimension holding it:
+        # the tracer reads a symbol from the first tensor it saw hold it.
+        self.symbols: dict[Any, tuple[torch.fx.Node, int]] = {}
         self.decomposed = 0
         self.new_sizes = False
         # Nodes computing a size an earlier node computes: the retrace's trace has
@@ -208,6 +211,11 @@ class _Builder(writeback.WriteBack):
             expr = self._expr(v)
             if expr is not None:
                 self.sizes.setdefault(expr, new)
+        elif isinstance(v, torch.Tensor):
+            for dim, size in enumerate(v.shape):
+                expr = self._expr(size)
+                if expr is not None and expr.is_Symbol:
+                    self.symbols.setdefault(expr, (new, dim))
         self.env[node] = new
 
     @staticmethod
@@ -308,7 +316,10 @@ class _Builder(writeback.WriteBack):
                             emitted.extend(made)
                             local[read] = made[-1]
                 local[t] = new = self._emit_one(node, template, t, local, meta)
-                if place:
+                holder = self._symbol_holder(new)
+                if holder is not None:
+                    new.args = holder
+                elif place:
                     self._place_size(new)
                 emitted.append(new)
                 self._track_stale(new, stale)
@@ -347,6 +358,16 @@ class _Builder(writeback.WriteBack):
         if isinstance(new.meta.get("val"), torch.SymInt):
             self._bind(new)
         return new
+
+    def _symbol_holder(self, new: torch.fx.Node) -> tuple[torch.fx.Node, int] | None:
+        """For a template's query of a size that is an input's symbol, the input and
+        dimension holding it first: the tracer reads a symbol from the first tensor it
+        saw hold it, never from the tensor the decomposition asks, and so leaves that
+        tensor dead where nothing else reads it (a view made again after a write).
+        The runtime-assertion pass binds the symbol after the placeholders."""
+        if new.target is not torch.ops.aten.sym_size.int:
+            return None
+        return self.symbols.get(self._expr(new.meta.get("val")))
 
     def _place_size(self, new: torch.fx.Node) -> None:
         """Put a template's query of a new size of an intermediate where the retrace's
