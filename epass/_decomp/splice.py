@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _program, _torch
+from epass import _graph, _heap, _program, _torch
 from epass._decomp import (
     disk,
     keys,
@@ -470,9 +470,9 @@ def decompose(
         Fallback: when the result could differ from torch's; ``reason`` says why.
 
     Holds :data:`state.LOCK` throughout, with the garbage collector paused
-    (:func:`state.collector_paused`).
+    (:func:`_heap.collector_paused`).
     """
-    with state.LOCK, state.collector_paused():
+    with state.LOCK, _heap.collector_paused():
         session = templates.Session(tables)
         try:
             result = _decompose(ep, tables, session, limit)

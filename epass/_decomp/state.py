@@ -4,7 +4,6 @@ retrace may patch, and ``run_decompositions`` as epass calls it."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -17,7 +16,6 @@ from epass import _program, _torch
 __all__ = [
     "LOCK",
     "backend_decomps_off",
-    "collector_paused",
     "is_preservable",
     "patchable_ops",
     "run_decompositions",
@@ -33,37 +31,6 @@ hold it, as does a whole incremental decomposition (templates are traced and val
 propagated in the program's fake mode and shape environment, shared by every thread
 working on that program). It also guards the engine's caches (table splits, table
 names, templates). Reentrant."""
-
-
-_COLLECTOR_LOCK = threading.Lock()
-_pauses = 0  # blocks inside collector_paused(), in every thread
-_collector_was_enabled = False
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the block (reference counting
-    still frees what it can), then turn it back on if it was on when the first of
-    the blocks running in any thread began.
-
-    An incremental decomposition makes thousands of graph nodes and values that
-    outlive it; each allocation counts towards a full collection, which walks every
-    object of the process, the exported model's included. On a Llama-7B-shaped
-    program one such collection took a third of the decomposition's time.
-    """
-    global _pauses, _collector_was_enabled
-    with _COLLECTOR_LOCK:
-        if _pauses == 0:
-            _collector_was_enabled = gc.isenabled()
-            gc.disable()
-        _pauses += 1
-    try:
-        yield
-    finally:
-        with _COLLECTOR_LOCK:
-            _pauses -= 1
-            if _pauses == 0 and _collector_was_enabled:
-                gc.enable()
 
 
 @contextlib.contextmanager

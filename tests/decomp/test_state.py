@@ -9,7 +9,6 @@ import threading
 import time
 
 import models
-import pytest
 import torch
 from fingerprint import fingerprint, node_meta_fingerprint
 from torch import nn
@@ -18,7 +17,7 @@ from torch.export import Dim
 from epass import Decompose
 from epass._decomp import splice, templates
 from epass._decomp.check import first_difference
-from epass._decomp.state import LOCK, collector_paused
+from epass._decomp.state import LOCK
 from epass._decomp.table import split_table
 
 aten = torch.ops.aten
@@ -235,31 +234,3 @@ def test_decompose_pauses_the_collector_and_leaves_it_as_it_found_it():
         assert seen == [False, False]
     finally:
         (gc.enable if was else gc.disable)()
-
-
-def test_overlapping_pauses_turn_the_collector_on_once_the_last_one_ends():
-    inside, leave = threading.Event(), threading.Event()
-    states = []
-
-    def other():
-        with collector_paused():
-            inside.set()
-            leave.wait(10)
-
-    assert gc.isenabled()
-    thread = threading.Thread(target=other)
-    with collector_paused():
-        thread.start()
-        assert inside.wait(10)
-    states.append(gc.isenabled())  # the other thread's block still runs
-    leave.set()
-    thread.join(10)
-    states.append(gc.isenabled())
-    assert states == [False, True]
-
-
-def test_a_failing_block_turns_the_collector_back_on():
-    assert gc.isenabled()
-    with pytest.raises(RuntimeError, match="inside"), collector_paused():
-        raise RuntimeError("inside")
-    assert gc.isenabled()
