@@ -394,6 +394,7 @@ def build_program(
     state_dict: Mapping[str, Any] | None = None,
     constants: Mapping[str, Any] | None = None,
     erased_only: bool = False,
+    repointed: Iterable[torch.fx.Node] = (),
 ) -> ExportedProgram:
     """A new, validated program from ``ep`` with graph ``gm``: the one rule by which
     every epass pass and adapter turns a rewritten graph into a program.
@@ -407,9 +408,9 @@ def build_program(
     ``ep``'s output specs, renamed after ``gm``'s output nodes. State entries whose
     inputs are gone leave the new program's dicts.
 
-    ``erased_only``: the pass only erased nodes of ``gm`` and pointed their uses at
-    nodes it already had. When ``gm`` is ``ep``'s own module (a lease), the program
-    is then made without validating every node again
+    ``erased_only``: the pass only erased nodes of ``gm`` and pointed the inputs of
+    the nodes ``repointed`` at nodes it already had. When ``gm`` is ``ep``'s own
+    module (a lease), the program is then made without validating every node again
     (:func:`epass._program.after_erasure`).
     """
     old_specs = ep.graph_signature.input_specs
@@ -433,7 +434,7 @@ def build_program(
             sd.pop(spec.target, None)
             consts.pop(spec.target, None)
     if erased_only and gm is ep.graph_module:
-        out = _program.after_erasure(ep, signature, sd, consts)
+        out = _program.after_erasure(ep, signature, sd, consts, repointed)
         if out is not None:
             return out
     return _program.new_program(ep, gm, signature, sd, consts)

@@ -16,6 +16,7 @@ import functools
 import operator
 import threading
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -254,22 +255,30 @@ def after_erasure(
     signature: ExportGraphSignature,
     state_dict: dict[str, Any],
     constants: dict[str, Any],
+    repointed: Iterable[torch.fx.Node] = (),
 ) -> ExportedProgram | None:
     """The program :func:`new_program` makes from ``ep``'s own graph module after a
-    pass only erased nodes of it (pointing their uses at nodes it already had), made
-    without the constructor; None where that cannot be shown to be the same.
+    pass only erased nodes of it (with ``Graph.erase_node``, which refuses a node
+    that still has users) and pointed the inputs of the nodes ``repointed`` at
+    nodes it already had, made without the constructor; None where that cannot be
+    shown to be the same.
 
-    The constructor validates every node again (tens of milliseconds a pass at a few
-    thousand nodes). That adds nothing here: ``ep`` passed validation
-    (:func:`mark_validated`, or its constructor), and every node left was one of its
-    nodes, unchanged, so only what reads more than one node is checked again (the
-    signature against the graph's inputs and outputs, the module call graph; the
-    graph's lint). Range constraints and guards are recomputed as the constructor
-    computes them. Any other field is ``ep``'s, as the constructor would take it.
+    The constructor validates every node again and the graph's lint walks them all
+    (tens of milliseconds a pass at a few thousand nodes). That adds nothing here:
+    ``ep`` passed validation (:func:`mark_validated`, or its constructor), and every
+    node left was one of its nodes, unchanged but for the inputs of ``repointed``.
+    So what is checked again is what the edit could break: that each input of a
+    repointed node is in the graph before it (the lint's order check, for those
+    nodes), and what reads more than one node (the signature against the graph's
+    inputs and outputs, the module call graph). Range constraints and guards are
+    recomputed as the constructor computes them. Any other field is ``ep``'s, as the
+    constructor would take it; the module call graph is ``ep``'s own list, as its
+    graph module is (``ep`` was consumed: its graph is the one the pass edited).
     """
     if ep not in _VALIDATED:
         return None
     gm = ep.graph_module
+    _check_order(gm.graph, repointed)
     values = _torch.one_value_module(gm)
     out = copy.copy(ep)
     _torch.set_fields(
@@ -278,13 +287,26 @@ def after_erasure(
         state_dict=state_dict,
         constants=constants,
         range_constraints=_torch.updated_range_constraints(values, ep.range_constraints),
-        module_call_graph=copy_call_graph(ep.module_call_graph),
         guards_code=_torch.graph_guards_code(values),
     )
-    gm.graph.lint()
     _torch.verify_beyond_nodes(out)
     mark_validated(out)
     return out
+
+
+def _check_order(graph: torch.fx.Graph, nodes: Iterable[torch.fx.Node]) -> None:
+    """``graph.lint()``'s checks of the inputs of ``nodes``: each is a node of
+    ``graph``, still in it, that comes before the node using it. (An erased node
+    has no inputs left: ``erase_node`` clears them.)"""
+    for node in nodes:
+        for arg in node.all_input_nodes:
+            # An erased node is out of the list: its successor no longer points back.
+            if arg.graph is not graph or arg.next.prev is not arg or not arg < node:
+                raise RuntimeError(
+                    f"argument {arg.name!r} of node {node.name!r} is not a node of the "
+                    "graph defined before it; a pass that only erases nodes must point "
+                    "uses at earlier ones"
+                )
 
 
 def flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> list[Any]:
@@ -340,7 +362,13 @@ def _verified_state(ep: ExportedProgram) -> list[Any] | None:
     each node's name, op, target, arguments and ``meta["val"]`` / ``meta["torch_fn"]``,
     the objects ``get_attr`` nodes name, the signature, the dicts' entries and the
     module call graph's argument names. None when one of ``ep``'s verifiers checks
-    more than the base one (ExecuTorch's dialects do), since it may read anything."""
+    more than the base one (ExecuTorch's dialects do), since it may read anything.
+
+    One flat list, with no tuple per node (fewer objects made, none for the
+    collector to walk): each node's entries start with the node itself and its op,
+    and a list value's items follow their count, so two lists are equal exactly
+    when every fact in them is.
+    """
     verifier = _torch.base_verifier()
     for v in ep.verifiers:
         if any(getattr(v, m) is not getattr(verifier, m) for m in _VERIFIER_READS):
@@ -359,23 +387,28 @@ def _verified_state(ep: ExportedProgram) -> list[Any] | None:
             for e in ep.module_call_graph
         ],
     ]
+    add, extend = state.append, state.extend
     for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
-            state.append((module, list(vars(module).items())))
+            extend((module, list(vars(module).items())))
             continue
         buffers = list(_torch.module_buffers(module).items())
-        state.append((module, module.graph, list(vars(module).items()), buffers))
+        extend((module, module.graph, list(vars(module).items()), buffers))
         for node in module.graph.nodes:
-            val = node.meta.get("val")
-            state.append(
-                (node, node.name, node.op, node.target, node.args, node.kwargs, val,
-                 tuple(val) if type(val) in (list, tuple) else None, node.meta.get("torch_fn"))
-            )  # fmt: skip
+            meta = node.meta
+            val = meta.get("val")
+            extend((node, node.op, node.name, node.target, node.args, node.kwargs, val,
+                    meta.get("torch_fn")))  # fmt: skip
+            if type(val) in (list, tuple):  # its items, after their count
+                add(len(val))
+                extend(val)
+            else:
+                add(None)
             if node.op == "get_attr":
                 try:
-                    state.append(operator.attrgetter(str(node.target))(module))
+                    add(operator.attrgetter(str(node.target))(module))
                 except AttributeError:
-                    state.append(None)
+                    add(None)
     return state
 
 

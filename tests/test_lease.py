@@ -284,3 +284,47 @@ def test_a_program_rebuilt_after_erasures_is_the_one_the_constructor_makes(name,
     assert not rebuilt  # watched: every pass copied what it edits
     _same(result.program, watched.program)
     torch.testing.assert_close(result.program.module()(*args), ep.module()(*args))
+
+
+def _validated_copy(ep: ExportedProgram) -> ExportedProgram:
+    """A program epass built over a private copy of ``ep``'s graph (validated)."""
+    gm = _program.copy_graph_module(ep.graph_module)
+    return _program.new_program(ep, gm, ep.graph_signature, ep.state_dict, ep.constants)
+
+
+def test_a_repointed_input_defined_after_its_user_is_refused_after_erasures():
+    own = _validated_copy(models.export("mlp")[1])
+    calls = [n for n in own.graph.nodes if n.op == "call_function"]
+    first, last = calls[0], calls[-1]
+    assert not any(first in n.all_input_nodes for n in last.all_input_nodes)
+    first.args = (last, *first.args[1:])  # now reads a node defined after it
+    sig, sd, consts = own.graph_signature, own.state_dict, own.constants
+    with pytest.raises(RuntimeError, match=rf"argument '{last.name}' of node '{first.name}'"):
+        _program.after_erasure(own, sig, sd, consts, [first])
+    with pytest.raises(RuntimeError, match="defined before it"):
+        _graph.build_program(own, own.graph_module, erased_only=True, repointed=[first])
+
+
+def test_cse_names_every_node_whose_input_it_repointed(monkeypatch):
+    class Thrice(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x).sin() + torch.relu(x).cos() * torch.relu(x)
+
+    ep = torch.export.export(Thrice(), (torch.randn(3),)).run_decompositions()
+    own = _validated_copy(ep)
+    relus = [n for n in own.graph.nodes if n.target is aten.relu.default]
+    users = {u for r in relus[1:] for u in r.users}
+    assert len(relus) == 3 and len(users) == 2
+    checked: list[torch.fx.Node] = []
+    check_order = _program._check_order
+
+    def seen(graph: torch.fx.Graph, nodes: Any) -> None:
+        checked.extend(nodes)
+        check_order(graph, nodes)
+
+    monkeypatch.setattr(_program, "_check_order", seen)
+    with _graph.granted(_graph.Lease(own.graph_module)):
+        out = CSE()(own).program
+    assert out.graph_module is own.graph_module  # merged in place, rebuilt after erasures
+    assert set(checked) == users
+    assert [n.target for n in out.graph.nodes].count(aten.relu.default) == 1

@@ -8,6 +8,7 @@ import threading
 import warnings
 
 import models
+import pytest
 import torch
 from torch.export import ExportedProgram
 from torch.fx._lazy_graph_module import _LazyGraphModule
@@ -364,6 +365,54 @@ def test_a_program_new_program_built_counts_as_validated_until_it_changes():
     assert not _program.still_validated(ep)  # torch built it; epass never saw it validated
     node = next(n for n in built.graph.nodes if n.op == "call_function")
     node.meta["val"] = node.meta["val"].clone()
+    assert not _program.still_validated(built)
+
+
+class _Split(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.split(x, 2)
+        return a * b
+
+
+def _edit_item_of_a_list_value(ep: ExportedProgram) -> None:
+    split = next(n for n in ep.graph.nodes if isinstance(n.meta.get("val"), (list, tuple)))
+    split.meta["val"][0] = split.meta["val"][1]  # an item of the list, in place
+
+
+def _lengthen_a_list_value(ep: ExportedProgram) -> None:
+    split = next(n for n in ep.graph.nodes if isinstance(n.meta.get("val"), (list, tuple)))
+    split.meta["val"].append(split.meta["val"][0])
+
+
+def _rename_a_node(ep: ExportedProgram) -> None:
+    node = next(n for n in ep.graph.nodes if n.op == "call_function")
+    node.name = node.name + "_renamed"
+
+
+def _swap_arguments(ep: ExportedProgram) -> None:
+    mul = next(n for n in ep.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+    mul.args = mul.args[::-1]
+
+
+def _replace_a_torch_fn(ep: ExportedProgram) -> None:
+    node = next(n for n in ep.graph.nodes if n.op == "call_function")
+    node.meta["torch_fn"] = ("other", "other")
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [_edit_item_of_a_list_value, _lengthen_a_list_value, _rename_a_node, _swap_arguments,
+     _replace_a_torch_fn],
+)  # fmt: skip
+def test_any_edit_the_verifier_would_read_ends_the_validated_mark(edit):
+    ep = torch.export.export(_Split(), (torch.randn(4, 3),)).run_decompositions()
+    gm = _program.copy_graph_module(ep.graph_module)
+    for node in gm.graph.nodes:  # private value lists, so the edit reaches only this copy
+        if isinstance(node.meta.get("val"), list):
+            node.meta["val"] = list(node.meta["val"])
+    built = _program.new_program(ep, gm, ep.graph_signature, ep.state_dict, ep.constants)
+    assert _program.still_validated(built)
+    edit(built)
     assert not _program.still_validated(built)
 
 

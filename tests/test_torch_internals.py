@@ -453,6 +453,7 @@ def _after_erasure() -> None:
     own.graph.erase_node(dead)
     out = _program.after_erasure(own, own.graph_signature, own.state_dict, own.constants)
     assert out is not None and out.graph_module is own.graph_module
+    assert out.module_call_graph is own.module_call_graph  # consumed with its graph
     plain = _program.new_program(
         own, own.graph_module, own.graph_signature, own.state_dict, own.constants
     )

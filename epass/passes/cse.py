@@ -75,21 +75,27 @@ def _merge(gm: torch.fx.GraphModule, banned: set[Any], counter: RewriteCounter) 
     return graph
 
 
-def _merge_in_place(gm: torch.fx.GraphModule, banned: set[Any], counter: RewriteCounter) -> None:
+def _merge_in_place(
+    gm: torch.fx.GraphModule, banned: set[Any], counter: RewriteCounter
+) -> list[torch.fx.Node]:
     """:func:`_merge` in ``gm``'s own graph: each node merged away hands its users to
     the earlier node and is left without users (for dead-code elimination). A
     later node's arguments already name the node each was merged into, so its
-    token is what :func:`_merge` computes through its map."""
+    token is what :func:`_merge` computes through its map. Returns the nodes whose
+    inputs were repointed."""
     seen: dict[Any, torch.fx.Node] = {}
+    repointed: list[torch.fx.Node] = []
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr") or _packet(node.target) in banned:
             continue
         token = _token(node, node.args, node.kwargs)
         earlier = seen.get(token)
         if earlier is not None and counter.allow(node.target, node.name):
+            repointed.extend(node.users)
             node.replace_all_uses_with(earlier)
             continue
         seen.setdefault(token, node)
+    return repointed
 
 
 @attrs.frozen
@@ -142,11 +148,11 @@ class CSE:
         counter = RewriteCounter(self.max_rewrites)
         leased = _graph.take_lease(ep)
         if leased is not None:  # this run's own graph: merged where it is
-            _merge_in_place(leased, _banned(leased), counter)
+            repointed = _merge_in_place(leased, _banned(leased), counter)
             if not counter.count:
                 return CSEResult(ep, False, notes=counter.notes)
             _graph.eliminate_dead_code(leased)
-            program = _graph.build_program(ep, leased, erased_only=True)
+            program = _graph.build_program(ep, leased, erased_only=True, repointed=repointed)
             return CSEResult(program, True, notes=counter.notes)
         if _graph.reads_attributes(ep.graph_module):
             # Submodules (nested graphs) go with the graph: copied first.

@@ -74,13 +74,16 @@ class RemoveAssertions:
     _takes_lease: ClassVar[bool] = True
 
     def __call__(self, ep: ExportedProgram) -> RemoveAssertionsResult:
-        if not any(_is_assertion(n) for n in ep.graph.nodes):
+        assertions = [n for n in ep.graph.nodes if _is_assertion(n)]
+        if not assertions:
             return RemoveAssertionsResult(ep, False)
         gm = _graph.editable_graph(ep)
+        if gm is not ep.graph_module:  # a copy to edit
+            assertions = [n for n in gm.graph.nodes if _is_assertion(n)]
         removed = 0
         # Newest first: a functional assertion's token is used only by later ones.
-        for node in reversed(list(gm.graph.nodes)):
-            if not _is_assertion(node) or node.users:
+        for node in reversed(assertions):
+            if node.users:
                 continue
             inputs = node.all_input_nodes
             gm.graph.erase_node(node)
