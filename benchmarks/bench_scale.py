@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,9 +74,23 @@ def _run(step: str, dynamic: bool, layers: int, width: str, env: dict[str, str])
 
 
 def _median_run(repeat: int, *args: Any) -> Any:
-    """The run whose ``seconds`` is the median of ``repeat`` fresh processes."""
-    runs = sorted((_run(*args) for _ in range(repeat)), key=lambda r: r["seconds"])
-    return runs[(len(runs) - 1) // 2]
+    """``repeat`` fresh processes, each figure the median of its values: the wall,
+    the peak RSS and, for a lower() run, each pass and the manager (the wall less
+    the passes, per run). A pass of a few milliseconds varies by a fifth from one
+    process to the next; one run's per-pass times would carry that into the
+    doubling ratios."""
+    runs = [_run(*args) for _ in range(repeat)]
+    for run in runs:
+        if "passes" in run:
+            run["passes"]["manager"] = run["seconds"] - sum(run["passes"].values())
+    out = dict(runs[0])
+    for key in ("seconds", "rss_peak"):
+        out[key] = statistics.median(r[key] for r in runs)
+    if "passes" in out:
+        out["passes"] = {
+            name: statistics.median(r["passes"][name] for r in runs) for name in out["passes"]
+        }
+    return out
 
 
 def measure(
@@ -93,8 +108,6 @@ def measure(
         entry["decompose"] = alone
         if retrace and width == "7B" and layers == RETRACE_LAYERS:
             entry["retrace"] = _run("retrace", dynamic, layers, width, env)
-        passes = lower["passes"]
-        passes["manager"] = lower["seconds"] - sum(passes.values())
         print(_line(entry), flush=True)
         out.append(entry)
     return out

@@ -505,8 +505,9 @@ def attribute(gm: torch.nn.Module, target: str) -> Any:
 
 
 def lift_tensor_attributes(ep: ExportedProgram, gm: torch.fx.GraphModule) -> ExportedProgram:
-    """Build a program from ``ep`` with graph ``gm`` (a graph copy derived from ``ep``'s),
-    lifting every tensor ``get_attr`` of ``gm`` to a ``CONSTANT_TENSOR`` input.
+    """Build a program from ``ep`` with graph ``gm`` (a copy of ``ep``'s graph, or its
+    own under a lease, rewritten), lifting every tensor ``get_attr`` of ``gm`` to a
+    ``CONSTANT_TENSOR`` input.
 
     torch.export's verifier rejects tensor attributes, so this is how a rewrite that
     registers a tensor becomes a program. ``gm`` is edited in place. Each attribute

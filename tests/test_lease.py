@@ -15,7 +15,14 @@ from torch.export import ExportedProgram
 
 import epass
 from epass import _graph, _program, _torch, verify
-from epass.passes import CSE, DeadCodeElimination, Decompose, RemoveAssertions, presets
+from epass.passes import (
+    CSE,
+    DeadCodeElimination,
+    Decompose,
+    RemoveAssertions,
+    ReplaceOps,
+    presets,
+)
 from epass.protocol import PassResult
 
 aten = torch.ops.aten
@@ -328,3 +335,26 @@ def test_cse_names_every_node_whose_input_it_repointed(monkeypatch):
     assert out.graph_module is own.graph_module  # merged in place, rebuilt after erasures
     assert set(checked) == users
     assert [n.target for n in out.graph.nodes].count(aten.relu.default) == 1
+
+
+def test_replace_ops_edits_the_runs_own_graph_and_gives_what_a_watched_run_gives(monkeypatch):
+    _, ep, args = models.export("mlp")
+    before = fingerprint(ep)
+    to_gelu = ReplaceOps(ops={aten.relu.default: aten.gelu.default})
+
+    def pipeline(**options: Any) -> epass.PassManager:
+        return epass.PassManager([Decompose(), to_gelu, DeadCodeElimination()], **options)
+
+    copied = _copies(monkeypatch)
+    result = pipeline()(ep)
+    assert [r.modified for r in result.records][:2] == [True, True]
+    assert copied == []  # retargeted where Decompose built the graph
+    assert fingerprint(ep) == before
+    watched = pipeline(instruments=[Keep()])(ep)
+    assert copied  # watched: it edits a copy
+    _same(result.program, watched.program)
+    targets = {n.target for n in result.program.graph.nodes}
+    assert aten.gelu.default in targets and aten.relu.default not in targets
+    plain = ep.module()(*args)
+    assert not torch.allclose(result.program.module()(*args), plain)  # relu became gelu
+    torch.testing.assert_close(result.program.module()(*args), watched.program.module()(*args))

@@ -151,6 +151,7 @@ class ReplaceOps:
 
     name: ClassVar[str] = "replace-ops"
     changes_input: ClassVar[bool] = False
+    _takes_lease: ClassVar[bool] = True
 
     ops: dict[Any, Callable[..., Any]] = attrs.field(factory=dict, converter=_ops)
     patterns: tuple[tuple[Callable[..., Any], Callable[..., Any]], ...] = attrs.field(
@@ -175,7 +176,8 @@ class ReplaceOps:
         patterns = [pair for pair in self.patterns if _may_match(pair[0], present)]
         if not retarget and not patterns:
             return ReplaceOpsResult(ep, modified, notes=counter.notes, bare=bare)
-        gm = _graph.copy_graph(ep)
+        # The run's own graph when it is leased (edited where it is), else a copy.
+        gm = _graph.editable_graph(ep)
         changed = False
         for node in gm.graph.nodes:
             new = retarget.get(node.target) if node.op == "call_function" else None
