@@ -87,6 +87,8 @@ class _Builder(writeback.WriteBack):
         self.view_chains: set[torch.fx.Node] = set()
         # A view made again after a write back into its base -> that base.
         self.written_back: dict[torch.fx.Node, torch.fx.Node] = {}
+        # Each node's sizes as its first emission made them: expression -> node.
+        self.view_sizes: dict[torch.fx.Node, dict[Any, torch.fx.Node]] = {}
         self.views = views.Views(plan.views, plan.through, self, self.emit_node)
 
     def _emit(
@@ -294,6 +296,10 @@ class _Builder(writeback.WriteBack):
                 result = torch.fx.node.map_arg(t.args[0], lambda n: local[n])
             else:
                 val = t.meta.get("val")
+                made = self._size_made_before(node, val)
+                if made is not None:
+                    local[t] = made
+                    continue
                 if isinstance(val, torch.SymInt) and t.target in table.SIZE_OPS:
                     self.views.read_size(val.node.expr, node)
                 if (
@@ -323,6 +329,8 @@ class _Builder(writeback.WriteBack):
                     self._place_size(new)
                 emitted.append(new)
                 self._track_stale(new, stale)
+                if isinstance(val, torch.SymInt) and not self.views.replaying:
+                    self.view_sizes.setdefault(node, {}).setdefault(val.node.expr, new)
         if any(isinstance(n, torch.fx.Node) and n in stale for n in _program.tree_leaves(result)):
             raise Fallback(
                 f"the decomposition of {node.name} returns a view of a tensor written back"
@@ -358,6 +366,16 @@ class _Builder(writeback.WriteBack):
         if isinstance(new.meta.get("val"), torch.SymInt):
             self._bind(new)
         return new
+
+    def _size_made_before(self, node: torch.fx.Node, val: Any) -> torch.fx.Node | None:
+        """While a chain of views is made again after a write, the node that first
+        made ``node``'s size ``val`` where ``node`` was made the first time.
+        Functionalization replays a view with the arguments of its first call, the
+        very SymInts computed then, so the tracer reads them from the nodes that
+        computed them there, and makes no new ones."""
+        if not self.views.replaying or not isinstance(val, torch.SymInt):
+            return None
+        return self.view_sizes.get(node, {}).get(val.node.expr)
 
     def _symbol_holder(self, new: torch.fx.Node) -> tuple[torch.fx.Node, int] | None:
         """For a template's query of a size that is an input's symbol, the input and

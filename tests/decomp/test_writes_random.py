@@ -412,3 +412,14 @@ def test_a_view_made_again_after_a_write_is_dropped_with_a_dynamic_batch_as_torc
     reads,
 ):
     _check("add", ["unsqueeze"], [("add_", True)], reads, False, True)
+
+
+# Found by the random search: a chain of two flattens of a tensor written afterwards,
+# read through the chain, with a dynamic batch. The second flatten computes batch*24;
+# functionalization makes the chain again after the write with the arguments of its
+# first call, so the trace reads that size from the node that computed it before the
+# write (which stays where it is) and makes no new one.
+@pytest.mark.parametrize("chain", [["flatten", "flatten"], ["flatten", "flatten", "unsqueeze"]])
+@pytest.mark.parametrize("into_view", [False, True])
+def test_a_chain_made_again_after_a_write_reads_the_sizes_its_first_call_computed(chain, into_view):
+    _check("add", chain, [("add_", into_view)], ["view"], False, True)
