@@ -15,11 +15,16 @@ Run from the repository root::
     python benchmarks/bench_scale.py             # 8, 16, 32 layers (about 8 minutes on 2 cores)
     python benchmarks/bench_scale.py --full      # 32, 64, 128 layers and the 70B-shaped program
     python benchmarks/bench_scale.py --layers 4,8 --no-retrace
+    python benchmarks/bench_scale.py --layers 32,128 --no-retrace --collector-off
+
+``--collector-off`` turns Python's cyclic garbage collector off in each process once
+the program is exported: what the passes cost per node without its collections.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -38,6 +43,7 @@ from bench_core import Row, print_table  # noqa: E402
 
 WIDTHS: dict[str, dict[str, int]] = {"7B": {}, "70B": bench_llama7b.SHAPE_70B}
 RETRACE_LAYERS = 32  # run_decompositions() is timed at this size only: it is slow
+COLLECTOR_OFF = "EPASS_BENCH_COLLECTOR_OFF"
 PASSES = ("decompose", "remove-asserts", "fold-constants", "cse", "dce")
 
 
@@ -53,6 +59,8 @@ def child(step: str, dynamic: bool, layers: int, width: str) -> None:
 
     ep = bench_llama7b._export(layers, dynamic, **WIDTHS[width])
     out: dict[str, Any] = {"nodes": len(ep.graph.nodes), "rss_export": _peak_rss_mb()}
+    if os.environ.get(COLLECTOR_OFF):
+        gc.disable()
     began = time.perf_counter()
     if step == "retrace":
         ep.run_decompositions()
@@ -184,6 +192,9 @@ def main() -> None:
     parser.add_argument("--with-70b", action="store_true", help="add the 70B-shaped program")
     parser.add_argument("--no-retrace", action="store_true", help="skip run_decompositions()")
     parser.add_argument("--repeat", type=int, default=1, help="fresh processes per figure")
+    parser.add_argument(
+        "--collector-off", action="store_true", help="no cyclic garbage collection after export"
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -195,6 +206,8 @@ def main() -> None:
     if args.full or args.with_70b:
         sizes.append(("70B", 80))
     env = {**os.environ, "EPASS_CACHE_DIR": tempfile.mkdtemp(prefix="epass-bench-cache-")}
+    if args.collector_off:
+        env[COLLECTOR_OFF] = "1"
     print("each step in a fresh process, wall clock seconds; per pass from lower()'s records")
     print(_header())
     began = time.perf_counter()
