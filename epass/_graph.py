@@ -39,6 +39,7 @@ __all__ = [
     "InputKinds",
     "build_program",
     "copy_graph",
+    "delete_unused_submodules",
     "editable_graph",
     "eliminate_dead_code",
     "impure_test",
@@ -54,6 +55,7 @@ __all__ = [
     "graph_modules",
     "graphs",
     "input_kinds",
+    "keeping_nested_submodules",
     "lift_tensor_attributes",
     "run_graph_pass",
     "tensor_attributes",
@@ -310,6 +312,37 @@ def eliminate_dead_code(gm: torch.fx.GraphModule) -> bool:
             gm.graph.erase_node(node)
             changed = True
     return changed
+
+
+@contextlib.contextmanager
+def keeping_nested_submodules(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """Put back, when the block ends, every submodule of ``gm`` it deleted whose
+    parent is still there below ``gm``.
+
+    torch's ``GraphModule.delete_all_unused_submodules`` (which
+    ``subgraph_rewriter`` calls on every rewrite) counts a module read by a
+    ``get_attr`` node as used but not the modules inside it, so it deletes the
+    branches of a ``torch.cond`` nested in another ``cond``'s branch, whose own
+    ``get_attr`` nodes sit in the nested graph. Only a submodule of ``gm`` itself
+    that nothing reads stays deleted, with all that was inside it."""
+    before = [(name, module) for name, module in gm.named_modules() if "." in name]
+    try:
+        yield
+    finally:
+        present = dict(gm.named_modules())
+        for name, module in before:  # parents first: named_modules walks depth first
+            parent, _, leaf = name.rpartition(".")
+            if name not in present and parent in present:
+                present[parent].add_module(leaf, module)
+                present[name] = module
+
+
+def delete_unused_submodules(gm: torch.fx.GraphModule) -> None:
+    """Delete each submodule of ``gm`` that no node of its graph reads, with what is
+    inside it (``delete_all_unused_submodules``, without deleting the insides of
+    modules that are read: :func:`keeping_nested_submodules`)."""
+    with keeping_nested_submodules(gm):
+        gm.delete_all_unused_submodules()
 
 
 def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:

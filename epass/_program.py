@@ -274,10 +274,13 @@ def after_erasure(
     recomputed as the constructor computes them. Any other field is ``ep``'s, as the
     constructor would take it; the module call graph is ``ep``'s own list, as its
     graph module is (``ep`` was consumed: its graph is the one the pass edited).
+    A graph with submodules (the branches of ``torch.cond``, ``map``) is left to the
+    constructor: an erasure there can leave a ``get_attr`` to a submodule a pass
+    deleted, which only the verifier's walk of every node finds.
     """
-    if ep not in _VALIDATED:
-        return None
     gm = ep.graph_module
+    if ep not in _VALIDATED or next(gm.children(), None) is not None:
+        return None
     _check_order(gm.graph, repointed)
     values = _torch.one_value_module(gm)
     out = copy.copy(ep)

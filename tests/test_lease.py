@@ -358,3 +358,69 @@ def test_replace_ops_edits_the_runs_own_graph_and_gives_what_a_watched_run_gives
     plain = ep.module()(*args)
     assert not torch.allclose(result.program.module()(*args), plain)  # relu became gelu
     torch.testing.assert_close(result.program.module()(*args), watched.program.module()(*args))
+
+
+class _NestedCond(torch.nn.Module):
+    """A ``torch.cond`` inside a branch of another: the inner branches are
+    submodules of the outer branch's graph module, read by its own get_attr nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.ones(2))
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def inner_true(y: torch.Tensor) -> torch.Tensor:
+            return y.sin()
+
+        def inner_false(y: torch.Tensor) -> torch.Tensor:
+            return y.cos()
+
+        def outer_true(y: torch.Tensor) -> torch.Tensor:
+            return torch.cond(y.sum() > 0, inner_true, inner_false, (y,))
+
+        def outer_false(y: torch.Tensor) -> torch.Tensor:
+            return y + 1
+
+        x = self.lin(x).relu()
+        return torch.cond(x.sum() > 0, outer_true, outer_false, (x,))
+
+
+def _linear_sum(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.sum.default(torch.ops.aten.linear.default(x, x))
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+@pytest.mark.parametrize(
+    "passes",
+    [
+        # A pattern whose operators the graph has but that matches nothing: the
+        # rewriter still deletes the submodules it counts as unused.
+        lambda: [ReplaceOps(patterns=[(_linear_sum, _identity)])],
+        lambda: [
+            ReplaceOps(ops={aten.relu.default: aten.relu.default}),
+            ReplaceOps(patterns=[(_linear_sum, _identity)]),
+        ],
+        # An unused parameter's input erased, on a copy and under the run's lease.
+        lambda: [DeadCodeElimination()],
+        lambda: [ReplaceOps(ops={aten.linear.default: aten.linear.default}), DeadCodeElimination()],
+    ],
+    ids=["pattern", "retarget-then-pattern", "dce", "retarget-then-dce"],
+)
+def test_a_cond_nested_in_a_branch_keeps_its_branches_through_rewrites_and_erasures(passes):
+    torch.manual_seed(0)
+    module = _NestedCond().eval()
+    x = torch.randn(2, 3)
+    ep = torch.export.export(module, (x,))
+    names = [name for name, _ in ep.graph_module.named_modules()]
+    before = fingerprint(ep)
+    out = epass.PassManager(passes())(ep).program
+    assert "true_graph_0.true_graph_0" in dict(out.graph_module.named_modules())
+    out.validate()
+    for y in (x, -x.abs() - 1, x.abs() + 1):
+        torch.testing.assert_close(out.module()(y), module(y))
+    assert [name for name, _ in ep.graph_module.named_modules()] == names
+    assert fingerprint(ep) == before

@@ -69,5 +69,5 @@ class DeadCodeElimination:
         gm = _graph.editable_graph(ep)
         _graph.eliminate_dead_code(gm)
         _graph.remove_unused_state_placeholders(gm, sig, only=state_names)
-        gm.delete_all_unused_submodules()
+        _graph.delete_unused_submodules(gm)
         return PassResult(_graph.build_program(ep, gm, erased_only=True), True)

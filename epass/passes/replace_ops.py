@@ -187,9 +187,10 @@ class ReplaceOps:
                 changed = True
         taken: set[str] = set()
         for pattern, replacement in patterns:
-            replaced = subgraph_rewriter.replace_pattern_with_filters(
-                gm, pattern, _traced(replacement, gm, taken), match_filters=[_ask(counter)]
-            )
+            with _graph.keeping_nested_submodules(gm):
+                replaced = subgraph_rewriter.replace_pattern_with_filters(
+                    gm, pattern, _traced(replacement, gm, taken), match_filters=[_ask(counter)]
+                )
             changed |= bool(replaced)
         if not changed:
             return ReplaceOpsResult(ep, modified, notes=counter.notes, bare=bare)
