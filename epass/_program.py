@@ -281,7 +281,10 @@ def after_erasure(
     gm = ep.graph_module
     if ep not in _VALIDATED or next(gm.children(), None) is not None:
         return None
+    repointed = tuple(repointed)
     _check_order(gm.graph, repointed)
+    if _repeats_an_item(repointed):
+        return None  # the constructor merges the two items (common getitem elimination)
     values = _torch.one_value_module(gm)
     out = copy.copy(ep)
     _torch.set_fields(
@@ -310,6 +313,22 @@ def _check_order(graph: torch.fx.Graph, nodes: Iterable[torch.fx.Node]) -> None:
                     "graph defined before it; a pass that only erases nodes must point "
                     "uses at earlier ones"
                 )
+
+
+def _repeats_an_item(nodes: Iterable[torch.fx.Node]) -> bool:
+    """Whether one of ``nodes`` takes an item of a multi-output node (``getitem``)
+    that another node takes too: after two such calls were merged, their items point
+    at one call twice, which torch's constructor makes one node of."""
+    for node in nodes:
+        if node.op != "call_function" or node.target is not operator.getitem:
+            continue
+        source, index = node.args[0], node.args[1]
+        if not isinstance(source, torch.fx.Node):
+            continue
+        for other in source.users:
+            if other is not node and other.target is operator.getitem and other.args[1] == index:
+                return True
+    return False
 
 
 def flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> list[Any]:

@@ -424,3 +424,24 @@ def test_a_cond_nested_in_a_branch_keeps_its_branches_through_rewrites_and_erasu
         torch.testing.assert_close(out.module()(y), module(y))
     assert [name for name, _ in ep.graph_module.named_modules()] == names
     assert fingerprint(ep) == before
+
+
+class _TwoSplits(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.split(x, 2)
+        b = torch.split(x, 2)
+        return a[0] * b[0] + a[1] * b[1]
+
+
+@pytest.mark.parametrize("limit", [1, None])
+def test_a_leased_cse_that_leaves_two_items_of_one_call_gives_what_a_copying_one_gives(limit):
+    # Merging the second split into the first points its items at the first split's,
+    # which the constructor merges; with one rewrite allowed, CSE itself does not.
+    ep = torch.export.export(_TwoSplits(), (torch.randn(4),)).run_decompositions()
+    own = _validated_copy(ep)
+    with _graph.granted(_graph.Lease(own.graph_module)):
+        leased = CSE(max_rewrites=limit)(own).program
+    copied = CSE(max_rewrites=limit)(_validated_copy(ep)).program
+    _same(leased, copied)
+    x = torch.randn(4)
+    torch.testing.assert_close(leased.module()(x), _TwoSplits()(x))
