@@ -41,6 +41,7 @@ __all__ = [
     "is_operator",
     "keep_node_name",
     "load_pt2",
+    "forget_validated",
     "mark_validated",
     "new_program",
     "private_view",
@@ -439,6 +440,12 @@ def mark_validated(ep: ExportedProgram) -> None:
     state = _verified_state(ep)
     if state is not None:
         _VALIDATED[ep] = state
+
+
+def forget_validated(ep: ExportedProgram) -> None:
+    """Drop ``ep``'s record of passing ``validate()`` (:func:`mark_validated`): a pass
+    epass does not vouch for may have edited its graph, and no check has run since."""
+    _VALIDATED.pop(ep, None)
 
 
 def still_validated(ep: ExportedProgram) -> bool:

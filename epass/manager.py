@@ -538,6 +538,11 @@ class PassManager:
             walk = _verify_output(program, source, info, run.walk and run.walk[1])
             targets = walk.targets
             run.walk = (program, walk)
+        elif modified and not model.takes_lease:
+            # Unverified, the output of a pass that is not epass's may be a program
+            # that passed validation and was edited since: a pass after it must not
+            # take that mark as its own (_program.after_erasure).
+            _program.forget_validated(program)
         if model.ensures is not None and model.ensures(program) is False:
             raise PassError(
                 "its postcondition (ensures) does not hold on its result", **info.location()

@@ -445,3 +445,38 @@ def test_a_leased_cse_that_leaves_two_items_of_one_call_gives_what_a_copying_one
     _same(leased, copied)
     x = torch.randn(4)
     torch.testing.assert_close(leased.module()(x), _TwoSplits()(x))
+
+
+class _DropsAValue:
+    """A pass epass does not vouch for: it edits the graph it is given in place and
+    leaves a node without the value torch's verifier requires."""
+
+    name = "drops-a-value"
+    changes_input = True
+
+    def __call__(self, ep: ExportedProgram) -> ExportedProgram:
+        add = next(n for n in ep.graph.nodes if n.target is aten.add.Tensor)
+        del add.meta["val"]
+        return ep
+
+
+class _TwoReluSum(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.lin(x)
+        return a.relu() + a.relu()
+
+
+def test_an_unverified_edit_in_place_is_not_taken_as_validated_by_a_pass_after_it():
+    # The retarget makes the run own the graph, so the next pass edits it in place;
+    # with verification off nothing checks that edit, and the CSE after it must not
+    # rebuild on the mark the program had before.
+    ep = torch.export.export(_TwoReluSum(), (torch.randn(2, 3),))
+    before = fingerprint(ep)
+    passes = [ReplaceOps(ops={aten.linear.default: aten.linear.default}), _DropsAValue(), CSE()]
+    with pytest.raises(epass.PassError, match=r"(?s)'cse'.*missing val.*drops-a-value"):
+        epass.PassManager(passes, verify=False).run(ep)
+    assert fingerprint(ep) == before
