@@ -39,7 +39,6 @@ __all__ = [
     "InputKinds",
     "build_program",
     "copy_graph",
-    "delete_unused_submodules",
     "editable_graph",
     "eliminate_dead_code",
     "impure_test",
@@ -316,33 +315,19 @@ def eliminate_dead_code(gm: torch.fx.GraphModule) -> bool:
 
 @contextlib.contextmanager
 def keeping_nested_submodules(gm: torch.fx.GraphModule) -> Iterator[None]:
-    """Put back, when the block ends, every submodule of ``gm`` it deleted whose
-    parent is still there below ``gm``.
-
-    torch's ``GraphModule.delete_all_unused_submodules`` (which
-    ``subgraph_rewriter`` calls on every rewrite) counts a module read by a
-    ``get_attr`` node as used but not the modules inside it, so it deletes the
-    branches of a ``torch.cond`` nested in another ``cond``'s branch, whose own
-    ``get_attr`` nodes sit in the nested graph. Only a submodule of ``gm`` itself
-    that nothing reads stays deleted, with all that was inside it."""
+    """Put back each submodule the block deleted whose parent is still there below
+    ``gm``: torch's ``delete_all_unused_submodules`` (``subgraph_rewriter`` calls it)
+    deletes the modules inside a module a get_attr reads (a nested cond's branches)."""
     before = [(name, module) for name, module in gm.named_modules() if "." in name]
     try:
         yield
     finally:
-        present = dict(gm.named_modules())
-        for name, module in before:  # parents first: named_modules walks depth first
+        present = dict(gm.named_modules())  # parents come first in ``before``
+        for name, module in before:
             parent, _, leaf = name.rpartition(".")
             if name not in present and parent in present:
                 present[parent].add_module(leaf, module)
                 present[name] = module
-
-
-def delete_unused_submodules(gm: torch.fx.GraphModule) -> None:
-    """Delete each submodule of ``gm`` that no node of its graph reads, with what is
-    inside it (``delete_all_unused_submodules``, without deleting the insides of
-    modules that are read: :func:`keeping_nested_submodules`)."""
-    with keeping_nested_submodules(gm):
-        gm.delete_all_unused_submodules()
 
 
 def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:

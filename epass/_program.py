@@ -275,9 +275,8 @@ def after_erasure(
     recomputed as the constructor computes them. Any other field is ``ep``'s, as the
     constructor would take it; the module call graph is ``ep``'s own list, as its
     graph module is (``ep`` was consumed: its graph is the one the pass edited).
-    A graph with submodules (the branches of ``torch.cond``, ``map``) is left to the
-    constructor: an erasure there can leave a ``get_attr`` to a submodule a pass
-    deleted, which only the verifier's walk of every node finds.
+    A graph with submodules (``cond`` branches: a ``get_attr`` left to a deleted one
+    only the verifier's walk finds) or repeated items is left to the constructor.
     """
     gm = ep.graph_module
     if ep not in _VALIDATED or next(gm.children(), None) is not None:
@@ -285,7 +284,7 @@ def after_erasure(
     repointed = tuple(repointed)
     _check_order(gm.graph, repointed)
     if _repeats_an_item(repointed):
-        return None  # the constructor merges the two items (common getitem elimination)
+        return None
     values = _torch.one_value_module(gm)
     out = copy.copy(ep)
     _torch.set_fields(
@@ -317,17 +316,14 @@ def _check_order(graph: torch.fx.Graph, nodes: Iterable[torch.fx.Node]) -> None:
 
 
 def _repeats_an_item(nodes: Iterable[torch.fx.Node]) -> bool:
-    """Whether one of ``nodes`` takes an item of a multi-output node (``getitem``)
-    that another node takes too: after two such calls were merged, their items point
-    at one call twice, which torch's constructor makes one node of."""
+    """Whether one of ``nodes`` takes an item another takes too (constructor: one)."""
     for node in nodes:
-        if node.op != "call_function" or node.target is not operator.getitem:
-            continue
-        source, index = node.args[0], node.args[1]
-        if not isinstance(source, torch.fx.Node):
-            continue
-        for other in source.users:
-            if other is not node and other.target is operator.getitem and other.args[1] == index:
+        if node.op == "call_function" and node.target is operator.getitem:
+            source, index = node.args[0], node.args[1]
+            users = source.users if isinstance(source, torch.fx.Node) else ()
+            if any(
+                o.target is operator.getitem and o.args[1] == index for o in users if o is not node
+            ):
                 return True
     return False
 

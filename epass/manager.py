@@ -516,6 +516,19 @@ class PassManager:
             exc.nest(**info.location())
         raise exc
 
+    def _check_output(
+        self, run: _Run, info: PassInfo, prepared: _Prepared, program: ExportedProgram
+    ) -> list[Any] | None:
+        """Verify a pass's changed output; its call targets, None when unverified."""
+        if self.verify:
+            source = run.current if prepared.source is None else prepared.source
+            walk = _verify_output(program, source, info, run.walk and run.walk[1])
+            run.walk = (program, walk)
+            return walk.targets
+        if not prepared.model.takes_lease:  # it may have edited a validated program
+            _program.forget_validated(program)  # which no check has seen since
+        return None
+
     def _finish(self, run: _Run, info: PassInfo, out: Any, prepared: _Prepared) -> PassRecord:
         """Check the store, verify and link the pass's output, and record the run;
         ``run.current`` becomes the output."""
@@ -532,17 +545,7 @@ class PassManager:
             # pass did not get from the manager (the caller's own input, a memoized
             # earlier result) may be held by someone, so it is never re-pointed.
             program = _program.shallow_clone(program)
-        targets: list[Any] | None = None  # the output's call targets, when verified
-        if modified and self.verify:
-            source = current if prepared.source is None else prepared.source
-            walk = _verify_output(program, source, info, run.walk and run.walk[1])
-            targets = walk.targets
-            run.walk = (program, walk)
-        elif modified and not model.takes_lease:
-            # Unverified, the output of a pass that is not epass's may be a program
-            # that passed validation and was edited since: a pass after it must not
-            # take that mark as its own (_program.after_erasure).
-            _program.forget_validated(program)
+        targets = self._check_output(run, info, prepared, program) if modified else None
         if model.ensures is not None and model.ensures(program) is False:
             raise PassError(
                 "its postcondition (ensures) does not hold on its result", **info.location()

@@ -69,5 +69,6 @@ class DeadCodeElimination:
         gm = _graph.editable_graph(ep)
         _graph.eliminate_dead_code(gm)
         _graph.remove_unused_state_placeholders(gm, sig, only=state_names)
-        _graph.delete_unused_submodules(gm)
+        with _graph.keeping_nested_submodules(gm):  # a cond's branches' branches
+            gm.delete_all_unused_submodules()
         return PassResult(_graph.build_program(ep, gm, erased_only=True), True)
