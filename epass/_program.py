@@ -377,17 +377,15 @@ _VERIFIER_READS = ("check", "_check_graph_module", "check_valid_op", "check_addi
 
 
 def _verified_state(ep: ExportedProgram) -> list[Any] | None:
-    """Everything torch's base ``Verifier`` reads of ``ep``: every module and graph,
-    each node's name, op, target, arguments and ``meta["val"]`` / ``meta["torch_fn"]``,
-    the objects ``get_attr`` nodes name, the signature, the dicts' entries and the
-    module call graph's argument names. None when one of ``ep``'s verifiers checks
-    more than the base one (ExecuTorch's dialects do), since it may read anything.
-
-    One flat list, with no tuple per node (fewer objects made, none for the
-    collector to walk): each node's entries start with the node itself and its op,
-    and a list value's items follow their count, so two lists are equal exactly
-    when every fact in them is.
-    """
+    """Everything torch's base ``Verifier`` reads of ``ep``: its verifiers (their
+    dialect), every module and graph, each node's name, op, target, arguments and
+    ``meta["val"]`` / ``meta["torch_fn"]``, the objects ``get_attr`` nodes name, the
+    signature, the dicts' entries and the module call graph's argument names. None
+    when one of ``ep``'s verifiers checks more than the base one (ExecuTorch's
+    dialects do), since it may read anything. One flat list, with no tuple per node
+    (fewer objects for the collector to walk): each node's entries start with the
+    node and its op, and a list value's items follow their count, so two lists are
+    equal exactly when every fact in them is."""
     verifier = _torch.base_verifier()
     for v in ep.verifiers:
         if any(getattr(v, m) is not getattr(verifier, m) for m in _VERIFIER_READS):
@@ -397,6 +395,7 @@ def _verified_state(ep: ExportedProgram) -> list[Any] | None:
     state: list[Any] = [
         gm,
         sig,
+        list(ep.verifiers),  # the dialect: an ATEN program may hold no in-place call
         [(s.kind, repr(s.arg), s.target, s.persistent) for s in sig.input_specs],
         [(s.kind, repr(s.arg), s.target) for s in sig.output_specs],
         list(ep.state_dict.items()),

@@ -14,6 +14,8 @@ from torch.export import ExportedProgram
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from epass import _graph, _program, _torch
+from epass.errors import ProgramError
+from epass.verify import verify_program
 
 
 def test_private_fields_exist_and_back_the_public_properties():
@@ -414,6 +416,28 @@ def test_any_edit_the_verifier_would_read_ends_the_validated_mark(edit):
     assert _program.still_validated(built)
     edit(built)
     assert not _program.still_validated(built)
+
+
+class _AddInPlace(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.add_(1)
+        return y
+
+
+def test_a_program_relabelled_to_another_dialect_is_validated_again():
+    # The training IR may hold in-place calls; the ATEN dialect may not. A program
+    # validated as the one and relabelled as the other is checked again.
+    ep = torch.export.export(_AddInPlace(), (torch.randn(3),))
+    assert any(n.target is torch.ops.aten.add_.Tensor for n in ep.graph.nodes)
+    built = _program.new_program(
+        ep, ep.graph_module, ep.graph_signature, ep.state_dict, ep.constants, keep_dialect=True
+    )
+    assert _program.still_validated(built)
+    _torch.set_fields(built, verifiers=[_torch.base_verifier()])
+    assert not _program.still_validated(built)
+    with pytest.raises(ProgramError, match="add_"):
+        verify_program(built)
 
 
 def _leaf_spec_warnings(record: list[warnings.WarningMessage]) -> list[str]:
