@@ -7,8 +7,11 @@ Per program: the wall clock of ``presets.lower()``, the seconds of each of its p
 wall less the passes), ``Decompose()`` alone, the peak RSS of the process, and at 32
 layers ``run_decompositions()``. Then the time per doubling of layers of each pass
 (goal <= 2.1x), ``lower() / Decompose`` (goal <= 1.5) and ``lower() /
-run_decompositions`` (goal <= 0.1). The template cache is a directory of this run's
-own, filled by one untimed process per width and sequence kind first.
+run_decompositions`` (goal <= 0.1). For reference, the time per doubling of a bare
+walk over the lowered program's nodes: the machine's own cost per node grows with
+the graph (caches), and a pass that reads every node doubles about as that walk
+does. The template cache is a directory of this run's own, filled by one untimed
+process per width and sequence kind first.
 
 Run from the repository root::
 
@@ -45,12 +48,33 @@ WIDTHS: dict[str, dict[str, int]] = {"7B": {}, "70B": bench_llama7b.SHAPE_70B}
 RETRACE_LAYERS = 32  # run_decompositions() is timed at this size only: it is slow
 COLLECTOR_OFF = "EPASS_BENCH_COLLECTOR_OFF"
 PASSES = ("decompose", "remove-asserts", "fold-constants", "cse", "dce")
+WALK = "a bare walk over the nodes (reference)"
 
 
 def _peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _walk_seconds(ep: Any) -> float:
+    """The median of five bare walks over ``ep``'s nodes that read what every pass
+    reads of a node (op, target, inputs, users, value): what one walk costs on this
+    machine at this size, which grows with the graph."""
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for node in ep.graph.nodes:
+            _ = (
+                node.op,
+                node.target,
+                node.args,
+                node.kwargs,
+                node.meta.get("val"),
+                len(node.users),
+            )
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def child(step: str, dynamic: bool, layers: int, width: str) -> None:
@@ -72,6 +96,8 @@ def child(step: str, dynamic: bool, layers: int, width: str) -> None:
         out["passes"] = {r.name: r.seconds for r in result.records}
     out["seconds"] = time.perf_counter() - began
     out["rss_peak"] = _peak_rss_mb()
+    if step == "lower":
+        out["walk"] = _walk_seconds(result.program)
     print(json.dumps(out))
 
 
@@ -92,8 +118,9 @@ def _median_run(repeat: int, *args: Any) -> Any:
         if "passes" in run:
             run["passes"]["manager"] = run["seconds"] - sum(run["passes"].values())
     out = dict(runs[0])
-    for key in ("seconds", "rss_peak"):
-        out[key] = statistics.median(r[key] for r in runs)
+    for key in ("seconds", "rss_peak", "walk"):
+        if key in out:
+            out[key] = statistics.median(r[key] for r in runs)
     if "passes" in out:
         out["passes"] = {
             name: statistics.median(r["passes"][name] for r in runs) for name in out["passes"]
@@ -151,20 +178,25 @@ def doubling_rows(entries: list[dict[str, Any]]) -> list[Row]:
         if not pairs:
             continue
         kind = "dynamic sequence" if dynamic else "static"
-        for name in ("lower()", *PASSES, "manager"):
+        for name in ("lower()", *PASSES, "manager", WALK):
             ratios = []
             for small, big in pairs:
                 a, b = (_seconds(runs[n], name) for n in (small, big))
                 ratios.append((b / a if a > 0 else float("inf"), small, big, a, b))
             worst = max(ratios)
-            note = ", ".join(f"{s}->{b} layers {x:.3f}->{y:.3f} s" for _, s, b, x, y in ratios)
-            tiny = " (under 20 ms: noise)" if worst[3] < 0.02 else ""
+            digits = 3 if worst[3] >= 0.01 else 5
+            note = ", ".join(
+                f"{s}->{b} layers {x:.{digits}f}->{y:.{digits}f} s" for _, s, b, x, y in ratios
+            )
+            tiny = " (under 20 ms: noise)" if worst[3] < 0.02 and name != WALK else ""
             rows.append((f"{kind}: {name} time per doubling of layers", worst[0], 2.1, note + tiny))
     return rows
 
 
 def _seconds(entry: dict[str, Any], name: str) -> float:
     lower = entry["lower"]
+    if name == WALK:
+        return float(lower["walk"])
     return float(lower["seconds"] if name == "lower()" else lower["passes"].get(name, 0.0))
 
 
