@@ -207,6 +207,24 @@ def test_print_ir_prints_unified_diff_of_changed_passes() -> None:
     assert "+    relu = torch.ops.aten.clamp_min.default(linear, 0.0)" in text
 
 
+def test_print_ir_shows_a_graph_edited_without_recompile() -> None:
+    _, ep, _ = export_residual()
+
+    def retarget_without_recompile(
+        program: torch.export.ExportedProgram,
+    ) -> torch.export.ExportedProgram:
+        for node in program.graph.nodes:
+            if node.target is torch.ops.aten.relu.default:
+                node.target = torch.ops.aten.sigmoid.default
+        return program  # the module's generated code still says relu
+
+    printer = PrintIR(stream=io.StringIO())
+    result = PassManager([retarget_without_recompile], instruments=[printer])(ep)
+    assert result.records[0].modified
+    assert [d.kind for d in printer.dumps] == ["diff"]
+    assert "+    relu = torch.ops.aten.sigmoid.default(linear)" in printer.dumps[0].text
+
+
 def test_print_ir_before_after_filter_and_directory(tmp_path) -> None:
     _, ep, _ = export_residual()
     printer = PrintIR(

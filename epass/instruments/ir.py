@@ -40,7 +40,11 @@ def _pass_filter(passes: str | Iterable[str] | PassFilter | None) -> PassFilter:
 
 def _graph_text(program: ExportedProgram, form: str) -> str:
     if form == "code":
-        return str(program.graph_module.code).strip("\n") + "\n"
+        # Generated from the graph, not read from the module: a pass that edits the
+        # graph without ``recompile()`` leaves the module's code stale, and
+        # recompiling here would edit the program the instrument was shown.
+        code = program.graph_module.graph.python_code(root_module="self").src
+        return code.strip("\n") + "\n"
     return str(program.graph).rstrip("\n") + "\n"
 
 
@@ -73,7 +77,8 @@ class PrintIR(Instrument):
         only_changed: emit nothing for passes that left the program unmodified.
         passes: which passes to show: a name, a regular expression matched
             against the whole name, a collection of names, or a predicate.
-        form: ``"code"`` (the GraphModule's Python code) or ``"graph"`` (the fx
+        form: ``"code"`` (the Python code of the graph as it is, whether or not the
+            pass recompiled its module) or ``"graph"`` (the fx
             graph listing).
         stream: where to write; default ``sys.stdout`` at the time of writing.
         directory: write each dump to a numbered file there instead of a stream.
