@@ -63,8 +63,9 @@ if [ "$mode" = --quick-suite ]; then
     "$venv_python" -m pytest -q -n auto -m "not slow"
 fi
 # The internals as epass calls them, and the fast path on the zoo (marked slow).
-# The internals, the fast path, and the cases made exact per release (_torch.EXACT_RELEASE:
-# in check mode where this release is one of them, their fallback where it is not).
+# The internals, the fast path, and the cases made exact per release
+# (_torch.internals.EXACT_RELEASE: in check mode where this release is one of them, their
+# fallback where it is not).
 "$venv_python" -m pytest -q -n auto tests/decomp/test_internals.py tests/test_torch_internals.py \
     tests/decomp/test_fast_path.py tests/decomp/test_inplace.py tests/decomp/test_shapes.py \
     tests/decomp/test_splice.py

@@ -29,7 +29,8 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from epass import _program, _torch
+from epass import _program
+from epass._torch import tracing
 from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = [
@@ -685,7 +686,7 @@ def fill_meta(gm: torch.fx.GraphModule, *, force: bool = False) -> None:
     # Under the Python dispatcher, as export's tracer runs them: a composite operator
     # then keeps sizes symbolic (torch 2.12's C++ aten.linear reads a dynamic size
     # as an int, which specializes it in the program's shape environment).
-    with FAKE_LOCK, mode, _torch.python_dispatcher():
+    with FAKE_LOCK, mode, tracing.python_dispatcher():
         for node in gm.graph.nodes:
             if node.op != "call_function" or (not force and "val" in node.meta):
                 continue

@@ -23,8 +23,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
-from epass import _torch
-from epass._torch import pytree
+from epass._torch import archives, operators, programs, quiet
+from epass._torch.programs import pytree
 
 __all__ = [
     "archive_records",
@@ -65,14 +65,14 @@ def set_state(
 ) -> None:
     """Point ``ep`` at the given dict objects without copying or re-validating."""
     if state_dict is not None:
-        _torch.set_fields(ep, state_dict=state_dict)
+        programs.set_fields(ep, state_dict=state_dict)
     if constants is not None:
-        _torch.set_fields(ep, constants=constants)
+        programs.set_fields(ep, constants=constants)
 
 
 def set_signature(ep: ExportedProgram, signature: ExportGraphSignature) -> None:
     """Point ``ep`` at ``signature`` without re-validating."""
-    _torch.set_fields(ep, graph_signature=signature)
+    programs.set_fields(ep, graph_signature=signature)
 
 
 def shallow_clone(ep: ExportedProgram) -> ExportedProgram:
@@ -152,7 +152,7 @@ def _keep_node_names(old: torch.fx.Graph, new: torch.fx.Graph) -> None:
 def keep_node_name(graph: torch.fx.Graph, node: torch.fx.Node, name: str) -> None:
     """Name ``node`` of ``graph`` exactly ``name``, which fx's namespace would rename
     (``input`` becomes ``input_1``), and reserve the name in the namespace."""
-    _torch.reserve_name(graph, node, name)
+    programs.reserve_name(graph, node, name)
 
 
 def private_view(
@@ -163,15 +163,15 @@ def private_view(
     is set."""
     view = shallow_clone(ep)
     if copy_state:
-        _torch.set_fields(view, state_dict=dict(ep.state_dict), constants=dict(ep.constants))
+        programs.set_fields(view, state_dict=dict(ep.state_dict), constants=dict(ep.constants))
     # Small containers a pass may edit in place (the kwargs dict of the example
     # inputs, the verifier list): copied, so no edit reaches ``ep``.
     if ep.example_inputs is not None:
         args, kwargs = ep.example_inputs
-        _torch.set_fields(view, example_inputs=(args, dict(kwargs)))
-    _torch.set_fields(view, verifiers=list(ep.verifiers))
+        programs.set_fields(view, example_inputs=(args, dict(kwargs)))
+    programs.set_fields(view, verifiers=list(ep.verifiers))
     if copy_graph:
-        _torch.set_fields(
+        programs.set_fields(
             view,
             graph_module=copy_graph_module(ep.graph_module),
             graph_signature=copy.deepcopy(ep.graph_signature),
@@ -199,7 +199,7 @@ def copy_call_graph(call_graph: list[Any]) -> list[Any]:
             if spec.is_leaf():
                 memo[id(spec)] = spec
             else:
-                specs.extend(_torch.spec_children(spec))
+                specs.extend(programs.spec_children(spec))
     return copy.deepcopy(call_graph, memo)
 
 
@@ -209,7 +209,7 @@ def graph_module_without_code(graph: torch.fx.Graph) -> torch.fx.GraphModule:
     it: torch's ``_LazyGraphModule``. For a graph that goes into a program, whose
     constructor makes its own module and code, generating the code twice costs a
     tenth of the incremental decomposition of a large program."""
-    return _torch.lazy_graph_module(torch.nn.Module(), graph)
+    return programs.lazy_graph_module(torch.nn.Module(), graph)
 
 
 def new_program(
@@ -231,15 +231,15 @@ def new_program(
     derive the signature and dicts with ``epass._graph.build_program`` or, for a
     decomposed graph, as the retrace does.
     """
-    # The constructor makes the graph module without its code (_torch's
-    # construct_without_code): that code generation is a fifth of an incremental
+    # The constructor makes the graph module without its code
+    # (programs.construct_without_code): that code generation is a fifth of an incremental
     # decomposition, and the next pass usually rebuilds the graph before anyone reads it.
-    out = _torch.construct_without_code(
+    out = programs.construct_without_code(
         root=gm,
         graph=gm.graph,
         graph_signature=signature,
         state_dict=state_dict,
-        range_constraints=_torch.updated_range_constraints(gm, ep.range_constraints),
+        range_constraints=programs.updated_range_constraints(gm, ep.range_constraints),
         module_call_graph=copy_call_graph(
             ep.module_call_graph if module_call_graph is None else module_call_graph
         ),
@@ -285,17 +285,17 @@ def after_erasure(
     _check_order(gm.graph, repointed)
     if _repeats_an_item(repointed):
         return None
-    values = _torch.one_value_module(gm)
+    values = programs.one_value_module(gm)
     out = copy.copy(ep)
-    _torch.set_fields(
+    programs.set_fields(
         out,
         graph_signature=signature,
         state_dict=state_dict,
         constants=constants,
-        range_constraints=_torch.updated_range_constraints(values, ep.range_constraints),
-        guards_code=_torch.graph_guards_code(values),
+        range_constraints=programs.updated_range_constraints(values, ep.range_constraints),
+        guards_code=programs.graph_guards_code(values),
     )
-    _torch.verify_beyond_nodes(out)
+    programs.verify_beyond_nodes(out)
     mark_validated(out)
     return out
 
@@ -332,7 +332,7 @@ def flat_inputs(ep: ExportedProgram, args: Any, kwargs: Any) -> list[Any]:
     """What ``ep.graph_module`` takes for the call ``ep.module()(*args, **kwargs)``:
     the state placeholders' values, then the user inputs flattened by the program's
     input spec (``ExportedProgram._graph_module_flat_inputs``)."""
-    return _torch.graph_module_flat_inputs(ep, args, kwargs)
+    return programs.graph_module_flat_inputs(ep, args, kwargs)
 
 
 def prune_range_constraints(ep: ExportedProgram) -> None:
@@ -348,7 +348,7 @@ def prune_range_constraints(ep: ExportedProgram) -> None:
             for d in dims:
                 if isinstance(d, torch.SymInt):
                     used |= d.node.expr.free_symbols
-    _torch.set_fields(
+    programs.set_fields(
         ep, range_constraints={k: v for k, v in ep.range_constraints.items() if k in used}
     )
 
@@ -386,7 +386,7 @@ def _verified_state(ep: ExportedProgram) -> list[Any] | None:
     (fewer objects for the collector to walk): each node's entries start with the
     node and its op, and a list value's items follow their count, so two lists are
     equal exactly when every fact in them is."""
-    verifier = _torch.base_verifier()
+    verifier = programs.base_verifier()
     for v in ep.verifiers:
         if any(getattr(v, m) is not getattr(verifier, m) for m in _VERIFIER_READS):
             return None
@@ -410,7 +410,7 @@ def _verified_state(ep: ExportedProgram) -> list[Any] | None:
         if not isinstance(module, torch.fx.GraphModule):
             extend((module, list(vars(module).items())))
             continue
-        buffers = list(_torch.module_buffers(module).items())
+        buffers = list(programs.module_buffers(module).items())
         extend((module, module.graph, list(vars(module).items()), buffers))
         for node in module.graph.nodes:
             meta = node.meta
@@ -467,7 +467,7 @@ def tensor_version(value: Any) -> int | None:
     """The in-place write counter of a tensor, or None for other values."""
     if isinstance(value, torch.Tensor):
         try:
-            return _torch.version_counter(value)
+            return programs.version_counter(value)
         except (RuntimeError, AttributeError):  # inference tensors and some subclasses
             return None
     return None
@@ -480,7 +480,7 @@ def tensor_marks(values: list[torch.Tensor]) -> list[tuple[int | None, bool]]:
     marks: list[tuple[int | None, bool]] = []
     for t in values:
         try:
-            version: int | None = _torch.version_counter(t)
+            version: int | None = programs.version_counter(t)
         except (RuntimeError, AttributeError):  # inference tensors and some subclasses
             version = None
         marks.append((version, t.requires_grad))
@@ -544,7 +544,7 @@ def op_schema(target: Any) -> torch.FunctionSchema | None:
     other call targets (Python functions, higher-order operators, packets)."""
     if not isinstance(target, OpOverload):
         return None
-    return _torch.schema(target)
+    return operators.function_schema(target)
 
 
 def is_op_overload(value: Any) -> bool:
@@ -556,11 +556,11 @@ def is_op_overload(value: Any) -> bool:
 def is_op_packet(value: Any) -> bool:
     """True for an operator packet (``torch._ops.OpOverloadPacket``), such as
     ``torch.ops.aten.relu``."""
-    return isinstance(value, _torch.OpOverloadPacket)
+    return isinstance(value, operators.OpOverloadPacket)
 
 
 # The type of an operator overload, for annotations such as a pass option's.
-OpOverload = _torch.OpOverload
+OpOverload = operators.OpOverload
 
 
 def overload_of(value: Any) -> Any:
@@ -568,7 +568,7 @@ def overload_of(value: Any) -> Any:
     overload (``aten.relu`` -> ``aten.relu.default``), or None."""
     if isinstance(value, OpOverload):
         return value
-    if isinstance(value, _torch.OpOverloadPacket) and "default" in _torch.op_overloads(
+    if isinstance(value, operators.OpOverloadPacket) and "default" in operators.op_overloads(
         value, names=True
     ):
         return value.default
@@ -578,13 +578,13 @@ def overload_of(value: Any) -> Any:
 def is_higher_order(value: Any) -> bool:
     """True for a higher-order operator (``torch._ops.HigherOrderOperator``), such as
     ``torch.ops.higher_order.cond``."""
-    return isinstance(value, _torch.HigherOrderOperator)
+    return isinstance(value, operators.HigherOrderOperator)
 
 
 def is_operator(value: Any) -> bool:
     """True for any torch operator object (``torch._ops.OperatorBase``): ATen
     overloads and higher-order operators, the keys of a decomposition table."""
-    return isinstance(value, _torch.OperatorBase)
+    return isinstance(value, operators.OperatorBase)
 
 
 def is_view_op(target: Any) -> bool:
@@ -600,7 +600,7 @@ def is_view_op(target: Any) -> bool:
 
 def is_mutable_op(op: Any) -> bool:
     """Whether the operator's schema writes into one of its arguments."""
-    return bool(_torch.schema(op).is_mutable)
+    return bool(operators.function_schema(op).is_mutable)
 
 
 # --- graph sharing (used by the manager to decide when a pass needs a graph copy) ---
@@ -649,10 +649,10 @@ def load_pt2(f: Any, *, trust: bool = False) -> ExportedProgram:
     calling the loader directly gives torch's own exception and no fallback.
     ``trust=True`` calls ``torch.export.load`` itself, under the same lock.
     """
-    with _DESERIALIZING, _torch.quiet_loader():
+    with _DESERIALIZING, quiet.loader():
         if trust:
             return torch.export.load(f)
-        contents = _torch.load_pt2(f)
+        contents = archives.load_pt2_contents(f)
     programs = contents.exported_programs
     if "model" not in programs:
         raise ValueError(f"the archive holds no 'model' program (found {sorted(programs)})")
@@ -666,9 +666,9 @@ def archive_records(f: Any) -> dict[str, tuple[int, int]]:
     The offset comes from the member's local header, read as torch reads it before
     the data (``get_record_offset``); the public ``PT2ArchiveReader`` gives names only.
     """
-    reader = _torch.zip_reader(f)
+    reader = archives.zip_reader(f)
     return {
-        name: (reader.get_record_offset(name), _torch.record_size(reader, name))
+        name: (reader.get_record_offset(name), archives.record_size(reader, name))
         for name in reader.get_all_records()
     }
 
@@ -680,7 +680,7 @@ def export_schema() -> tuple[type, tuple[int, int], type]:
     """torch's serialization schema behind ``models/model.json``: the root dataclass
     (``torch._export.serde.schema.ExportedProgram``), the schema version this torch
     writes, and the base class of its tagged unions (one key per JSON object)."""
-    schema, union = _torch.serde_schema()
+    schema, union = archives.serialization_schema()
     return schema.ExportedProgram, tuple(schema.SCHEMA_VERSION), union  # type: ignore[return-value]
 
 
@@ -689,7 +689,7 @@ def serialized_builtin_targets() -> frozenset[str]:
     """Node targets that are not ``torch.ops`` operators, as torch's serializer writes
     them (``_operator.getitem``, ``torch.sym_max``): the symbolic-shape functions it
     serializes and the builtins its verifier allows."""
-    ops = set(_torch.serialized_sym_ops()) | set(_torch.base_verifier()().allowed_builtin_ops())
+    ops = set(archives.serialized_sym_ops()) | set(programs.base_verifier()().allowed_builtin_ops())
     return frozenset(f"{op.__module__}.{op.__name__}" for op in ops)
 
 

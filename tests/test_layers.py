@@ -397,7 +397,9 @@ NAME_IS_DATA = {
     ("epass", "__getattr__"): "the lazy public API: a name asked for, through _EXPORTS",
     ("epass.io", "import_modules"): "the user's --import modules",
     ("epass.registry", "_import"): "built-ins by module path, plugins by entry point",
-    ("epass._torch", "resolve"): "torch internals by dotted path (INTERNALS), on a failure",
+    ("epass._torch.internals", "resolve"): (
+        "torch internals by dotted path (INTERNALS), on a failure"
+    ),
 }
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 700

@@ -14,7 +14,8 @@ from fingerprint import fingerprint
 from torch.export import ExportedProgram
 
 import epass
-from epass import _graph, _program, _torch, verify
+from epass import _graph, _program, verify
+from epass._torch import programs
 from epass.passes import (
     CSE,
     DeadCodeElimination,
@@ -71,7 +72,7 @@ def _same(a: ExportedProgram, b: ExportedProgram) -> None:
     # A program rebuilt around its own graph (no constructor) holds what one the
     # constructor made holds.
     assert a.range_constraints == b.range_constraints
-    assert _torch.guards_code(a) == _torch.guards_code(b)
+    assert programs.guards_code(a) == programs.guards_code(b)
     assert [e.fqn for e in a.module_call_graph] == [e.fqn for e in b.module_call_graph]
     assert a.verifiers == b.verifiers and sorted(vars(a)) == sorted(vars(b))
 

@@ -13,7 +13,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from epass import _graph, _program, _torch
+from epass import _graph, _program
+from epass._torch import internals, programs
 from epass.errors import ProgramError
 from epass.verify import verify_program
 
@@ -21,7 +22,7 @@ from epass.verify import verify_program
 def test_private_fields_exist_and_back_the_public_properties():
     _, ep, _ = models.export("mixed")
     fields = "torch.export.exported_program.ExportedProgram."
-    for field in [p.removeprefix(fields) for p in _torch.INTERNALS if p.startswith(fields)]:
+    for field in [p.removeprefix(fields) for p in internals.INTERNALS if p.startswith(fields)]:
         assert hasattr(ep, field), f"torch renamed ExportedProgram.{field}"
     assert ep._state_dict is ep.state_dict
     assert ep._constants is ep.constants
@@ -434,7 +435,7 @@ def test_a_program_relabelled_to_another_dialect_is_validated_again():
         ep, ep.graph_module, ep.graph_signature, ep.state_dict, ep.constants, keep_dialect=True
     )
     assert _program.still_validated(built)
-    _torch.set_fields(built, verifiers=[_torch.base_verifier()])
+    programs.set_fields(built, verifiers=[programs.base_verifier()])
     assert not _program.still_validated(built)
     with pytest.raises(ProgramError, match="add_"):
         verify_program(built)

@@ -1,7 +1,7 @@
-"""Torch internals in one room: epass reaches a private torch name only in
-``epass/_torch.py``, which lists every internal epass touches (``INTERNALS``), and each
-of them is called here as epass calls it, on whichever release runs the tests (a
-name that resolves is not enough: a method can be missing from a class)."""
+"""Torch internals in one package: epass reaches a private torch name only in the
+modules of ``epass/_torch/``, which list every internal epass touches (``INTERNALS``),
+and each of them is called here as epass calls it, on whichever release runs the tests
+(a name that resolves is not enough: a method can be missing from a class)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,15 @@ import torch
 from torch import nn
 from torch.export.graph_signature import InputKind
 
+import epass
 from epass import _program, _torch
-from epass._decomp import identity, keys, shapes, state, tracing
+from epass._decomp import identity, keys, shapes, state
+from epass._decomp.tracing import INHERITED_META
+from epass._torch import fakes, internals, operators, programs, tracing
 
-PACKAGE = Path(_torch.__file__).resolve().parent
-ADAPTER = "_torch.py"
+PACKAGE = Path(epass.__file__).resolve().parent
+# The adapter: the one package whose modules reach torch's internals.
+ADAPTER = Path(_torch.__file__).resolve().parent
 LISTED = frozenset(_torch.INTERNALS)
 aten = torch.ops.aten
 
@@ -138,7 +142,7 @@ def release_branches(source: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).as_posix() != ADAPTER)
+SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if ADAPTER not in p.parents)
 
 
 def _problems(scan: Callable[[str], list[tuple[int, str]]]) -> list[str]:
@@ -151,12 +155,12 @@ def _problems(scan: Callable[[str], list[tuple[int, str]]]) -> list[str]:
 
 def test_no_module_but_the_adapter_reaches_a_torch_internal():
     problems = _problems(torch_internals)
-    assert not problems, "torch internals outside epass/_torch.py:\n" + "\n".join(problems)
+    assert not problems, "torch internals outside epass/_torch/:\n" + "\n".join(problems)
 
 
 def test_no_module_but_the_adapter_branches_on_the_torch_release():
     problems = _problems(release_branches)
-    assert not problems, "release branches outside epass/_torch.py:\n" + "\n".join(problems)
+    assert not problems, "release branches outside epass/_torch/:\n" + "\n".join(problems)
 
 
 def test_the_scans_find_what_they_must():
@@ -192,7 +196,7 @@ def test_the_scans_find_what_they_must():
     versions = (
         "import torch\n"
         "if torch.__version__.startswith('2.13.'): pass\n"
-        "ok = _torch.EXACT_RELEASE\n"
+        "ok = internals.EXACT_RELEASE\n"
         "message = f'torch {torch.__version__}'\n"
     )
     assert release_branches(versions) == [(2, "torch.__version__"), (3, "EXACT_RELEASE")]
@@ -241,19 +245,19 @@ def _traced() -> tuple[torch.fx.GraphModule, dict[str, object]]:
         seen["node meta"] = torch.fx.traceback.has_preserved_node_meta()
         include = torch._C._dispatch_tls_local_include_set()
         seen["python dispatcher"] = include.has(torch._C.DispatchKey.PythonDispatcher)
-        seen["nodes"] = len(_torch.traced_graph().nodes)
-        f = _torch.to_fun(x)
-        seen["unwritten"] = _torch.mutated(f, x, data=True)
-        with _torch.current_meta(carrier):
+        seen["nodes"] = len(tracing.traced_graph().nodes)
+        f = tracing.to_fun(x)
+        seen["unwritten"] = tracing.mutated(f, x, data=True)
+        with tracing.current_meta(carrier):
             y = f.clone()
         y.add_(1)
         f.mul_(2)
-        seen["written"] = (_torch.mutated(f, x, data=True), _torch.mutated(f, x, data=False))
-        return _torch.from_fun(y)
+        seen["written"] = (tracing.mutated(f, x, data=True), tracing.mutated(f, x, data=False))
+        return tracing.from_fun(y)
 
     mode = FakeTensorMode()
     with mode:
-        gm = _torch.make_fx_as_export(fn, [mode.from_tensor(torch.randn(2))], {}, frames=False)
+        gm = tracing.make_fx_as_export(fn, [mode.from_tensor(torch.randn(2))], {}, frames=False)
     return gm, seen
 
 
@@ -283,30 +287,30 @@ def _trace_saw_its_graph() -> None:
 def _split_keeps_linear() -> None:
     table = dict(torch.export.default_decompositions().materialize())
     table.pop(aten.linear.default)
-    cia, python = _torch.split_decomp_table(table)
-    assert cia[aten.linear.default] is _torch.preserve_marker()
+    cia, python = operators.split_decomp_table(table)
+    assert cia[aten.linear.default] is operators.preserve_marker()
     assert aten.addmm.default not in cia and aten.hardswish.default in python
 
 
 def _override_restores_kernels() -> None:
     ops = [aten.linear.default]
-    before = [dict(_torch.python_kernels(op)) for op in ops]
-    with state.torch_state(ops), _torch.override_cia({aten.linear.default: lambda *a: None}):
-        assert _torch.python_kernels(aten.linear.default) != before[0]
-    assert [dict(_torch.python_kernels(op)) for op in ops] == before
+    before = [dict(operators.python_kernels(op)) for op in ops]
+    with state.torch_state(ops), operators.override_cia({aten.linear.default: lambda *a: None}):
+        assert operators.python_kernels(aten.linear.default) != before[0]
+    assert [dict(operators.python_kernels(op)) for op in ops] == before
 
 
 def _cia_binding() -> None:
-    fn = _torch.decomp_for_cia(aten.linear.default)
+    fn = operators.decomp_for_cia(aten.linear.default)
     assert isinstance(fn, functools.partial)
-    assert fn.func.__code__ is _torch.cia_binding_code()
+    assert fn.func.__code__ is operators.cia_binding_code()
     assert identity.torch_name(fn, aten.linear.default) == "torch:cia:aten.linear.default"
 
 
 def _patchable_ops_walk_as_torch() -> None:
     from torch._export.utils import _collect_all_valid_cia_ops
 
-    assert aten.linear.default in _torch.aten_cia_ops()
+    assert aten.linear.default in operators.aten_cia_ops()
     assert state.patchable_ops() == _collect_all_valid_cia_ops()
 
 
@@ -315,8 +319,8 @@ def _library_registration_is_seen() -> None:
     lib.define("twice(Tensor x) -> Tensor")
     lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
     try:
-        assert "epass_internals/twice/CompositeImplicitAutograd" in _torch.library_impls()
-        where = _torch.registered_from("epass_internals/twice/CompositeImplicitAutograd")
+        assert "epass_internals/twice/CompositeImplicitAutograd" in operators.library_impls()
+        where = operators.registered_from("epass_internals/twice/CompositeImplicitAutograd")
         assert where == __file__, where
     finally:
         lib._destroy()
@@ -324,7 +328,7 @@ def _library_registration_is_seen() -> None:
 
 
 def _fake_rules_are_put_back() -> None:
-    rules, checks = _torch.fake_rules()
+    rules, checks = operators.fake_rules()
     assert isinstance(rules, dict) and isinstance(checks, list)
     before = dict(rules)
     with state.torch_state([]):
@@ -354,18 +358,18 @@ def _fake_cache_off() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode()
-    with _torch.fake_cache_off(mode):
+    with fakes.fake_cache_off(mode):
         assert mode.cache_enabled is False
 
 
 def _contiguity_without_a_guard() -> None:
     x = torch.randn(2, 3)
-    assert _torch.is_contiguous_or_false(x) and not _torch.is_contiguous_or_false(x.t())
+    assert fakes.is_contiguous_or_false(x) and not fakes.is_contiguous_or_false(x.t())
     last = torch.channels_last
     y = torch.randn(2, 3, 4, 5)
-    assert _torch.is_contiguous_or_false(y.contiguous(memory_format=last), last)
-    assert not _torch.is_contiguous_or_false(y, last)
-    assert not _torch.is_contiguous_or_false(torch.randn(2, 3, 4, 5, 6), last)
+    assert fakes.is_contiguous_or_false(y.contiguous(memory_format=last), last)
+    assert not fakes.is_contiguous_or_false(y, last)
+    assert not fakes.is_contiguous_or_false(torch.randn(2, 3, 4, 5, 6), last)
     # A symbolic one, asked without a guard.
     ep = torch.export.export(
         torch.nn.Conv2d(3, 4, 3),
@@ -375,7 +379,7 @@ def _contiguity_without_a_guard() -> None:
     conv = next(n for n in ep.graph.nodes if n.op == "call_function")
     env = keys.detected_fake_mode(ep).shape_env
     guards = len(env.guards)
-    assert _torch.is_contiguous_or_false(conv.meta["val"], last)
+    assert fakes.is_contiguous_or_false(conv.meta["val"], last)
     assert len(env.guards) == guards
 
 
@@ -387,7 +391,7 @@ def _shape_env_snapshot_and_forget() -> None:
     (symbol, *_) = env.var_to_range
     env._maybe_evaluate_static(sympy.Lt(symbol, 16))  # undecided: a cached None
     assert env._maybe_evaluate_static.cache_info().currsize > 0
-    _torch.forget_static_evaluations(env)
+    fakes.forget_static_evaluations(env)
     assert env._maybe_evaluate_static.cache_info().currsize == 0
 
 
@@ -405,15 +409,15 @@ def _private_field(name: str) -> Callable[[], None]:
         clone = _program.shallow_clone(ep)
         value = getattr(ep, name)
         copy = type(value)(value) if isinstance(value, (dict, list)) else value
-        _torch.set_fields(clone, **{name: copy})
+        programs.set_fields(clone, **{name: copy})
         assert getattr(clone, name) is copy and getattr(ep, name) is value
 
     return check
 
 
 def _guards() -> None:
-    assert _torch.guards_code(_static()) == []
-    assert callable(_torch.guards_fn(_dynamic().module()))
+    assert programs.guards_code(_static()) == []
+    assert callable(programs.guards_fn(_dynamic().module()))
     shapes.run_guards(_dynamic())
 
 
@@ -459,9 +463,9 @@ def _after_erasure() -> None:
     )
     assert sorted(vars(out)) == sorted(vars(plain))
     assert out.range_constraints == plain.range_constraints
-    assert _torch.guards_code(out) == _torch.guards_code(plain) != _torch.guards_code(own)
+    assert programs.guards_code(out) == programs.guards_code(plain) != programs.guards_code(own)
     assert _program.still_validated(out)
-    (first,) = _torch.one_value_module(own.graph_module).graph.nodes
+    (first,) = programs.one_value_module(own.graph_module).graph.nodes
     assert isinstance(first.meta["val"], torch._subclasses.fake_tensor.FakeTensor)
     unvalidated = torch.export.export(nn.Linear(4, 2), (torch.randn(3, 4),))
     assert (
@@ -474,7 +478,7 @@ def _after_erasure() -> None:
 
 def _module_call_graph() -> None:
     ep = _static()
-    graph = _torch.updated_module_call_graph(ep, ep.graph_module, ep.graph_signature)
+    graph = programs.updated_module_call_graph(ep, ep.graph_module, ep.graph_signature)
     assert [e.fqn for e in graph] == [e.fqn for e in ep.module_call_graph]
 
 
@@ -482,10 +486,10 @@ def _placeholder_names() -> None:
     names: dict[str, str] = {}
     taken: collections.defaultdict[str, int] = collections.defaultdict(int)
     used: set[str] = set()
-    _torch.rename_without_collisions(names, taken, used, "x", "x")
-    prefix = _torch.placeholder_prefixes()[InputKind.PARAMETER]
-    _torch.rename_without_collisions(names, taken, used, "w", f"{prefix}x")
-    _torch.rename_without_collisions(names, taken, used, "v", f"{prefix}x")
+    programs.rename_without_collisions(names, taken, used, "x", "x")
+    prefix = programs.placeholder_prefixes()[InputKind.PARAMETER]
+    programs.rename_without_collisions(names, taken, used, "w", f"{prefix}x")
+    programs.rename_without_collisions(names, taken, used, "v", f"{prefix}x")
     assert names == {"x": "x", "w": "p_x", "v": "p_x_1"}
 
 
@@ -511,7 +515,7 @@ def _kept_name() -> None:
 
 
 def _buffers() -> None:
-    buffers = _torch.module_buffers(nn.BatchNorm1d(2))
+    buffers = programs.module_buffers(nn.BatchNorm1d(2))
     assert set(buffers) == {"running_mean", "running_var", "num_batches_tracked"}
 
 
@@ -574,55 +578,55 @@ CALLS: dict[str, Callable[[], None]] = {
         _program.is_op_packet(aten.add) and _program.overload_of(aten.relu) is aten.relu.default
     ),
     "torch._ops.OpOverloadPacket.overloads": lambda: _assert(
-        aten.add.Tensor in _torch.op_overloads(aten.add)
+        aten.add.Tensor in operators.op_overloads(aten.add)
     ),
     "torch._ops.OpOverload._schema": lambda: _assert(
-        _torch.schema(aten.add_.Tensor).is_mutable
+        operators.function_schema(aten.add_.Tensor).is_mutable
         and _program.is_view_op(aten.t.default)
         and not _program.is_mutable_op(aten.add.Tensor)
     ),
     "torch._ops.OpOverload._overloadpacket": lambda: _assert(
-        _torch.overload_key(aten.add.Tensor) == (aten.add, "Tensor")
+        operators.overload_key(aten.add.Tensor) == (aten.add, "Tensor")
     ),
     "torch._ops.OpOverload._overloadname": lambda: _assert(
-        _torch.overload_key(aten.add.default)[1] == "default"
+        operators.overload_key(aten.add.default)[1] == "default"
     ),
     "torch._ops.OpOverload.py_kernels": lambda: _assert(
-        isinstance(_torch.python_kernels(aten.linear.default), dict)
+        isinstance(operators.python_kernels(aten.linear.default), dict)
     ),
     "torch._ops.OpOverload._dispatch_cache": lambda: (
-        _torch.clear_dispatch_cache(aten.add.Tensor),
+        operators.clear_dispatch_cache(aten.add.Tensor),
         _assert(torch.equal(aten.add.Tensor(torch.ones(1), 1), torch.full((1,), 2.0))),
     ),
-    "torch._ops._OpNamespace": lambda: _assert(isinstance(torch.ops.aten, _torch.OpNamespace)),
+    "torch._ops._OpNamespace": lambda: _assert(isinstance(torch.ops.aten, operators.OpNamespace)),
     "torch._C.DispatchKey.CompositeImplicitAutograd": lambda: _assert(
-        _torch.CIA_KEY.name == "CompositeImplicitAutograd"
+        operators.CIA_KEY.name == "CompositeImplicitAutograd"
     ),
     "torch._C._dispatch_get_registrations_for_dispatch_key": lambda: _assert(
-        "aten::linear" in _torch.cia_registrations()
+        "aten::linear" in operators.cia_registrations()
     ),
     f"{_PROGRAM}._split_decomp_table_to_cia_and_python_decomp": _split_keeps_linear,
     f"{_PROGRAM}._override_composite_implicit_decomp": _override_restores_kernels,
     f"{_PROGRAM}._special_op_to_preserve_cia": _split_keeps_linear,
     f"{_UTILS}._is_cia_op": lambda: _assert(
-        _torch.is_cia_op(aten.linear.default) and not _torch.is_cia_op(aten.addmm.default)
+        operators.is_cia_op(aten.linear.default) and not operators.is_cia_op(aten.addmm.default)
     ),
     f"{_UTILS}._is_preservable_cia_op": lambda: _assert(
-        _torch.is_preservable_cia_op(aten.linear.default)
-        and not _torch.is_preservable_cia_op(aten.addmm.default)
+        operators.is_preservable_cia_op(aten.linear.default)
+        and not operators.is_preservable_cia_op(aten.addmm.default)
     ),
     f"{_UTILS}._get_decomp_for_cia": _cia_binding,
     f"{_UTILS}._collect_all_valid_cia_ops": _patchable_ops_walk_as_torch,
     f"{_UTILS}._collect_all_valid_cia_ops_for_aten_namespace": _patchable_ops_walk_as_torch,
     f"{_UTILS}._materialize_cpp_cia_ops": _patchable_ops_walk_as_torch,
     "torch._decomp._core_aten_decompositions_post_autograd": lambda: _assert(
-        aten.hardswish.default in _torch.core_aten_decompositions()
+        aten.hardswish.default in operators.core_aten_decompositions()
     ),
     "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS": lambda: _assert(
-        aten.upsample_bilinear2d.vec in _torch.preserved_aten_cia_ops()
+        aten.upsample_bilinear2d.vec in operators.preserved_aten_cia_ops()
     ),
     "torch._decomp.global_decomposition_table": lambda: _assert(
-        "post_autograd" in _torch.decomposition_registry()
+        "post_autograd" in operators.decomposition_registry()
     ),
     "torch.library._impls": _library_registration_is_seen,
     "torch._C._dispatch_dump": _library_registration_is_seen,
@@ -643,7 +647,7 @@ CALLS: dict[str, Callable[[], None]] = {
     "torch.fx.traceback.preserve_node_meta": _trace_copied_the_carriers_meta,
     "torch.fx.traceback.set_current_meta": _trace_copied_the_carriers_meta,
     "torch.fx.proxy._COPY_META_FIELDS": lambda: _assert(
-        set(tracing.INHERITED_META) < set(_torch.copied_meta_fields())
+        set(INHERITED_META) < set(tracing.copied_meta_fields())
     ),
     "torch._guards.detect_fake_mode": _fake_mode_found,
     "torch._subclasses.fake_tensor.disable_fake_tensor_cache": _fake_cache_off,
@@ -712,11 +716,11 @@ def test_every_internal_has_a_call():
 
 @pytest.mark.parametrize("path", _torch.INTERNALS)
 def test_every_internal_resolves_and_is_called_as_epass_calls_it(path):
-    # _torch.absent is what names a missing internal to the user: the same lookup.
-    assert _torch.absent([path]) is None
+    # internals.absent is what names a missing internal to the user: the same lookup.
+    assert internals.absent([path]) is None
     CALLS[path]()
 
 
 def test_set_fields_sets_only_listed_fields():
     with pytest.raises(TypeError, match="no_such_field"):
-        _torch.set_fields(_program.shallow_clone(_static()), no_such_field=1)
+        programs.set_fields(_program.shallow_clone(_static()), no_such_field=1)

@@ -10,10 +10,10 @@ from typing import Any
 import attrs
 import torch
 
-from epass import _torch
 from epass._decomp import keys, shapes, table, tracing
 from epass._decomp.safety import Fallback
-from epass._torch import pytree
+from epass._torch import tracing as torch_tracing
+from epass._torch.programs import pytree
 
 __all__ = ["Pending", "batchable", "trace_batch"]
 
@@ -70,7 +70,7 @@ def _run_each(calls: list[Pending], bounds: list[tuple[int, int]]) -> Callable[.
     plans = [pytree.tree_flatten((c.args, c.kwargs)) for c in calls]
 
     def fn(*xs: Any) -> Any:
-        graph = _torch.traced_graph()
+        graph = torch_tracing.traced_graph()
         outs = []
         pos = 0
         for call, (flat, spec) in zip(calls, plans, strict=True):

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _torch
 from epass._decomp import keys
+from epass._torch import programs
 
 __all__ = ["COMPARED_META", "first_difference", "numeric_difference"]
 
@@ -96,7 +96,7 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
         return f"range constraints {ra} / torch: {rb}"
     # The guards of the shape environment when each program was made (a guard added
     # to it outside a trace shows here, in every program made after it).
-    guards, theirs = _torch.guards_code(fast), _torch.guards_code(ref)
+    guards, theirs = programs.guards_code(fast), programs.guards_code(ref)
     if guards != theirs:
         return f"guards {guards} / torch: {theirs}"
     ca = [e.fqn for e in fast.module_call_graph]

@@ -98,9 +98,9 @@ def _function_name(target: Any) -> str:
 
 
 def _op_name(op: Any) -> str:
-    from epass import _torch
+    from epass._torch import operators
 
-    if not isinstance(op, _torch.OpOverload) or op.namespace not in _OP_NAMESPACES:
+    if not isinstance(op, operators.OpOverload) or op.namespace not in _OP_NAMESPACES:
         raise Unrepresentable(f"operator {op!r}")
     name = str(op)  # "aten.add.Tensor"; resolve_op reads it back
     if name.count(".") != 2:
@@ -112,16 +112,16 @@ def resolve_op(name: Any) -> Any:
     """The ATen or prims operator ``ns.op.overload``, found by attribute lookup only."""
     import torch
 
-    from epass import _torch
+    from epass._torch import operators
 
     parts = name.split(".") if isinstance(name, str) else []
     if len(parts) != 3 or parts[0] not in _OP_NAMESPACES or not all(map(_NAME.match, parts)):
         raise ValueError(f"names no ATen operator ({name!r:.80})")
     packet = getattr(getattr(torch.ops, parts[0]), parts[1], None)
     op = getattr(packet, parts[2], None) if packet is not None else None
-    if not isinstance(op, _torch.OpOverload):
+    if not isinstance(op, operators.OpOverload):
         raise ValueError(f"names an unknown operator {name!r:.80}")
-    schema = _torch.schema(op)
+    schema = operators.function_schema(op)
     if schema.is_mutable:
         raise ValueError(f"names a mutating operator {name!r:.80}")
     if not schema.returns:
@@ -154,7 +154,7 @@ _JSON_AS_IS = (bool, int, str, type(None))
 def _encode_value(value: Any, index: dict[Any, int]) -> Any:
     import torch
 
-    from epass import _torch
+    from epass._torch import operators
 
     kind = type(value)
     if kind in _JSON_AS_IS:
@@ -177,7 +177,7 @@ def _encode_value(value: Any, index: dict[Any, int]) -> Any:
         return {"memory_format": str(value).removeprefix("torch.")}
     if kind is torch.device:
         return {"device": str(value)}
-    if kind is _torch.OpOverload:
+    if kind is operators.OpOverload:
         return {"op": _op_name(value)}
     raise Unrepresentable(f"a value of type {kind.__name__}")
 
@@ -221,7 +221,7 @@ def encode(graph: Any, inherited: Any, own: Any, values: Any) -> dict[str, Any]:
     Raises:
         Unrepresentable: for a target or value that data cannot name exactly.
     """
-    from epass import _torch
+    from epass._torch import operators
 
     index: dict[Any, int] = {}
     inputs: list[str] = []
@@ -237,7 +237,7 @@ def encode(graph: Any, inherited: Any, own: Any, values: Any) -> dict[str, Any]:
             target = node.target
             name = (
                 _op_name(target)
-                if isinstance(target, _torch.OpOverload)
+                if isinstance(target, operators.OpOverload)
                 else _function_name(target)
             )
             custom = node.meta.get("custom")

@@ -22,9 +22,9 @@ from typing import Any
 import attrs
 import torch
 
-from epass import _torch
 from epass._decomp import disk, state
 from epass._decomp.table import DefaultSide, Tables
+from epass._torch import operators
 
 __all__ = [
     "CACHE_KEY",
@@ -78,14 +78,14 @@ def _in_torch(code: types.CodeType) -> bool:
 
 _DATA = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))
 _TORCH_VALUES = (
-    _torch.OpOverload,
-    _torch.OpOverloadPacket,
-    _torch.HigherOrderOperator,
+    operators.OpOverload,
+    operators.OpOverloadPacket,
+    operators.HigherOrderOperator,
     torch.dtype,
     torch.layout,
     torch.memory_format,
     torch.device,
-    _torch.DispatchKey,
+    operators.DispatchKey,
 )
 
 
@@ -155,7 +155,7 @@ def torch_made(obj: Any) -> bool:
 def _registered() -> dict[int, tuple[Any, str]]:
     """torch's decomposition registry by object: ``id -> (object, "kind:op")``."""
     found: dict[int, tuple[Any, str]] = {}
-    for kind, table in _torch.decomposition_registry().items():
+    for kind, table in operators.decomposition_registry().items():
         for op, fn in list(table.items()):
             found.setdefault(id(fn), (fn, f"{kind}:{op}"))
     return found
@@ -167,7 +167,7 @@ _REGISTRY_SIZE = -1
 
 def _registry_name(fn: Any, op: Any) -> str | None:
     """The name of ``fn`` in torch's decomposition registry (None: not there)."""
-    registry = _torch.decomposition_registry()
+    registry = operators.decomposition_registry()
     for kind, table in registry.items():
         if table.get(op) is fn:
             return f"{kind}:{op}"
@@ -184,18 +184,18 @@ def torch_name(fn: Any, op: Any) -> str | None:
     """The name of ``fn`` if it is torch's own: the very object torch registers for an
     operator (its decomposition registry, the preserve marker, an operator's Python
     CompositeImplicitAutograd kernel, or its ``_get_decomp_for_cia`` binding)."""
-    if fn is _torch.preserve_marker():
+    if fn is operators.preserve_marker():
         return "torch:preserve"
     if (
         isinstance(fn, functools.partial)
-        and getattr(fn.func, "__code__", None) is _torch.cia_binding_code()
+        and getattr(fn.func, "__code__", None) is operators.cia_binding_code()
         and not fn.args
         and set(fn.keywords) == {"kernel"}
-        and isinstance(fn.keywords["kernel"], _torch.OpOverload)
+        and isinstance(fn.keywords["kernel"], operators.OpOverload)
     ):
         return f"torch:cia:{fn.keywords['kernel']}"
-    if isinstance(op, _torch.OpOverload):
-        kernel = _torch.python_kernels(op).get(_torch.CIA_KEY)
+    if isinstance(op, operators.OpOverload):
+        kernel = operators.python_kernels(op).get(operators.CIA_KEY)
         if kernel is fn and torch_made(fn):
             return f"torch:py_kernel:{op}"
     registered = _registry_name(fn, op)
@@ -289,7 +289,7 @@ def library_kernels() -> list[str]:
     arbitrary Python behind an operator every decomposition may call. torch registers
     hundreds itself (meta kernels, the prims), from its own files. Read again whenever
     the registrations (which libraries add and remove) change in number."""
-    impls = _torch.library_impls()
+    impls = operators.library_impls()
     with _LOCK:
         if _LIBRARY[0] != len(impls):
             keys = [k for k in list(impls) if k.startswith(("aten/", "prims/"))]
@@ -298,7 +298,7 @@ def library_kernels() -> list[str]:
                 del _FOREIGN[gone]
             for key in keys:  # each registration is asked once: ~30 us a question
                 if key not in _FOREIGN:
-                    _FOREIGN[key] = not _torch.registered_from(key).startswith(own)
+                    _FOREIGN[key] = not operators.registered_from(key).startswith(own)
             found = sorted(k.replace("/", "::", 1) for k in keys if _FOREIGN[k])
             _LIBRARY[:] = [len(impls), found]
         return list(_LIBRARY[1])
@@ -394,7 +394,7 @@ def _name_entries(tables: Tables) -> tuple[str, list[Any]]:
         fixed: list[Any] = [
             "default",
             sorted(str(op) for op in split.keep),
-            sorted(str(op) for op in _torch.preserved_aten_cia_ops()),
+            sorted(str(op) for op in operators.preserved_aten_cia_ops()),
             sorted(tables.token[1]),
         ]
         entries = [("python", op, fn) for op, fn in split.core.items()]
@@ -408,7 +408,7 @@ def _name_entries(tables: Tables) -> tuple[str, list[Any]]:
         ]
     names, others = [], []
     for side, op, fn in entries:
-        own = f"dispatch:{fn}" if isinstance(fn, _torch.DispatchKey) else torch_name(fn, op)
+        own = f"dispatch:{fn}" if isinstance(fn, operators.DispatchKey) else torch_name(fn, op)
         if own is not None:
             names.append((side, str(op), own))
         else:
@@ -422,13 +422,13 @@ def _python_cia_kernels() -> list[tuple[str, Any, Any]]:
     found = []
     for space_name in list(torch.ops):
         space = getattr(torch.ops, space_name)
-        if not isinstance(space, _torch.OpNamespace):
+        if not isinstance(space, operators.OpNamespace):
             continue
         for packet_name in list(space):
             packet = getattr(space, packet_name)
             for overload_name in list(packet):
                 op = getattr(packet, overload_name)
-                kernel = _torch.python_kernels(op).get(_torch.CIA_KEY)
+                kernel = operators.python_kernels(op).get(operators.CIA_KEY)
                 if kernel is not None:
                     found.append(("kernel", op, kernel))
     return found

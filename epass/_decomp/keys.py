@@ -12,10 +12,11 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program, _torch
+from epass import _program
 from epass._decomp import identity, shapes
 from epass._decomp.safety import Fallback
-from epass._torch import pytree
+from epass._torch import fakes
+from epass._torch.programs import pytree
 
 __all__ = [
     "same_meta",
@@ -241,7 +242,7 @@ def values_of(arg: Any) -> Any:
 def detected_fake_mode(ep: ExportedProgram) -> Any:
     """The fake mode of the program's tensor inputs (None: it has none)."""
     vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
-    return _torch.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    return fakes.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
 
 
 def fake_mode_of(ep: ExportedProgram) -> Any:

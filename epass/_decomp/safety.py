@@ -17,8 +17,9 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from epass import _program, _torch
+from epass import _program
 from epass._decomp import table
+from epass._torch import internals
 
 __all__ = [
     "THROUGH",
@@ -39,8 +40,8 @@ __all__ = [
 
 def exact_here(what: str) -> None:
     """Raise :class:`Fallback` for ``what`` on a torch release other than the one the
-    engine emulates it on (``_torch.EXACT_RELEASE``)."""
-    reason = _torch.inexact(what)
+    engine emulates it on (``internals.EXACT_RELEASE``)."""
+    reason = internals.inexact(what)
     if reason is not None:
         raise Fallback(reason)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from epass import _torch
 from epass._decomp import state
 from epass._decomp.safety import Fallback
+from epass._torch import fakes, programs, tracing
 
 __all__ = [
     "expr_text",
@@ -109,11 +109,11 @@ def as_traced(fake_mode: Any, *, suppress: bool = False) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(state.backend_decomps_off())
         stack.enter_context(torch.no_grad())
-        stack.enter_context(_torch.python_dispatcher())
+        stack.enter_context(tracing.python_dispatcher())
         if suppress and shape_env is not None:
             stack.enter_context(shape_env.suppress_guards())
         if suppress:
-            stack.enter_context(_torch.fake_cache_off(fake_mode))
+            stack.enter_context(fakes.fake_cache_off(fake_mode))
         stack.enter_context(fake_mode)
         yield
 
@@ -125,7 +125,7 @@ def forget_unknowns(shape_env: Any) -> None:
     decides it, and the next evaluation would guard on it again (the retrace then
     adds a guard the program already has)."""
     if shape_env is not None:
-        _torch.forget_static_evaluations(shape_env)
+        fakes.forget_static_evaluations(shape_env)
 
 
 def static(shape_env: Any) -> set[str]:
@@ -486,9 +486,9 @@ def run_guards(ep: Any) -> None:
     within its range, sizes that are one symbol equal) are statically true, so a
     program without guards code has nothing to run, and no copy of its graph is made
     for it (``ep.module()`` makes one)."""
-    if not _torch.guards_code(ep):
+    if not programs.guards_code(ep):
         return
-    guards = _torch.guards_fn(ep.module())
+    guards = programs.guards_fn(ep.module())
     if guards is None:  # ep.module() makes none (called from ExecuTorch, say)
         return
     users = set(ep.graph_signature.user_inputs)
@@ -510,7 +510,7 @@ def rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
     node of its own: after the placeholders, or as arithmetic on sizes it has."""
     shape_env = fake_mode.shape_env
     # The pass only adds asserts the graph lacks; those export added are there already.
-    if shape_env is None or not _torch.insert_runtime_asserts(gm, shape_env, RUNTIME_ASSERT_TRACE):
+    if shape_env is None or not fakes.insert_runtime_asserts(gm, shape_env, RUNTIME_ASSERT_TRACE):
         raise Fallback("a new size query without a shape environment to bind it")
     # No DCE after it: the retrace runs none either, and keeps what it leaves dead.
     gm.recompile()
@@ -569,7 +569,7 @@ def _made_at_once(value: torch.Tensor) -> bool:
     first dimension first: contiguous, or channels-last with 4 dimensions (a
     convolution on a permuted input, as ConvNeXt's blocks make). Asked without a guard;
     check mode compares both kinds with the retrace's graph (tests/decomp/test_shapes.py)."""
-    return _torch.is_contiguous_or_false(value) or _torch.is_contiguous_or_false(
+    return fakes.is_contiguous_or_false(value) or fakes.is_contiguous_or_false(
         value, torch.channels_last
     )
 

@@ -28,8 +28,9 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from epass import _program, _torch
+from epass import _program
 from epass._decomp.safety import Fallback
+from epass._torch import programs
 
 __all__ = ["retrace_inputs", "retrace_signature"]
 
@@ -103,7 +104,7 @@ def _named(ordered: list[InputSpec]) -> list[InputSpec]:
     used: set[str] = set()
     for spec in ordered:
         if spec.kind == InputKind.USER_INPUT:
-            _torch.rename_without_collisions(
+            programs.rename_without_collisions(
                 names, find_available, used, spec.arg.name, spec.arg.name
             )
     for spec in ordered:
@@ -111,8 +112,10 @@ def _named(ordered: list[InputSpec]) -> list[InputSpec]:
             continue
         assert spec.target is not None
         base = re.sub(r"[^a-zA-Z0-9]", "_", _strip(spec.target).lower())
-        prefix = _torch.placeholder_prefixes()[spec.kind]
-        _torch.rename_without_collisions(names, find_available, used, spec.arg.name, prefix + base)
+        prefix = programs.placeholder_prefixes()[spec.kind]
+        programs.rename_without_collisions(
+            names, find_available, used, spec.arg.name, prefix + base
+        )
     renamed = []
     for spec in ordered:
         new = copy.deepcopy(spec)

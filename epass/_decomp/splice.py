@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _heap, _program, _torch
+from epass import _graph, _heap, _program
 from epass._decomp import (
     disk,
     keys,
@@ -29,6 +29,7 @@ from epass._decomp import (
     writeback,
 )
 from epass._decomp.safety import Fallback
+from epass._torch import programs, quiet
 
 __all__ = ["RUNTIME_ASSERT_TRACE", "decompose"]
 
@@ -509,7 +510,7 @@ def _decompose(
     if plan.reason is not None:
         raise Fallback(plan.reason)
     fake_mode = keys.fake_mode_of(ep)
-    with _torch.quiet_leaf_specs():  # ep.module() deep-copies the call graph
+    with quiet.leaf_specs():  # ep.module() deep-copies the call graph
         shapes.run_guards(ep)
     session.program = ep
     session.grads = safety.retrace_grads(ep)
@@ -538,7 +539,7 @@ def _decompose(
         with builder.watch.retrace("the runtime-assertion pass"):
             shapes.rebind_sizes(gm, fake_mode)
     new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
-    module_call_graph = _torch.updated_module_call_graph(ep, gm, new_signature)
+    module_call_graph = programs.updated_module_call_graph(ep, gm, new_signature)
     # A retrace's program: a new state_dict over the same tensors, the constants
     # dict itself, and the ATEN dialect's verifier.
     out = _program.new_program(

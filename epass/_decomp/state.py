@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program, _torch
+from epass import _program
+from epass._torch import internals, operators, quiet
 
 __all__ = [
     "LOCK",
@@ -43,19 +44,19 @@ def torch_state(ops: Iterable[Any]) -> Iterator[None]:
     patched, including rules that were there before (``aten.item``, for one).
     """
     with LOCK:
-        kernels = [(op, _torch.python_kernels(op).copy()) for op in ops]
-        rule_dict, rule_checks = _torch.fake_rules()
+        kernels = [(op, operators.python_kernels(op).copy()) for op in ops]
+        rule_dict, rule_checks = operators.fake_rules()
         rules = rule_dict.copy()
         checks = list(rule_checks)
         try:
             yield
         finally:
             for op, saved in kernels:
-                current = _torch.python_kernels(op)
+                current = operators.python_kernels(op)
                 if current != saved:
                     current.clear()
                     current.update(saved)
-                    _torch.clear_dispatch_cache(op)
+                    operators.clear_dispatch_cache(op)
             if rule_dict != rules:
                 rule_dict.clear()
                 rule_dict.update(rules)
@@ -70,14 +71,14 @@ def patchable_ops() -> frozenset[Any]:
     loaded once rather than once per namespace (a test pins the two sets equal). Not
     cached, as torch does not cache it: a library can go and come back with new
     operator objects under the same names."""
-    ops = _torch.aten_cia_ops()
+    ops = operators.aten_cia_ops()
     for space_name in list(torch.ops):
         space = getattr(torch.ops, space_name)
-        if space_name == "aten" or not isinstance(space, _torch.OpNamespace):
+        if space_name == "aten" or not isinstance(space, operators.OpNamespace):
             continue
         for packet_name in list(space):
-            for op in _torch.op_overloads(getattr(space, packet_name)):
-                if _torch.is_preservable_cia_op(op):
+            for op in operators.op_overloads(getattr(space, packet_name)):
+                if operators.is_preservable_cia_op(op):
                     ops.add(op)
     return frozenset(ops)
 
@@ -85,7 +86,7 @@ def patchable_ops() -> frozenset[Any]:
 def is_preservable(op: Any) -> bool:
     """Whether torch may preserve the CompositeImplicitAutograd operator ``op``
     (functional, not aliasing, with a kernel: ``_is_preservable_cia_op``)."""
-    return _torch.is_preservable_cia_op(op)
+    return operators.is_preservable_cia_op(op)
 
 
 def run_decompositions(
@@ -109,10 +110,10 @@ def run_decompositions(
         except Exception as exc:
             bare = (
                 "run_decompositions ran without the guard that puts back the kernels "
-                f"its override patches: {_torch.unexpected(exc)}"
+                f"its override patches: {internals.unexpected(exc)}"
             )
             stack.enter_context(LOCK)
-        stack.enter_context(_torch.quiet_leaf_specs())
+        stack.enter_context(quiet.leaf_specs())
         return ep.run_decompositions(table), bare
 
 

@@ -10,8 +10,9 @@ from typing import Any
 import attrs
 import torch
 
-from epass import _program, _torch
+from epass import _program
 from epass._decomp import state
+from epass._torch import operators
 
 __all__ = [
     "DefaultSide",
@@ -131,12 +132,12 @@ def _walk_meets(op: Any) -> bool:
     if op.namespace not in torch.ops:  # iterates what is loaded, creating nothing
         return False
     space = getattr(torch.ops, op.namespace)
-    packet, name = _torch.overload_key(op)
+    packet, name = operators.overload_key(op)
     return (
-        isinstance(space, _torch.OpNamespace)
+        isinstance(space, operators.OpNamespace)
         and packet.__name__ in space
         and getattr(space, packet.__name__) is packet
-        and name in _torch.op_overloads(packet, names=True)
+        and name in operators.op_overloads(packet, names=True)
         and getattr(packet, name) is op
     )
 
@@ -147,7 +148,7 @@ class DefaultSplit:
 
     def __init__(self, keep: frozenset[Any]) -> None:
         self.keep = keep
-        self.core = _torch.core_aten_decompositions()
+        self.core = operators.core_aten_decompositions()
         self.built: tuple[dict[Any, Any], dict[Any, Any]] | None = None
         self._answers: dict[Any, tuple[Any, Any]] = {}
 
@@ -165,7 +166,7 @@ class DefaultSplit:
             return answer
         if _program.is_op_overload(op):
             if state.is_preservable(op) and _walk_meets(op):
-                answer = (self._entry(op) or _torch.preserve_marker(), None)
+                answer = (self._entry(op) or operators.preserve_marker(), None)
             else:
                 answer = (None, None if op in self.keep else self.core.get(op))
         else:
@@ -184,7 +185,7 @@ class DefaultSplit:
         with state.LOCK:
             if self.built is None:
                 walked = state.patchable_ops()
-                marker = _torch.preserve_marker()
+                marker = operators.preserve_marker()
                 cia = {op: self._entry(op) or marker for op in walked}
                 python = {}
                 for op, fn in self.core.items():
@@ -202,15 +203,15 @@ class DefaultSplit:
             return None
         if op in self.core:
             return self.core[op]
-        if op.namespace == "aten" and op in _torch.preserved_aten_cia_ops():
+        if op.namespace == "aten" and op in operators.preserved_aten_cia_ops():
             return None
-        return _torch.decomp_for_cia(op)
+        return operators.decomp_for_cia(op)
 
     def _torch_split(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
         full = torch.export.default_decompositions()
         for op in self.keep:
             full.pop(op, None)
-        self.built = _torch.split_decomp_table(dict(full.materialize()))
+        self.built = operators.split_decomp_table(dict(full.materialize()))
         return self.built
 
 
@@ -228,7 +229,7 @@ def split_table(
     table's templates. The key is the split's ``token``. The default table's sides
     answer lookups without building torch's split (see :class:`DefaultSide`).
     """
-    regs = _torch.cia_registrations()
+    regs = operators.cia_registrations()
     key: tuple[Any, ...]
     if table is None:
         key = ("default", regs, frozenset(keep))
@@ -243,7 +244,7 @@ def split_table(
         split = DefaultSplit(frozenset(keep))
         tables = Tables(DefaultSide(split, "cia"), DefaultSide(split, "python"), key)
     else:
-        cia, python = _torch.split_decomp_table(dict(table))
+        cia, python = operators.split_decomp_table(dict(table))
         tables = Tables(cia, python, key)
     with state.LOCK:
         if any(k[1] != regs for k in SPLITS):
@@ -293,13 +294,13 @@ def rewrites(op: Any, tables: Tables) -> bool:
     if op in tables.python or op.overloadpacket in tables.python:
         return True
     if is_cia(op):
-        return tables.cia.get(op) is not _torch.preserve_marker()
+        return tables.cia.get(op) is not operators.preserve_marker()
     return False
 
 
 def is_cia(op: Any) -> bool:
     """Whether ``op`` has a CompositeImplicitAutograd kernel (``_is_cia_op``)."""
-    return _torch.is_cia_op(op)
+    return operators.is_cia_op(op)
 
 
 def splices(node: torch.fx.Node, tables: Tables) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program, _torch
+from epass import _program
 from epass._decomp import (
     batch,
     disk,
@@ -30,7 +30,8 @@ from epass._decomp import (
     tracing,
 )
 from epass._decomp.safety import Fallback
-from epass._torch import pytree
+from epass._torch import operators
+from epass._torch.programs import pytree
 
 __all__ = [
     "Session",
@@ -135,7 +136,7 @@ class Session:
     def overrides(self) -> Iterator[None]:
         if not self._entered:
             self._stack.enter_context(state.torch_state(self.tables.cia))
-            self._stack.enter_context(_torch.override_cia(self.tables.cia))
+            self._stack.enter_context(operators.override_cia(self.tables.cia))
             self._entered = True
         yield
 
@@ -171,7 +172,7 @@ def pending_calls(
         nodes += 1
         if not (
             node.op == "call_function"
-            and isinstance(node.target, _torch.OpOverload)
+            and isinstance(node.target, operators.OpOverload)
             and table.rewrites(node.target, tables)
         ):
             continue
@@ -409,7 +410,7 @@ def template_work(ep: ExportedProgram, tables: table.Tables) -> tuple[int, int, 
 def _disk_key(
     op: Any, spec: str, parts: tuple[Any, ...], name: identity.CacheName, fake_mode: Any
 ) -> keys.DiskKey | None:
-    if name.table is None or not isinstance(op, _torch.OpOverload):
+    if name.table is None or not isinstance(op, operators.OpOverload):
         return None
     if disk.directory() is None:
         return None
@@ -444,7 +445,7 @@ def _storable(template: tracing.Template, tables: table.Tables) -> bool:
         # the size, whatever the override.
         if (
             node.op == "call_function"
-            and isinstance(target, _torch.OpOverload)
+            and isinstance(target, operators.OpOverload)
             and target not in table.SIZE_OPS
             and (table.is_cia(target) or table.rewrites(target, tables))
         ):

@@ -10,10 +10,11 @@ from typing import Any
 import attrs
 import torch
 
-from epass import _program, _torch
+from epass import _program
 from epass._decomp import keys, safety, shapes, state, table
 from epass._decomp.safety import Fallback
-from epass._torch import pytree
+from epass._torch import tracing as torch_tracing
+from epass._torch.programs import pytree
 
 __all__ = [
     "INHERITED_META",
@@ -38,7 +39,9 @@ Overrides = Callable[[], contextlib.AbstractContextManager[None]]
 # them meanwhile (``original_aten`` is set around each ATen call and reset to None
 # after it). ``custom`` is merged and ``nn_module_stack`` follows its own rule.
 INHERITED_META = tuple(
-    f for f in _torch.copied_meta_fields() if f not in ("from_node", "custom", "nn_module_stack")
+    f
+    for f in torch_tracing.copied_meta_fields()
+    if f not in ("from_node", "custom", "nn_module_stack")
 )
 
 
@@ -120,7 +123,7 @@ def call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.fx
     :class:`safety.Fallback` when it mutates anything else, or changes the metadata of
     what it writes."""
     xs = list(xs)
-    funs = [_torch.to_fun(x) for x in xs]
+    funs = [torch_tracing.to_fun(x) for x in xs]
     it = iter(funs)
     filled = [next(it) if isinstance(a, torch.fx.Node) else a for a in flat]
     a, k = pytree.tree_unflatten(filled, spec)
@@ -128,12 +131,12 @@ def call(op: Any, flat: list[Any], spec: Any, xs: Iterable[Any], blank: torch.fx
     written = None if at is None or at >= len(a) else a[at]
     # The retrace runs each node under that node's meta (the interpreter's
     # set_current_meta), which drops annotations of the tracer's own frames.
-    with _torch.current_meta(blank):
+    with torch_tracing.current_meta(blank):
         out = op(*a, **k)
     for f, x in zip(funs, xs, strict=True):
-        if isinstance(f, torch.Tensor) and _torch.mutated(f, x, data=f is not written):
+        if isinstance(f, torch.Tensor) and torch_tracing.mutated(f, x, data=f is not written):
             raise Fallback(f"the decomposition of {op} mutates an input")
-    return pytree.tree_map(_torch.from_fun, out)
+    return pytree.tree_map(torch_tracing.from_fun, out)
 
 
 def capture(
@@ -151,7 +154,7 @@ def capture(
     # CompositeImplicitAutograd override: patching every such operator costs more
     # than most traces, so a session enters it once for all of a program's traces.
     with overrides(), fake_mode, state.backend_decomps_off():
-        return _torch.make_fx_as_export(fn, fakes, dict(tables.python), frames=frames)
+        return torch_tracing.make_fx_as_export(fn, fakes, dict(tables.python), frames=frames)
 
 
 def check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> None:

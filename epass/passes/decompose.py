@@ -15,10 +15,11 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _program, _torch
+from epass import _graph, _program
 from epass._decomp import identity, keys, safety, shapes, splice, state, templates
 from epass._decomp.check import first_difference, numeric_difference
 from epass._decomp.table import REGIONS, Tables, rewrites, splices, split_table
+from epass._torch import internals
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -402,7 +403,7 @@ class Decompose:
         except safety.Fallback as exc:
             return None, None, exc.reason
         except Exception as exc:  # torch's retrace decides, and explains its failure
-            return None, None, _torch.unexpected(exc)
+            return None, None, internals.unexpected(exc)
         return out, rewritten, None
 
     def _tables(self) -> Tables:

@@ -13,17 +13,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim
 
-from epass import Decompose, _torch
+from epass import Decompose
 from epass._decomp import check, safety, views
+from epass._torch import internals
 
 aten = torch.ops.aten
 
 # Write-backs through chains of views, into views a decomposition returns, items of a
 # split of a written tensor and size queries placed where the retrace makes them are
 # made exact for the functionalization of torch 2.11 to 2.14; on another release they keep the
-# retrace (_torch.EXACT_RELEASE).
+# retrace (internals.EXACT_RELEASE).
 only_exact_release = pytest.mark.skipif(
-    not _torch.EXACT_RELEASE, reason="made exact for torch 2.11 to 2.14 only; retraces elsewhere"
+    not internals.EXACT_RELEASE, reason="made exact for torch 2.11 to 2.14 only; retraces elsewhere"
 )
 
 

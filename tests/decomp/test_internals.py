@@ -9,19 +9,19 @@ import pytest
 import torch
 from torch import nn
 
-from epass import _torch
 from epass._decomp import identity, splice, state, templates, tracing
 from epass._decomp.check import first_difference
 from epass._decomp.table import DefaultSplit, split_table
+from epass._torch import internals, operators
 
 aten = torch.ops.aten
 
 
-@pytest.mark.parametrize("path", _torch.INTERNALS)
+@pytest.mark.parametrize("path", internals.INTERNALS)
 def test_every_listed_internal_exists(path):
-    # _torch.absent is what names a missing internal to the user: the same lookup
+    # internals.absent is what names a missing internal to the user: the same lookup
     # (an instance attribute on an example object, a class attribute on the class).
-    assert _torch.absent([path]) is None
+    assert internals.absent([path]) is None
     if path == "torch._ops.OpOverload._schema":
         assert aten.add_.Tensor._schema.is_mutable
         assert [a.kwarg_only for a in aten.add.Tensor._schema.arguments] == [False, False, True]
@@ -32,21 +32,21 @@ def test_every_listed_internal_exists(path):
 
 
 def test_absent_names_a_missing_function_module_and_method():
-    assert _torch.absent(["torch._export.utils._no_such_function"]) == (
+    assert internals.absent(["torch._export.utils._no_such_function"]) == (
         "torch._export.utils._no_such_function"
     )
-    assert _torch.absent(["torch._no_such_module.f"]) == "torch._no_such_module.f"
+    assert internals.absent(["torch._no_such_module.f"]) == "torch._no_such_module.f"
     # A method a class lacks, as OpOverloadPacket.op_overloads is lacking before 2.13.
-    assert _torch.absent(["torch._ops.OpOverloadPacket.no_such_method"]) == (
+    assert internals.absent(["torch._ops.OpOverloadPacket.no_such_method"]) == (
         "torch._ops.OpOverloadPacket.no_such_method"
     )
-    assert _torch.absent(["torch._ops.OpOverload._no_such_field"]) == (
+    assert internals.absent(["torch._ops.OpOverload._no_such_field"]) == (
         "torch._ops.OpOverload._no_such_field"
     )
 
 
 def test_op_overloads_walks_every_overload_as_torch_does():
-    overloads = _torch.op_overloads(aten.add)
+    overloads = operators.op_overloads(aten.add)
     assert aten.add.Tensor in overloads and aten.add.Scalar in overloads
     assert overloads == [getattr(aten.add, name) for name in aten.add.overloads()]
     if hasattr(torch._ops.OpOverloadPacket, "op_overloads"):  # torch 2.13 and later
@@ -83,7 +83,7 @@ def test_a_missing_internal_steps_aside_for_the_retrace_and_names_it(monkeypatch
     assert record.notes["method"] == "retrace"
     fallback = record.notes["fallback"]
     assert "torch.fx.experimental.proxy_tensor.make_fx" in fallback
-    assert f"torch {_torch.RELEASE}" in fallback
+    assert f"torch {internals.RELEASE}" in fallback
     assert any(n.fallback and "make_fx" in n.text for n in record.notices)
     out = epass.PassManager([Decompose(method="auto")]).run(ep)
     assert first_difference(out, ref) is None
@@ -105,7 +105,7 @@ def test_the_retrace_runs_bare_when_its_guard_cannot_be_set_up(monkeypatch):
     (record,) = epass.PassManager([Decompose(method="retrace")])(ep).records
     (notice,) = record.notices
     assert notice.kind == "torch" and "op_overloads" in notice.text
-    assert f"torch {_torch.RELEASE}" in notice.text
+    assert f"torch {internals.RELEASE}" in notice.text
     out = epass.PassManager([Decompose(method="retrace")]).run(ep)
     assert first_difference(out, ref) is None
 
@@ -114,7 +114,7 @@ def test_internals_are_listed_in_compat_docs():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "compat.md").read_text()
-    missing = [p for p in _torch.INTERNALS if p not in text]
+    missing = [p for p in internals.INTERNALS if p not in text]
     assert not missing, f"docs/compat.md does not list {missing}"
 
 

@@ -20,10 +20,11 @@ from decomp_helpers import entry_paths, run_script
 from torch import nn
 from torch.export import Dim
 
-from epass import Decompose, _torch
+from epass import Decompose
 from epass._decomp import disk, keys, shapes, splice, state, templates
 from epass._decomp.check import first_difference
 from epass._decomp.table import split_table
+from epass._torch import fakes, internals
 from epass.errors import DecompositionMismatchError, IncrementalDecompositionError
 
 aten = torch.ops.aten
@@ -446,7 +447,7 @@ class _Convs(nn.Module):
 
 
 @pytest.mark.skipif(
-    not _torch.EXACT_RELEASE,
+    not internals.EXACT_RELEASE,
     reason="size queries placed for torch 2.11 to 2.14 only; retraces elsewhere",
 )
 @pytest.mark.parametrize("kind", ["1-d", "2-d"])
@@ -520,11 +521,11 @@ def test_a_channels_last_result_makes_its_sizes_where_the_retrace_makes_them(
     asked: list[bool] = []
 
     def spied(value: torch.Tensor) -> bool:
-        asked.append(not _torch.is_contiguous_or_false(value) and made(value))
+        asked.append(not fakes.is_contiguous_or_false(value) and made(value))
         return made(value)
 
     monkeypatch.setattr(shapes, "_made_at_once", spied)
-    if not _torch.EXACT_RELEASE:  # placing a size query is exact on 2.11 to 2.14 only
+    if not internals.EXACT_RELEASE:  # placing a size query is exact on 2.11 to 2.14 only
         # The incremental path steps aside (for that, or a reason met before it).
         with pytest.raises(IncrementalDecompositionError):
             Decompose(method="incremental")(ep)
