@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from epass import Decompose, PassManager, _torch
+from epass import Decompose, PassManager
+from epass._torch import internals
 from epass._decomp import templates
 from epass._decomp.check import first_difference
 from epass.instruments import Timing
@@ -51,7 +52,7 @@ _REF = _EP.run_decompositions()
 def _owner_and_name(path: str) -> tuple[Any, str] | None:
     owner, _, name = path.rpartition(".")
     try:
-        parent = _torch.resolve(owner)
+        parent = internals.resolve(owner)
     except (ImportError, AttributeError):
         return None
     if name not in getattr(parent, "__dict__", {}):
@@ -73,12 +74,12 @@ def _deletable(path: str) -> bool:
     return True
 
 
-DELETABLE = [p for p in _torch.INTERNALS if _deletable(p)]
+DELETABLE = [p for p in internals.INTERNALS if _deletable(p)]
 
 
 def test_most_internals_can_be_taken_away_here() -> None:
     # The test below is only as strong as the internals it can remove.
-    assert len(DELETABLE) >= len(_torch.INTERNALS) // 2, DELETABLE
+    assert len(DELETABLE) >= len(internals.INTERNALS) // 2, DELETABLE
 
 
 def _torch_decomposes(ep: torch.export.ExportedProgram, path: str) -> Any:
