@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from epass import Decompose, PassManager
-from epass._torch import internals
 from epass._decomp import templates
 from epass._decomp.check import first_difference
+from epass._torch import internals
 from epass.instruments import Timing
 from epass.passes import presets
 
