@@ -29,7 +29,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from epass import _program, _torch
+from epass import _operators, _program, _torch
 from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = [
@@ -286,7 +286,7 @@ def impure_test() -> Callable[[torch.fx.Node], bool]:
 
     def impure(node: torch.fx.Node) -> bool:
         target = node.target
-        if node.op != "call_function" or not _program.is_op_overload(target):
+        if node.op != "call_function" or not _operators.is_op_overload(target):
             return bool(node.is_impure())
         answer = known.get(target)
         if answer is None:

@@ -19,7 +19,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _heap, _program, _snapshot, building, protocol, verify
+from epass import _graph, _heap, _program, _snapshot, _validated, building, protocol, verify
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -526,7 +526,7 @@ class PassManager:
             run.walk = (program, walk)
             return walk.targets
         if not prepared.model.takes_lease:  # it may have edited a validated program
-            _program.forget_validated(program)  # which no check has seen since
+            _validated.forget_validated(program)  # which no check has seen since
         return None
 
     def _finish(self, run: _Run, info: PassInfo, out: Any, prepared: _Prepared) -> PassRecord:

@@ -28,7 +28,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from epass import _program, _torch
+from epass import _tensors, _torch
 from epass._decomp.safety import Fallback
 
 __all__ = ["retrace_inputs", "retrace_signature"]
@@ -133,7 +133,7 @@ def retrace_signature(
 ) -> ExportGraphSignature:
     """The signature of the rewritten graph ``gm``: ``inputs`` (see
     :func:`retrace_inputs`) and ``old``'s outputs, named after ``gm``'s output nodes."""
-    outputs = _program.tree_leaves(gm.graph.output_node().args[0])
+    outputs = _tensors.tree_leaves(gm.graph.output_node().args[0])
     new_outputs = []
     for spec, node in zip(old.output_specs, outputs, strict=True):
         arg = spec.arg
