@@ -1,6 +1,6 @@
 """Programs as epass builds them: the one place that calls the ExportedProgram
 constructor or sets a program's fields without it, the graph-module copies a program's
-private view is made of, and whether two graph modules share a graph.
+private view is made of, and the reads of graph modules that building needs.
 
 One concept: the ExportedProgram object (its construction and fields), whichever pass
 or loader asks. The torch internals it leans on are reached through
@@ -31,6 +31,8 @@ __all__ = [
     "flat_call_graph",
     "flat_inputs",
     "graph_module_without_code",
+    "graph_modules",
+    "graphs",
     "keep_node_name",
     "new_program",
     "private_view",
@@ -346,33 +348,12 @@ def flat_call_graph(inputs: int, outputs: int) -> list[Any]:
     return [ModuleCallEntry(fqn="", signature=signature)]
 
 
-# --- graph sharing (used by the manager to decide when a pass needs a graph copy) ---
+def graphs(gm: torch.fx.GraphModule) -> list[torch.fx.Graph]:
+    """The graph of ``gm`` and of every GraphModule in its module tree (``torch.cond``
+    branches, ``while_loop`` bodies, and theirs), each once, in module order."""
+    return [m.graph for _, m in graph_modules(gm)]
 
 
-def _graph_objects(gm: torch.nn.Module) -> set[int]:
-    """Ids of every GraphModule in ``gm``'s module tree and of their Graphs."""
-    ids: set[int] = set()
-    for module in gm.modules():
-        if isinstance(module, torch.fx.GraphModule):
-            ids.add(id(module))
-            ids.add(id(module.graph))
-    return ids
-
-
-def shares_graph(a: torch.fx.GraphModule, b: torch.fx.GraphModule) -> bool:
-    """Whether mutating ``a``'s graphs in place could change ``b``'s: they are the same
-    module, or share a Graph or a nested GraphModule (a ``torch.cond`` branch)."""
-    if a is b:
-        return True
-    return not _graph_objects(a).isdisjoint(_graph_objects(b))
-
-
-def graph_code(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
-    """The recompiled code of ``gm`` and of every GraphModule nested in it (``torch.cond``
-    branches), so that a pass that edits only a branch counts as a change."""
-    out = []
-    for name, module in gm.named_modules():
-        if isinstance(module, torch.fx.GraphModule):
-            module.recompile()
-            out.append((name, module.code))
-    return out
+def graph_modules(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
+    """``gm`` and every GraphModule in its module tree, with their names."""
+    return [(n, m) for n, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule)]

@@ -8,7 +8,7 @@ import operator
 import pytest
 import torch
 
-from epass import PassManager, _graph, _operators, _writes, verify
+from epass import PassManager, _graph, _operators, _program, _writes, verify
 from epass.passes import CSE, CastDtype, ConstantFold, DeadCodeElimination
 
 
@@ -178,7 +178,7 @@ def test_graphs_lists_every_nested_graph_once_in_module_order() -> None:
     modules = dict(gm.named_modules())
     names = ["", "true_graph_0", "true_graph_0.true_graph_0", "true_graph_0.false_graph_0"]
     names += ["false_graph_0", "while_loop_cond_graph_0", "while_loop_body_graph_0"]
-    assert _graph.graphs(gm) == [modules[name].graph for name in names]
+    assert _program.graphs(gm) == [modules[name].graph for name in names]
 
 
 @pytest.mark.parametrize("body", ["true_graph_0.true_graph_0", "while_loop_body_graph_0"])

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _heap, _operators, _program, _tensors, _torch
+from epass import _heap, _lease, _operators, _program, _tensors, _torch
 from epass._decomp import (
     disk,
     keys,
@@ -533,7 +533,7 @@ def _decompose(
             graph.erase_node(again)
     gm = _program.graph_module_without_code(graph)
     gm.meta.update(ep.graph_module.meta)
-    _graph.note_built(graph)
+    _lease.note_built(graph)
     if builder.new_sizes:
         with builder.watch.retrace("the runtime-assertion pass"):
             shapes.rebind_sizes(gm, fake_mode)

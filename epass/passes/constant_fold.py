@@ -12,7 +12,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputSpec
 
-from epass import _graph, _operators, _writes
+from epass import _dce, _graph, _operators, _writes
 from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
@@ -252,7 +252,7 @@ class ConstantFold:
         mutated = _writes.mutated_nodes(ep.graph_module, ep.graph_signature)
         ev = _Evaluated()
         seen: dict[Any, torch.fx.Node] = {}
-        impure = _graph.impure_test()
+        impure = _dce.impure_test()
         with torch.no_grad():
             for node in ep.graph_module.graph.nodes:
                 if node in mutated:

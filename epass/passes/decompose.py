@@ -15,7 +15,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _operators, _tensors, _torch
+from epass import _operators, _program, _tensors, _torch
 from epass._decomp import identity, keys, safety, shapes, splice, state, templates
 from epass._decomp.check import first_difference, numeric_difference
 from epass._decomp.table import REGIONS, Tables, rewrites, splices, split_table
@@ -467,7 +467,7 @@ class Decompose:
             return None
         seen: set[Any] = set()
         hops = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
-        for graph in _graph.graphs(ep.graph_module):
+        for graph in _program.graphs(ep.graph_module):
             for node in graph.nodes:
                 if node.op != "call_function" or node.target in seen:
                     continue
@@ -565,7 +565,7 @@ class Decompose:
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         match = re.search(r"While executing %(\w+)", text)
         node_name = match.group(1) if match else None
-        graphs = _graph.graphs(ep.graph_module)
+        graphs = _program.graphs(ep.graph_module)
         node = None
         if node_name is not None:
             node = next((n for g in graphs for n in g.nodes if n.name == node_name), None)

@@ -12,7 +12,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import subgraph_rewriter
 
-from epass import _graph, _operators
+from epass import _dce, _graph, _operators
 from epass._decomp import state
 from epass.errors import ArgumentTypeError
 from epass.options import checked
@@ -187,7 +187,7 @@ class ReplaceOps:
                 changed = True
         taken: set[str] = set()
         for pattern, replacement in patterns:
-            with _graph.keeping_nested_submodules(gm):
+            with _dce.keeping_nested_submodules(gm):
                 replaced = subgraph_rewriter.replace_pattern_with_filters(
                     gm, pattern, _traced(replacement, gm, taken), match_filters=[_ask(counter)]
                 )
