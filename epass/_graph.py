@@ -1,6 +1,7 @@
 """The graph toolkit: copy a graph, rebuild a program from a graph (the one rule),
 lift tensor attributes to constants, and the helpers the built-in passes share.
-Which nodes write in place into which tensors is :mod:`epass._writes`'s walk.
+Which nodes write in place into which tensors is :mod:`epass._writes`'s walk; who may
+edit a graph in place is :mod:`epass._lease`'s.
 
 One concept: a program's graph taken apart and put back together; every helper here
 serves a copy, a rebuild or the placeholders and specs they carry.
@@ -8,15 +9,12 @@ serves a copy, a rebuild or the placeholders and specs they carry.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 import operator
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import attrs
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import (
@@ -29,7 +27,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from epass import _program
+from epass import _lease, _program, _snapshot
 from epass._torch import tracing
 from epass.errors import ArgumentTypeError, ProgramError
 
@@ -41,21 +39,12 @@ __all__ = [
     "build_program",
     "copy_graph",
     "editable_graph",
-    "eliminate_dead_code",
-    "impure_test",
-    "take_lease",
-    "Lease",
-    "granted",
-    "note_built",
     "original_name",
     "constant_spec",
     "fake_mode",
     "fake_value",
     "fill_meta",
-    "graph_modules",
-    "graphs",
     "input_kinds",
-    "keeping_nested_submodules",
     "lift_tensor_attributes",
     "run_graph_pass",
     "tensor_attributes",
@@ -67,8 +56,6 @@ __all__ = [
     "reads_attributes",
     "adopt_graph",
     "attribute",
-    "meta_changed",
-    "meta_snapshot",
     "remove_unused_state_placeholders",
     "specs_by_name",
     "state_values",
@@ -211,124 +198,11 @@ def remove_unused_state_placeholders(
     return removed
 
 
-@attrs.define(eq=False)
-class Lease:
-    """What a pipeline lets the built-in pass it is calling do with graphs.
-
-    ``graph_module`` is the graph module of the pass's input that the pass may edit in
-    place instead of copying (:func:`editable_graph`), when nobody outside the run
-    holds it; else None. ``built`` holds the graphs the pass built for itself while
-    it ran (copies, new graphs): nobody else holds those either, so a program over
-    one of them is the run's own, and the next pass may edit it in place too.
-    """
-
-    graph_module: torch.fx.GraphModule | None
-    built: list[torch.fx.Graph] = attrs.field(factory=list)
-    used: bool = False
-
-    def owns(self, ep: ExportedProgram) -> bool:
-        """Whether ``ep``'s graph is one nobody outside the run holds."""
-        graph = ep.graph_module.graph
-        leased = self.graph_module is not None and graph is self.graph_module.graph
-        return leased or any(graph is g for g in self.built)
-
-
-_LEASE: contextvars.ContextVar[Lease | None] = contextvars.ContextVar("epass_lease", default=None)
-
-
-@contextlib.contextmanager
-def granted(held: Lease | None) -> Iterator[Lease | None]:
-    """While a pipeline calls one pass: ``held`` is its lease (None: it has none).
-    Only this thread (context) sees it."""
-    token = _LEASE.set(held)
-    try:
-        yield held
-    finally:
-        _LEASE.reset(token)
-
-
-def note_built(graph: torch.fx.Graph) -> None:
-    """Tell the running pipeline, if any, that ``graph`` is new: built by the pass it
-    calls (a copy, the splice's output), held by nobody else."""
-    held = _LEASE.get()
-    if held is not None:
-        held.built.append(graph)
-
-
 def editable_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
     """The graph module a built-in pass edits to make its output from ``ep``:
-    :func:`take_lease`, else :func:`copy_graph`."""
-    leased = take_lease(ep)
+    :func:`epass._lease.take_lease`, else :func:`copy_graph`."""
+    leased = _lease.take_lease(ep)
     return copy_graph(ep) if leased is None else leased
-
-
-def take_lease(ep: ExportedProgram) -> torch.fx.GraphModule | None:
-    """``ep``'s own graph module when the running pipeline leased it to the pass it
-    calls (nobody outside the run holds it: :func:`granted`), else None.
-
-    A lease is good for one call, so a helper the pass runs cannot take it again. A
-    leased module keeps its node names and is not tagged: :func:`build_program`
-    finds each placeholder's spec by name. A pass that takes it must return a
-    program built from it (its input is gone), or leave it as it was and return its
-    input unmodified.
-    """
-    held = _LEASE.get()
-    if held is None or held.used or held.graph_module is not ep.graph_module:
-        return None
-    held.used = True
-    return ep.graph_module
-
-
-def impure_test() -> Callable[[torch.fx.Node], bool]:
-    """``Node.is_impure`` for the nodes of one pass run, asked once per operator
-    overload: for an ``OpOverload`` torch's answer depends on the operator alone (a
-    mutable schema, the side-effect and effect registries), not on the node."""
-    known: dict[Any, bool] = {}
-
-    def impure(node: torch.fx.Node) -> bool:
-        target = node.target
-        if node.op != "call_function" or not _program.is_op_overload(target):
-            return bool(node.is_impure())
-        answer = known.get(target)
-        if answer is None:
-            answer = known[target] = bool(node.is_impure())
-        return answer
-
-    return impure
-
-
-def eliminate_dead_code(gm: torch.fx.GraphModule) -> bool:
-    """``gm.graph.eliminate_dead_code()``: erase, newest first, every node without
-    users that ``Node.is_impure`` does not keep. Asked only of nodes without users
-    (torch asks every node, and lints the graph first); torch's own for a graph
-    that reads attributes, whose nested graphs it cleans as well. Returns whether
-    anything was erased."""
-    if reads_attributes(gm):
-        return bool(gm.graph.eliminate_dead_code())
-    changed = False
-    impure = impure_test()
-    for node in reversed(gm.graph.nodes):
-        if not node.users and not impure(node):
-            gm.graph.erase_node(node)
-            changed = True
-    return changed
-
-
-@contextlib.contextmanager
-def keeping_nested_submodules(gm: torch.fx.GraphModule) -> Iterator[None]:
-    """Put back each submodule the block deleted whose parent is still there below
-    ``gm``: torch's ``delete_all_unused_submodules`` (``subgraph_rewriter`` calls it)
-    deletes the modules inside a module a get_attr reads (a nested cond's branches)."""
-    before = [(name, module) for name, module in gm.named_modules() if "." in name]
-    try:
-        yield
-    finally:
-        present = dict(gm.named_modules())  # parents come first in ``before``
-        for name, module in before:
-            parent, _, leaf = name.rpartition(".")
-            if name not in present and parent in present:
-                present[parent].add_module(leaf, module)
-                present[name] = module
 
 
 def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
@@ -346,7 +220,7 @@ def copy_graph(ep: ExportedProgram) -> torch.fx.GraphModule:
         raise ProgramError(f"{len(nodes)} placeholders but {len(specs)} input specs")
     for node, spec in zip(nodes, specs, strict=True):
         node.meta[_SPEC] = spec
-    note_built(gm.graph)
+    _lease.note_built(gm.graph)
     return gm
 
 
@@ -375,7 +249,7 @@ def adopt_graph(ep: ExportedProgram, graph: torch.fx.Graph) -> torch.fx.GraphMod
         node.meta[_SPEC] = spec
     out = _program.graph_module_without_code(graph)
     out.meta.update(_program.copy_meta(ep.graph_module.meta))
-    note_built(graph)
+    _lease.note_built(graph)
     return out
 
 
@@ -573,9 +447,11 @@ def run_graph_pass(
     ``get_attr`` are lifted to constants. The input program is never touched.
     """
     gm = copy_graph(ep)
-    before = _program.graph_code(gm)
+    before = _snapshot.graph_code(gm)
     # gm is a fresh copy: ep's own node meta is the snapshot to compare with.
-    metas = [node.meta for _, m in graph_modules(ep.graph_module) for node in m.graph.nodes]
+    metas = [
+        node.meta for _, m in _program.graph_modules(ep.graph_module) for node in m.graph.nodes
+    ]
     out = fn(gm)
     flag: bool | None
     if out is None:
@@ -594,54 +470,17 @@ def run_graph_pass(
             f"fx pass {name!r} returned a result whose graph_module is "
             f"{type(new_gm).__name__}, not a GraphModule"
         )
-    code = _program.graph_code(new_gm)  # recompiles every graph
+    code = _snapshot.graph_code(new_gm)  # recompiles every graph
     modified = (
-        flag if flag is not None else code != before or meta_changed(new_gm, metas, ignore=_SPEC)
+        flag
+        if flag is not None
+        else code != before or _snapshot.meta_changed(new_gm, metas, ignore=_SPEC)
     )
     if not modified:
         return ep, False
     if tensor_attributes(new_gm):
         return lift_tensor_attributes(ep, new_gm), True
     return build_program(ep, new_gm), True
-
-
-def graphs(gm: torch.fx.GraphModule) -> list[torch.fx.Graph]:
-    """The graph of ``gm`` and of every GraphModule in its module tree (``torch.cond``
-    branches, ``while_loop`` bodies, and theirs), each once, in module order."""
-    return [m.graph for _, m in graph_modules(gm)]
-
-
-def graph_modules(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
-    """``gm`` and every GraphModule in its module tree, with their names."""
-    return [(n, m) for n, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule)]
-
-
-def meta_snapshot(gm: torch.fx.GraphModule) -> list[Any]:
-    """A copy of every node's ``meta`` (containers copied, leaves shared), in graph
-    order, nested graphs included: what :func:`meta_changed` compares against."""
-    return [_program.copy_meta(node.meta) for _, m in graph_modules(gm) for node in m.graph.nodes]
-
-
-def meta_changed(gm: torch.fx.GraphModule, snapshot: list[Any], *, ignore: str = "") -> bool:
-    """Whether any node's ``meta`` of ``gm`` differs from ``snapshot`` (the key
-    ``ignore`` aside)."""
-    metas = [node.meta for _, m in graph_modules(gm) for node in m.graph.nodes]
-    if ignore:
-        metas = [
-            {k: v for k, v in meta.items() if k != ignore} if ignore in meta else meta
-            for meta in metas
-        ]
-    if len(metas) != len(snapshot):
-        return True
-    for now, before in zip(metas, snapshot, strict=True):
-        try:
-            # dict equality compares identical leaves by identity, so shared fake
-            # tensors are never compared element-wise.
-            if now != before:
-                return True
-        except Exception:  # a leaf replaced by a tensor or another odd value
-            return True
-    return False
 
 
 def constant_spec(name: str, key: str) -> InputSpec:

@@ -1,21 +1,18 @@
-"""Programs as epass builds and reads them: the one place that calls the
-ExportedProgram constructor or sets a program's fields without it, and the reads of
-operators, graph modules and archives that building and loading need.
+"""Programs as epass builds them: the one place that calls the ExportedProgram
+constructor or sets a program's fields without it, the graph-module copies a program's
+private view is made of, and the reads of graph modules that building needs.
 
-One concept: the ExportedProgram object (its construction, fields, operators and
-archive), whichever pass or loader asks. The torch internals it leans on are reached
-through :mod:`epass._torch`; ``tests/test_program.py`` fails loudly when torch changes
-what they do.
+One concept: the ExportedProgram object (its construction and fields), whichever pass
+or loader asks. The torch internals it leans on are reached through
+:mod:`epass._torch`; ``tests/test_program.py`` fails loudly when torch changes what
+they do.
 """
 
 from __future__ import annotations
 
 import collections
 import copy
-import functools
 import operator
-import threading
-import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,38 +20,27 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
-from epass._torch import archives, operators, programs, quiet
+from epass import _validated
+from epass._torch import programs
 from epass._torch.programs import pytree
 
 __all__ = [
-    "archive_records",
+    "after_erasure",
     "copy_call_graph",
     "copy_graph_module",
-    "export_schema",
+    "copy_meta",
     "flat_call_graph",
     "flat_inputs",
-    "is_higher_order",
-    "is_mutable_op",
-    "is_op_overload",
-    "is_op_packet",
-    "is_view_op",
-    "is_operator",
+    "graph_module_without_code",
+    "graph_modules",
+    "graphs",
     "keep_node_name",
-    "load_pt2",
-    "forget_validated",
-    "mark_validated",
     "new_program",
     "private_view",
     "prune_range_constraints",
-    "pytree_type_names",
-    "serialized_builtin_targets",
-    "copy_meta",
     "set_signature",
     "set_state",
     "shallow_clone",
-    "still_validated",
-    "tensor_marks",
-    "tree_leaves",
 ]
 
 
@@ -78,9 +64,7 @@ def set_signature(ep: ExportedProgram, signature: ExportGraphSignature) -> None:
 def shallow_clone(ep: ExportedProgram) -> ExportedProgram:
     """A new ExportedProgram object sharing every field (graph and dicts) with ``ep``."""
     clone = copy.copy(ep)
-    state = _VALIDATED.get(ep)
-    if state is not None:  # compared with the clone's own fields when it is verified
-        _VALIDATED[clone] = state
+    _validated.carry_mark(ep, clone)
     return clone
 
 
@@ -247,7 +231,7 @@ def new_program(
         constants=constants,
         verifiers=ep.verifiers if keep_dialect else None,
     )
-    mark_validated(out)  # the constructor's last step was validate()
+    _validated.mark_validated(out)  # the constructor's last step was validate()
     return out
 
 
@@ -266,20 +250,20 @@ def after_erasure(
 
     The constructor validates every node again and the graph's lint walks them all
     (tens of milliseconds a pass at a few thousand nodes). That adds nothing here:
-    ``ep`` passed validation (:func:`mark_validated`, or its constructor), and every
-    node left was one of its nodes, unchanged but for the inputs of ``repointed``.
-    So what is checked again is what the edit could break: that each input of a
-    repointed node is in the graph before it (the lint's order check, for those
-    nodes), and what reads more than one node (the signature against the graph's
-    inputs and outputs, the module call graph). Range constraints and guards are
-    recomputed as the constructor computes them. Any other field is ``ep``'s, as the
-    constructor would take it; the module call graph is ``ep``'s own list, as its
-    graph module is (``ep`` was consumed: its graph is the one the pass edited).
-    A graph with submodules (``cond`` branches: a ``get_attr`` left to a deleted one
+    ``ep`` passed validation (:func:`epass._validated.mark_validated`, or its
+    constructor), and every node left was one of its nodes, unchanged but for the
+    inputs of ``repointed``. So what is checked again is what the edit could break:
+    that each input of a repointed node is in the graph before it (the lint's order
+    check, for those nodes), and what reads more than one node (the signature against
+    the graph's inputs and outputs, the module call graph). Range constraints and
+    guards are recomputed as the constructor computes them. Any other field is
+    ``ep``'s, as the constructor would take it; the module call graph is ``ep``'s own
+    list, as its graph module is (``ep`` was consumed: its graph is the one the pass
+    edited). A graph with submodules (``cond`` branches: a ``get_attr`` left to a deleted one
     only the verifier's walk finds) or repeated items is left to the constructor.
     """
     gm = ep.graph_module
-    if ep not in _VALIDATED or next(gm.children(), None) is not None:
+    if not _validated.has_mark(ep) or next(gm.children(), None) is not None:
         return None
     repointed = tuple(repointed)
     _check_order(gm.graph, repointed)
@@ -296,7 +280,7 @@ def after_erasure(
         guards_code=programs.graph_guards_code(values),
     )
     programs.verify_beyond_nodes(out)
-    mark_validated(out)
+    _validated.mark_validated(out)
     return out
 
 
@@ -365,335 +349,12 @@ def flat_call_graph(inputs: int, outputs: int) -> list[Any]:
     return [ModuleCallEntry(fqn="", signature=signature)]
 
 
-# Programs new_program built, with what torch's verifier read of them right after
-# the constructor validated them: verify_program need not run validate() again
-# while none of it has changed (weak keys: a freed program leaves no entry).
-_VALIDATED: weakref.WeakKeyDictionary[ExportedProgram, list[Any]] = weakref.WeakKeyDictionary()
+def graphs(gm: torch.fx.GraphModule) -> list[torch.fx.Graph]:
+    """The graph of ``gm`` and of every GraphModule in its module tree (``torch.cond``
+    branches, ``while_loop`` bodies, and theirs), each once, in module order."""
+    return [m.graph for _, m in graph_modules(gm)]
 
 
-# The Verifier methods that read a program; a subclass that keeps them (torch's
-# TrainingIRVerifier sets only its dialect) reads what the base one reads.
-_VERIFIER_READS = ("check", "_check_graph_module", "check_valid_op", "check_additional")
-
-
-def _verified_state(ep: ExportedProgram) -> list[Any] | None:
-    """Everything torch's base ``Verifier`` reads of ``ep``: its verifiers (their
-    dialect), every module and graph, each node's name, op, target, arguments and
-    ``meta["val"]`` / ``meta["torch_fn"]``, the objects ``get_attr`` nodes name, the
-    signature, the dicts' entries and the module call graph's argument names. None
-    when one of ``ep``'s verifiers checks more than the base one (ExecuTorch's
-    dialects do), since it may read anything. One flat list, with no tuple per node
-    (fewer objects for the collector to walk): each node's entries start with the
-    node and its op, and a list value's items follow their count, so two lists are
-    equal exactly when every fact in them is."""
-    verifier = programs.base_verifier()
-    for v in ep.verifiers:
-        if any(getattr(v, m) is not getattr(verifier, m) for m in _VERIFIER_READS):
-            return None
-    gm = ep.graph_module
-    sig = ep.graph_signature
-    state: list[Any] = [
-        gm,
-        sig,
-        list(ep.verifiers),  # the dialect: an ATEN program may hold no in-place call
-        [(s.kind, repr(s.arg), s.target, s.persistent) for s in sig.input_specs],
-        [(s.kind, repr(s.arg), s.target) for s in sig.output_specs],
-        list(ep.state_dict.items()),
-        list(ep.constants.items()),
-        [
-            (e.fqn, None if e.signature is None else repr(e.signature.inputs + e.signature.outputs))
-            for e in ep.module_call_graph
-        ],
-    ]
-    add, extend = state.append, state.extend
-    for module in gm.modules():
-        if not isinstance(module, torch.fx.GraphModule):
-            extend((module, list(vars(module).items())))
-            continue
-        buffers = list(programs.module_buffers(module).items())
-        extend((module, module.graph, list(vars(module).items()), buffers))
-        for node in module.graph.nodes:
-            meta = node.meta
-            val = meta.get("val")
-            extend((node, node.op, node.name, node.target, node.args, node.kwargs, val,
-                    meta.get("torch_fn")))  # fmt: skip
-            if type(val) in (list, tuple):  # its items, after their count
-                add(len(val))
-                extend(val)
-            else:
-                add(None)
-            if node.op == "get_attr":
-                try:
-                    add(operator.attrgetter(str(node.target))(module))
-                except AttributeError:
-                    add(None)
-    return state
-
-
-def mark_validated(ep: ExportedProgram) -> None:
-    """Record that ``ep`` has just passed ``validate()`` (its constructor ran it)."""
-    state = _verified_state(ep)
-    if state is not None:
-        _VALIDATED[ep] = state
-
-
-def forget_validated(ep: ExportedProgram) -> None:
-    """Drop ``ep``'s record of passing ``validate()`` (:func:`mark_validated`): a pass
-    epass does not vouch for may have edited its graph, and no check has run since."""
-    _VALIDATED.pop(ep, None)
-
-
-def still_validated(ep: ExportedProgram) -> bool:
-    """Whether ``ep`` passed ``validate()`` (:func:`mark_validated`) and nothing the
-    verifier reads has changed since, so that running it again would pass."""
-    before = _VALIDATED.get(ep)
-    if before is None:
-        return False
-    try:
-        # Lists and tuples compare identical items by identity first: fake values
-        # are never compared element-wise; an odd __eq__ counts as a change.
-        return bool(_verified_state(ep) == before)
-    except Exception:
-        return False
-
-
-def tree_leaves(value: Any) -> list[Any]:
-    """The leaves of a nested structure of outputs (``torch.utils._pytree``, the
-    flattening torch.export itself uses for program inputs and outputs)."""
-    return list(pytree.tree_leaves(value))
-
-
-def tensor_version(value: Any) -> int | None:
-    """The in-place write counter of a tensor, or None for other values."""
-    if isinstance(value, torch.Tensor):
-        try:
-            return programs.version_counter(value)
-        except (RuntimeError, AttributeError):  # inference tensors and some subclasses
-            return None
-    return None
-
-
-def tensor_marks(values: list[torch.Tensor]) -> list[tuple[int | None, bool]]:
-    """What an in-place change of each tensor changes: its write counter (as
-    :func:`tensor_version`) and its ``requires_grad`` flag, read in one loop (the
-    manager reads them for every store entry around every pass)."""
-    marks: list[tuple[int | None, bool]] = []
-    for t in values:
-        try:
-            version: int | None = programs.version_counter(t)
-        except (RuntimeError, AttributeError):  # inference tensors and some subclasses
-            version = None
-        marks.append((version, t.requires_grad))
-    return marks
-
-
-def same_view(a: Any, b: Any) -> bool:
-    """True when ``a`` and ``b`` are the same object, or tensors viewing the same memory
-    with the same dtype, shape, strides, offset, device, Parameter-ness and lazy
-    conjugate/negative bits.
-
-    No tensor bytes are read. The linker calls this once per state entry, so the
-    common case is one dispatcher call (``is_set_to`` compares storage, offset,
-    sizes and strides at once).
-    """
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return False
-        if isinstance(a, torch.nn.Parameter) is not isinstance(b, torch.nn.Parameter):
-            return False
-    elif not isinstance(a, torch.Tensor):
-        return False
-    if a.dtype is not b.dtype:  # is_set_to compares geometry in elements, not bytes
-        return False
-    try:
-        # is_set_to is False whenever either side is a lazy conjugate/negative view
-        # (it resolves them into copies), so True also means equal conj/neg bits.
-        if a.is_set_to(b):  # raises for sparse and other storage-less layouts
-            return True
-        if a.is_conj() or a.is_neg() or b.is_conj() or b.is_neg():
-            # Such views share memory with their base but read other values.
-            return bool(
-                a.is_conj() == b.is_conj()
-                and a.is_neg() == b.is_neg()
-                and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-                and a.device == b.device
-                and a.shape == b.shape
-                and a.stride() == b.stride()
-                and a.storage_offset() == b.storage_offset()
-            )
-        # Empty tensors may have no storage to compare; equal geometry is enough.
-        return bool(
-            a.numel() == 0
-            and a.device == b.device
-            and a.device.type != "meta"
-            and a.shape == b.shape
-            and a.stride() == b.stride()
-            and a.storage_offset() == b.storage_offset()
-        )
-    except (RuntimeError, NotImplementedError):  # meta, fake and storage-less subclasses
-        return False
-
-
-# --- operator schemas (used by the built-in passes) ---------------------------------
-
-
-def op_schema(target: Any) -> torch.FunctionSchema | None:
-    """The schema of an ATen operator overload (``OpOverload._schema``), or None for
-    other call targets (Python functions, higher-order operators, packets)."""
-    if not isinstance(target, OpOverload):
-        return None
-    return operators.function_schema(target)
-
-
-def is_op_overload(value: Any) -> bool:
-    """True for an ATen-style operator overload (``torch._ops.OpOverload``), such as
-    ``torch.ops.aten.relu.default``."""
-    return isinstance(value, OpOverload)
-
-
-def is_op_packet(value: Any) -> bool:
-    """True for an operator packet (``torch._ops.OpOverloadPacket``), such as
-    ``torch.ops.aten.relu``."""
-    return isinstance(value, operators.OpOverloadPacket)
-
-
-# The type of an operator overload, for annotations such as a pass option's.
-OpOverload = operators.OpOverload
-
-
-def overload_of(value: Any) -> Any:
-    """``value`` as an operator overload: an overload itself, a packet's ``default``
-    overload (``aten.relu`` -> ``aten.relu.default``), or None."""
-    if isinstance(value, OpOverload):
-        return value
-    if isinstance(value, operators.OpOverloadPacket) and "default" in operators.op_overloads(
-        value, names=True
-    ):
-        return value.default
-    return None
-
-
-def is_higher_order(value: Any) -> bool:
-    """True for a higher-order operator (``torch._ops.HigherOrderOperator``), such as
-    ``torch.ops.higher_order.cond``."""
-    return isinstance(value, operators.HigherOrderOperator)
-
-
-def is_operator(value: Any) -> bool:
-    """True for any torch operator object (``torch._ops.OperatorBase``): ATen
-    overloads and higher-order operators, the keys of a decomposition table."""
-    return isinstance(value, operators.OperatorBase)
-
-
-def is_view_op(target: Any) -> bool:
-    """Whether ``target`` is a view operator: an operator overload that writes nothing
-    and returns an alias of an argument (``view``, ``t``, ``split``...)."""
-    schema = op_schema(target)
-    return (
-        schema is not None
-        and not schema.is_mutable
-        and any(r.alias_info is not None for r in schema.returns)
-    )
-
-
-def is_mutable_op(op: Any) -> bool:
-    """Whether the operator's schema writes into one of its arguments."""
-    return bool(operators.function_schema(op).is_mutable)
-
-
-# --- graph sharing (used by the manager to decide when a pass needs a graph copy) ---
-
-
-def _graph_objects(gm: torch.nn.Module) -> set[int]:
-    """Ids of every GraphModule in ``gm``'s module tree and of their Graphs."""
-    ids: set[int] = set()
-    for module in gm.modules():
-        if isinstance(module, torch.fx.GraphModule):
-            ids.add(id(module))
-            ids.add(id(module.graph))
-    return ids
-
-
-def shares_graph(a: torch.fx.GraphModule, b: torch.fx.GraphModule) -> bool:
-    """Whether mutating ``a``'s graphs in place could change ``b``'s: they are the same
-    module, or share a Graph or a nested GraphModule (a ``torch.cond`` branch)."""
-    if a is b:
-        return True
-    return not _graph_objects(a).isdisjoint(_graph_objects(b))
-
-
-def graph_code(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
-    """The recompiled code of ``gm`` and of every GraphModule nested in it (``torch.cond``
-    branches), so that a pass that edits only a branch counts as a change."""
-    out = []
-    for name, module in gm.named_modules():
-        if isinstance(module, torch.fx.GraphModule):
-            module.recompile()
-            out.append((name, module.code))
-    return out
-
-
-# torch's deserializer marks the one running in a module global
-# (serde.serialize._CURRENT_DESERIALIZER) and fails when two overlap: loads run
-# one at a time. Loads outside epass (a bare torch.export.load) are not covered.
-_DESERIALIZING = threading.Lock()
-
-
-def load_pt2(f: Any, *, trust: bool = False) -> ExportedProgram:
-    """The ``"model"`` program of a .pt2 archive, through torch's archive loader.
-
-    ``torch.export.load`` wraps the same loader but hides its error behind a log
-    record and falls back to a legacy reader that unpickles without restriction;
-    calling the loader directly gives torch's own exception and no fallback.
-    ``trust=True`` calls ``torch.export.load`` itself, under the same lock.
-    """
-    with _DESERIALIZING, quiet.loader():
-        if trust:
-            return torch.export.load(f)
-        contents = archives.load_pt2_contents(f)
-    programs = contents.exported_programs
-    if "model" not in programs:
-        raise ValueError(f"the archive holds no 'model' program (found {sorted(programs)})")
-    return programs["model"]
-
-
-def archive_records(f: Any) -> dict[str, tuple[int, int]]:
-    """Every member torch's zip reader finds in an archive, below its root folder:
-    name -> (offset of its data in the file, size), as torch's loader will read it.
-
-    The offset comes from the member's local header, read as torch reads it before
-    the data (``get_record_offset``); the public ``PT2ArchiveReader`` gives names only.
-    """
-    reader = archives.zip_reader(f)
-    return {
-        name: (reader.get_record_offset(name), archives.record_size(reader, name))
-        for name in reader.get_all_records()
-    }
-
-
-# --- the serialization schema (used by the typed screen of untrusted archives) ------
-
-
-def export_schema() -> tuple[type, tuple[int, int], type]:
-    """torch's serialization schema behind ``models/model.json``: the root dataclass
-    (``torch._export.serde.schema.ExportedProgram``), the schema version this torch
-    writes, and the base class of its tagged unions (one key per JSON object)."""
-    schema, union = archives.serialization_schema()
-    return schema.ExportedProgram, tuple(schema.SCHEMA_VERSION), union  # type: ignore[return-value]
-
-
-@functools.cache
-def serialized_builtin_targets() -> frozenset[str]:
-    """Node targets that are not ``torch.ops`` operators, as torch's serializer writes
-    them (``_operator.getitem``, ``torch.sym_max``): the symbolic-shape functions it
-    serializes and the builtins its verifier allows."""
-    ops = set(archives.serialized_sym_ops()) | set(programs.base_verifier()().allowed_builtin_ops())
-    return frozenset(f"{op.__module__}.{op.__name__}" for op in ops)
-
-
-def pytree_type_names() -> frozenset[str]:
-    """The type names a serialized pytree spec may name (``builtins.tuple``...): the
-    node types registered with torch's pytree in this process."""
-    return frozenset(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE)
+def graph_modules(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
+    """``gm`` and every GraphModule in its module tree, with their names."""
+    return [(n, m) for n, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule)]

@@ -1,5 +1,6 @@
 """ProgramSnapshot: what a program looked like when a pass got it, to tell later
-whether the pass edited it in place (graph, node meta, signature, state keys)."""
+whether the pass edited it in place (graph, node meta, signature, state keys), and
+the node-meta snapshots and graph code that tell an edit of a graph alone."""
 
 from __future__ import annotations
 
@@ -10,15 +11,57 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
 from epass import _program
-from epass._graph import graph_modules, meta_changed, meta_snapshot
 
-__all__ = ["ProgramSnapshot"]
+__all__ = ["ProgramSnapshot", "graph_code", "meta_changed", "meta_snapshot"]
+
+
+def meta_snapshot(gm: torch.fx.GraphModule) -> list[Any]:
+    """A copy of every node's ``meta`` (containers copied, leaves shared), in graph
+    order, nested graphs included: what :func:`meta_changed` compares against."""
+    return [
+        _program.copy_meta(node.meta)
+        for _, m in _program.graph_modules(gm)
+        for node in m.graph.nodes
+    ]
+
+
+def meta_changed(gm: torch.fx.GraphModule, snapshot: list[Any], *, ignore: str = "") -> bool:
+    """Whether any node's ``meta`` of ``gm`` differs from ``snapshot`` (the key
+    ``ignore`` aside)."""
+    metas = [node.meta for _, m in _program.graph_modules(gm) for node in m.graph.nodes]
+    if ignore:
+        metas = [
+            {k: v for k, v in meta.items() if k != ignore} if ignore in meta else meta
+            for meta in metas
+        ]
+    if len(metas) != len(snapshot):
+        return True
+    for now, before in zip(metas, snapshot, strict=True):
+        try:
+            # dict equality compares identical leaves by identity, so shared fake
+            # tensors are never compared element-wise.
+            if now != before:
+                return True
+        except Exception:  # a leaf replaced by a tensor or another odd value
+            return True
+    return False
+
+
+def graph_code(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
+    """The recompiled code of ``gm`` and of every GraphModule nested in it (``torch.cond``
+    branches), so that a pass that edits only a branch counts as a change."""
+    out = []
+    for name, module in gm.named_modules():
+        if isinstance(module, torch.fx.GraphModule):
+            module.recompile()
+            out.append((name, module.code))
+    return out
 
 
 def _structure(gm: torch.fx.GraphModule) -> list[Any]:
     return [
         (name, m, m.graph, [(n, n.op, n.name, n.target, n.args, n.kwargs) for n in m.graph.nodes])
-        for name, m in graph_modules(gm)
+        for name, m in _program.graph_modules(gm)
     ]
 
 
@@ -71,7 +114,7 @@ class ProgramSnapshot:
             # not hold: its node meta is the snapshot, with nothing copied again.
             self.meta = [
                 node.meta
-                for _, m in graph_modules(copied_from.graph_module)
+                for _, m in _program.graph_modules(copied_from.graph_module)
                 for node in m.graph.nodes
             ]
         else:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.export.graph_signature import ExportGraphSignature
 
-from epass import _graph, _program
+from epass import _graph, _operators
 
 __all__ = ["InPlaceWrites", "in_place_writes", "mutated_nodes"]
 
@@ -71,7 +71,7 @@ def in_place_writes(gm: torch.fx.GraphModule) -> InPlaceWrites:
         if node.target is operator.getitem and isinstance(first, torch.fx.Node):
             root[node] = root.get(first, first)  # an item of unbind, split, chunk...
             continue
-        schema = _program.op_schema(node.target)
+        schema = _operators.op_schema(node.target)
         if schema is None:
             operands = _body_writes(gm, node)
             if operands:

@@ -27,7 +27,7 @@ from typing import IO, Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _program, _pt2
 from epass._paths import check_exists, check_output_path, directory_of
 from epass._screen import ALLOWLIST, ReadOnce, readers_agree, screen
 from epass._screen import first_line as _first_line
@@ -197,7 +197,7 @@ def load(
             say = _phases(progress, f"{p.name} ({_size_text(os.fstat(f.fileno()).st_size)})")
             if trust:
                 say("loading")
-                ep = _program.load_pt2(f, trust=True)
+                ep = _pt2.read_program(f, trust=True)
             else:
                 ep = _load_screened(f, str(p), say)
     except LoadError:
@@ -228,11 +228,11 @@ def _load_screened(f: Any, name: str, say: Callable[[str], None]) -> ExportedPro
         screen(typing.cast(IO[bytes], view), name=name)
         view.seal()
         say("loading")
-        return _program.load_pt2(view)
+        return _pt2.read_program(view)
     with _private_copy(f, name) as copy:  # not a regular file, or the readers disagree
         screen(copy, name=name)
         say("loading")
-        return _program.load_pt2(copy)
+        return _pt2.read_program(copy)
 
 
 # --- saving ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _program, _tensors
 from epass.errors import ArgumentTypeError, StateConflictError
 
 __all__ = [
@@ -254,7 +254,7 @@ def _plan(store: dict[str, Any], new: dict[str, Any], compare_values: bool) -> _
         elif old is value:
             unchanged.append(key)
             output[key] = old
-        elif _program.same_view(old, value):
+        elif _tensors.same_view(old, value):
             relinked.append(key)
             output[key] = old
         elif compare_values and _equal_values(old, value):

@@ -19,7 +19,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _heap, _program, _snapshot, building, protocol, verify
+from epass import _heap, _lease, _program, _snapshot, _validated, building, protocol, verify
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -203,7 +203,7 @@ class _Prepared:
     targets_before: Counter[Any] | None
     # For a built-in pass: what it may edit in place and the graphs it built
     # (epass._graph.editable_graph), else None.
-    lease: _graph.Lease | None = None
+    lease: _lease.Lease | None = None
     # What the output's checks compare with when the pass may edit current's graph
     # in place (verify.before, read before it ran), else None: current itself.
     source: verify.Before | None = None
@@ -347,7 +347,7 @@ class PassManager:
                                         user=run.user,
                                     )
                                 else:
-                                    with _graph.granted(prepared.lease):
+                                    with _lease.granted(prepared.lease):
                                         out = p(prepared.view)
                             # sys.exit() in a pass fails that pass; the process goes on.
                             except (Exception, SystemExit) as exc:
@@ -453,7 +453,7 @@ class PassManager:
         return prepared
 
     @staticmethod
-    def _ownership(model: PassModel, run: _Run) -> tuple[bool, _graph.Lease | None, bool]:
+    def _ownership(model: PassModel, run: _Run) -> tuple[bool, _lease.Lease | None, bool]:
         """Whether the pass gets a copy of current's graph, its lease, and whether
         it may edit current's graph in place."""
         # A pass that may edit its input gets its own graph unless this run made
@@ -464,7 +464,7 @@ class PassManager:
         own = not (
             bool(run.dispatch)
             or run.current.graph_module is not run.owned
-            or _program.shares_graph(run.current.graph_module, run.user.graph_module)
+            or _lease.shares_graph(run.current.graph_module, run.user.graph_module)
         )
         copy_graph = model.changes_input and not own
         # A built-in pass copies for itself what it edits, unless it holds a lease
@@ -473,7 +473,7 @@ class PassManager:
         # every program, so no program is the run's own while they watch.
         lease = None
         if model.takes_lease and not run.dispatch:
-            lease = _graph.Lease(run.current.graph_module if own else None)
+            lease = _lease.Lease(run.current.graph_module if own else None)
         in_place = (model.changes_input or lease is not None) and own
         return copy_graph, lease, in_place
 
@@ -526,7 +526,7 @@ class PassManager:
             run.walk = (program, walk)
             return walk.targets
         if not prepared.model.takes_lease:  # it may have edited a validated program
-            _program.forget_validated(program)  # which no check has seen since
+            _validated.forget_validated(program)  # which no check has seen since
         return None
 
     def _finish(self, run: _Run, info: PassInfo, out: Any, prepared: _Prepared) -> PassRecord:

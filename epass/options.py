@@ -157,7 +157,7 @@ def _named_type(annotation: Any) -> OptionType:
     torch = sys.modules.get("torch")  # a torch annotation exists only once torch is loaded
     if torch is not None and annotation is torch.dtype:
         return OptionType("dtype")
-    if torch is not None and annotation is _program().OpOverload:
+    if torch is not None and annotation is _operators().OpOverload:
         return OptionType("operator")
     name = str(getattr(annotation, "__name__", annotation)).replace("typing.", "")
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
@@ -174,10 +174,10 @@ def _is_callable(tp: Any) -> bool:
     )
 
 
-def _program() -> Any:
-    from epass import _program
+def _operators() -> Any:
+    from epass import _operators
 
-    return _program
+    return _operators
 
 
 # --- reading a type back from its text ------------------------------------------------
@@ -332,7 +332,7 @@ def _convert_dtype(value: Any, t: OptionType) -> Any:
 def _convert_operator(value: Any, t: OptionType) -> Any:
     if "torch" not in sys.modules:  # as for dtypes: checked again when the pass is built
         return value
-    overload = _program().overload_of(value)
+    overload = _operators().overload_of(value)
     if overload is None:
         raise _Mismatch
     return overload

@@ -9,7 +9,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from epass import _graph, _program, _writes
+from epass import _graph, _operators, _validated, _writes
 from epass.errors import ArgumentTypeError, ProgramError
 
 __all__ = [
@@ -401,7 +401,7 @@ def _walk_calls(gm: torch.fx.GraphModule, previous: CallWalk | None = None) -> C
             if seen is None or not (
                 seen[0] == name and seen[1] is target and seen[2] is args and seen[3] is kwargs
             ):
-                schema = _program.op_schema(target)
+                schema = _operators.op_schema(target)
                 if schema is None:
                     seen = (name, target, args, kwargs, (), False)
                 else:
@@ -470,7 +470,7 @@ def verify_program(ep: ExportedProgram) -> None:
 
     ``validate()`` is skipped for a program epass built (whose constructor has just
     run it) while nothing torch's verifier reads has changed since
-    (``_program.still_validated``).
+    (``_validated.still_validated``).
 
     Raises:
         ArgumentTypeError: ``ep`` is not an ExportedProgram.
@@ -484,7 +484,7 @@ def verify_program(ep: ExportedProgram) -> None:
 
 def _verify(ep: ExportedProgram, source: ExportedProgram | Before | None) -> None:
     try:
-        if not _program.still_validated(ep):
+        if not _validated.still_validated(ep):
             ep.validate()
     except Exception as exc:
         raise ProgramError(f"{type(exc).__name__}: {exc}", [str(exc)]) from exc

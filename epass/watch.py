@@ -11,7 +11,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _tensors
 
 __all__ = ["StoreWatch", "tensor_bytes", "tensor_layout"]
 
@@ -67,7 +67,7 @@ def _store_entries(ep: ExportedProgram) -> list[_Entry]:
     ]
     # A mark is the version counter and the requires_grad flag
     # (requires_grad_ does not count as a write).
-    marks = _program.tensor_marks([value for _, _, value in items])
+    marks = _tensors.tensor_marks([value for _, _, value in items])
     return [(*item, mark) for item, mark in zip(items, marks, strict=True)]
 
 
@@ -120,7 +120,7 @@ class StoreWatch:
         / ``"constants:<key>"``. A flipped ``requires_grad`` flag counts and is set
         back (the one change that can be undone)."""
         touched = []
-        marks = _program.tensor_marks([value for _, _, value, _ in self.entries])
+        marks = _tensors.tensor_marks([value for _, _, value, _ in self.entries])
         for (label, key, value, mark), now in zip(self.entries, marks, strict=True):
             if now != mark:
                 touched.append(f"{label}:{key}")

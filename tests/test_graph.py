@@ -8,22 +8,22 @@ import operator
 import pytest
 import torch
 
-from epass import PassManager, _graph, _program, _writes, verify
+from epass import PassManager, _graph, _operators, _program, _writes, verify
 from epass.passes import CSE, CastDtype, ConstantFold, DeadCodeElimination
 
 
 def test_op_schema_reads_operator_schemas() -> None:
-    schema = _program.op_schema(torch.ops.aten.add_.Tensor)
+    schema = _operators.op_schema(torch.ops.aten.add_.Tensor)
     assert schema is not None and schema.is_mutable and schema.name == "aten::add_"
-    assert not _program.op_schema(torch.ops.aten.add.Tensor).is_mutable  # type: ignore[union-attr]
-    assert _program.op_schema(operator.getitem) is None
-    assert _program.op_schema(torch.ops.aten.add) is None  # a packet, not an overload
+    assert not _operators.op_schema(torch.ops.aten.add.Tensor).is_mutable  # type: ignore[union-attr]
+    assert _operators.op_schema(operator.getitem) is None
+    assert _operators.op_schema(torch.ops.aten.add) is None  # a packet, not an overload
 
 
 def test_is_op_overload() -> None:
-    assert _program.is_op_overload(torch.ops.aten.relu.default)
-    assert not _program.is_op_overload(torch.ops.aten.relu)
-    assert not _program.is_op_overload(torch.relu)
+    assert _operators.is_op_overload(torch.ops.aten.relu.default)
+    assert not _operators.is_op_overload(torch.ops.aten.relu)
+    assert not _operators.is_op_overload(torch.relu)
 
 
 def _builtin_named() -> torch.export.ExportedProgram:
@@ -178,7 +178,7 @@ def test_graphs_lists_every_nested_graph_once_in_module_order() -> None:
     modules = dict(gm.named_modules())
     names = ["", "true_graph_0", "true_graph_0.true_graph_0", "true_graph_0.false_graph_0"]
     names += ["false_graph_0", "while_loop_cond_graph_0", "while_loop_body_graph_0"]
-    assert _graph.graphs(gm) == [modules[name].graph for name in names]
+    assert _program.graphs(gm) == [modules[name].graph for name in names]
 
 
 @pytest.mark.parametrize("body", ["true_graph_0.true_graph_0", "while_loop_body_graph_0"])

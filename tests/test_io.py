@@ -766,20 +766,20 @@ def test_inspect_is_the_data_the_cli_prints(program_file: Path) -> None:
 
 
 def test_private_loader_is_pinned(program_file: Path) -> None:
-    """``_program.load_pt2`` leans on torch's archive loader; fail loudly if it moves."""
+    """``_pt2.read_program`` leans on torch's archive loader; fail loudly if it moves."""
     from torch.export.pt2_archive import _package
 
-    from epass import _program
+    from epass import _pt2
 
     assert callable(_package.load_pt2)
     with open(program_file, "rb") as f:
         contents = _package.load_pt2(f)
     assert set(contents.exported_programs) == {"model"}
     with open(program_file, "rb") as f:
-        assert isinstance(_program.load_pt2(f), torch.export.ExportedProgram)
+        assert isinstance(_pt2.read_program(f), torch.export.ExportedProgram)
     # The screen compares torch's zip reader's members and data offsets with Python's.
     with open(program_file, "rb") as f:
-        records = _program.archive_records(f)
+        records = _pt2.archive_records(f)
     with zipfile.ZipFile(program_file) as z:
         assert set(records) == {i.filename.split("/", 1)[1] for i in z.infolist()}
         info = z.infolist()[0]

@@ -14,7 +14,7 @@ from fingerprint import fingerprint
 from torch.export import ExportedProgram
 
 import epass
-from epass import _graph, _program, verify
+from epass import _graph, _lease, _program, verify
 from epass._torch import programs
 from epass.passes import (
     CSE,
@@ -264,13 +264,13 @@ def test_before_reads_what_the_checks_compare_with():
 def test_a_lease_is_good_for_one_call():
     ep = models.export("mlp")[1]
     own = _graph.build_program(ep, _graph.copy_graph(ep))
-    lease = _graph.Lease(own.graph_module)
-    with _graph.granted(lease):
-        assert _graph.take_lease(ep) is None  # not the leased program's graph
-        assert _graph.take_lease(own) is own.graph_module
-        assert _graph.take_lease(own) is None
+    lease = _lease.Lease(own.graph_module)
+    with _lease.granted(lease):
+        assert _lease.take_lease(ep) is None  # not the leased program's graph
+        assert _lease.take_lease(own) is own.graph_module
+        assert _lease.take_lease(own) is None
         assert _graph.editable_graph(own) is not own.graph_module
-    assert _graph.take_lease(own) is None
+    assert _lease.take_lease(own) is None
 
 
 @pytest.mark.parametrize("name", ["decoder", "cnn"])
@@ -331,7 +331,7 @@ def test_cse_names_every_node_whose_input_it_repointed(monkeypatch):
         check_order(graph, nodes)
 
     monkeypatch.setattr(_program, "_check_order", seen)
-    with _graph.granted(_graph.Lease(own.graph_module)):
+    with _lease.granted(_lease.Lease(own.graph_module)):
         out = CSE()(own).program
     assert out.graph_module is own.graph_module  # merged in place, rebuilt after erasures
     assert set(checked) == users
@@ -440,7 +440,7 @@ def test_a_leased_cse_that_leaves_two_items_of_one_call_gives_what_a_copying_one
     # which the constructor merges; with one rewrite allowed, CSE itself does not.
     ep = torch.export.export(_TwoSplits(), (torch.randn(4),)).run_decompositions()
     own = _validated_copy(ep)
-    with _graph.granted(_graph.Lease(own.graph_module)):
+    with _lease.granted(_lease.Lease(own.graph_module)):
         leased = CSE(max_rewrites=limit)(own).program
     copied = CSE(max_rewrites=limit)(_validated_copy(ep)).program
     _same(leased, copied)

@@ -13,7 +13,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from epass import _graph, _program
+from epass import _graph, _operators, _program, _pt2, _tensors, _validated
 from epass._torch import internals, programs
 from epass.errors import ProgramError
 from epass.verify import verify_program
@@ -168,48 +168,48 @@ def test_build_program_round_trips_an_untagged_copy():
 
 def test_tensor_version_counts_in_place_writes():
     t = torch.zeros(2)
-    v = _program.tensor_version(t)
+    v = _tensors.tensor_version(t)
     t.add_(1)
-    assert _program.tensor_version(t) == v + 1
-    assert _program.tensor_version("not a tensor") is None
+    assert _tensors.tensor_version(t) == v + 1
+    assert _tensors.tensor_version("not a tensor") is None
 
 
 def test_tensor_marks_read_each_version_and_requires_grad_flag():
     a, b = torch.zeros(2), torch.nn.Parameter(torch.zeros(2))
     with torch.inference_mode():
         c = torch.zeros(2)  # an inference tensor has no version counter
-    before = _program.tensor_marks([a, b, c])
-    assert before == [(_program.tensor_version(a), False), (_program.tensor_version(b), True),
+    before = _tensors.tensor_marks([a, b, c])
+    assert before == [(_tensors.tensor_version(a), False), (_tensors.tensor_version(b), True),
                       (None, False)]  # fmt: skip
     a.add_(1)
     b.requires_grad_(False)
-    assert _program.tensor_marks([a, b, c]) == [
+    assert _tensors.tensor_marks([a, b, c]) == [
         (before[0][0] + 1, False), (before[1][0], False), (None, False)
     ]  # fmt: skip
 
 
 def test_same_view_reads_no_bytes_and_checks_layout():
     t = torch.randn(4, 4)
-    assert _program.same_view(t, t.view(4, 4))
-    assert not _program.same_view(t, t.t())
-    assert not _program.same_view(t, t.clone())
-    assert not _program.same_view(t, t[1:])
-    assert not _program.same_view(t, t.view(torch.int32))
+    assert _tensors.same_view(t, t.view(4, 4))
+    assert not _tensors.same_view(t, t.t())
+    assert not _tensors.same_view(t, t.clone())
+    assert not _tensors.same_view(t, t[1:])
+    assert not _tensors.same_view(t, t.view(torch.int32))
     p = torch.nn.Parameter(t)
-    assert not _program.same_view(p, t)
-    assert _program.same_view(p, torch.nn.Parameter(t))
+    assert not _tensors.same_view(p, t)
+    assert _tensors.same_view(p, torch.nn.Parameter(t))
     m1, m2 = torch.empty(3, device="meta"), torch.empty(3, device="meta")
-    assert not _program.same_view(m1, m2)
-    assert _program.same_view(torch.empty(0), torch.empty(0))
+    assert not _tensors.same_view(m1, m2)
+    assert _tensors.same_view(torch.empty(0), torch.empty(0))
 
 
 def test_same_view_sees_lazy_conjugate_and_negative_views():
     # conj() and the imaginary part of a conjugate share memory, strides and offset
     # with the original but read different values (a lazy bit on the tensor).
     c = torch.randn(3, dtype=torch.complex64)
-    assert not _program.same_view(c, c.conj())
-    assert not _program.same_view(c.imag, c.conj().imag)
-    assert _program.same_view(c.conj(), c.conj())
+    assert not _tensors.same_view(c, c.conj())
+    assert not _tensors.same_view(c.imag, c.conj().imag)
+    assert _tensors.same_view(c.conj(), c.conj())
 
 
 def test_copy_graph_module_keeps_names_that_shadow_builtins():
@@ -241,34 +241,34 @@ def test_fx_pass_keeps_the_user_input_name():
 
 
 def test_operator_checks_know_aten_overloads():
-    assert _program.is_operator(torch.ops.aten.linear.default)
-    assert _program.is_op_overload(torch.ops.aten.linear.default)
-    assert not _program.is_op_overload(torch.ops.aten.linear)  # a packet, not an overload
-    assert not _program.is_operator("aten.linear.default")
-    assert _program.is_op_packet(torch.ops.aten.linear)
-    assert not _program.is_op_packet(torch.ops.aten.linear.default)
-    assert not _program.is_op_packet("aten.linear")
-    schema = _program.op_schema(torch.ops.aten.add_.Tensor)
+    assert _operators.is_operator(torch.ops.aten.linear.default)
+    assert _operators.is_op_overload(torch.ops.aten.linear.default)
+    assert not _operators.is_op_overload(torch.ops.aten.linear)  # a packet, not an overload
+    assert not _operators.is_operator("aten.linear.default")
+    assert _operators.is_op_packet(torch.ops.aten.linear)
+    assert not _operators.is_op_packet(torch.ops.aten.linear.default)
+    assert not _operators.is_op_packet("aten.linear")
+    schema = _operators.op_schema(torch.ops.aten.add_.Tensor)
     assert schema is not None and schema.is_mutable
-    assert _program.op_schema(len) is None
+    assert _operators.op_schema(len) is None
 
 
 aten = torch.ops.aten
 
 
 def test_op_overload_and_mutability():
-    assert _program.is_op_overload(aten.add.Tensor)
-    assert not _program.is_op_overload(aten.add)
-    assert not _program.is_op_overload(torch.ops.higher_order.cond)
-    assert _program.is_mutable_op(aten.add_.Tensor)
-    assert not _program.is_mutable_op(aten.add.Tensor)
+    assert _operators.is_op_overload(aten.add.Tensor)
+    assert not _operators.is_op_overload(aten.add)
+    assert not _operators.is_op_overload(torch.ops.higher_order.cond)
+    assert _operators.is_mutable_op(aten.add_.Tensor)
+    assert not _operators.is_mutable_op(aten.add.Tensor)
 
 
 def test_is_higher_order_knows_cond_and_not_aten_ops():
-    assert _program.is_higher_order(torch.ops.higher_order.cond)
-    assert _program.is_higher_order(torch.ops.higher_order.while_loop)
-    assert not _program.is_higher_order(aten.add.Tensor)
-    assert not _program.is_higher_order(len)
+    assert _operators.is_higher_order(torch.ops.higher_order.cond)
+    assert _operators.is_higher_order(torch.ops.higher_order.while_loop)
+    assert not _operators.is_higher_order(aten.add.Tensor)
+    assert not _operators.is_higher_order(len)
 
 
 # --- same_view (the linker's per-entry check) -----------------------------------------
@@ -276,26 +276,26 @@ def test_is_higher_order_knows_cond_and_not_aten_ops():
 
 def test_same_view_relinks_new_objects_over_the_same_memory():
     base = torch.zeros(16)
-    assert _program.same_view(base, base.detach())
-    assert _program.same_view(torch.zeros(0), torch.zeros(0))
+    assert _tensors.same_view(base, base.detach())
+    assert _tensors.same_view(torch.zeros(0), torch.zeros(0))
     p = torch.nn.Parameter(torch.zeros(3))
-    assert _program.same_view(p, torch.nn.Parameter(p.detach()))
+    assert _tensors.same_view(p, torch.nn.Parameter(p.detach()))
 
 
 def test_same_view_rejects_any_other_geometry_dtype_or_kind():
     base = torch.zeros(16)
-    assert not _program.same_view(base, base.view(torch.int32))
-    assert not _program.same_view(base, base[1:])
-    assert not _program.same_view(base, base.view(4, 4))
-    assert not _program.same_view(base.view(4, 4), base.view(4, 4).t())
-    assert not _program.same_view(base, torch.zeros(16))
+    assert not _tensors.same_view(base, base.view(torch.int32))
+    assert not _tensors.same_view(base, base[1:])
+    assert not _tensors.same_view(base, base.view(4, 4))
+    assert not _tensors.same_view(base.view(4, 4), base.view(4, 4).t())
+    assert not _tensors.same_view(base, torch.zeros(16))
     p = torch.nn.Parameter(torch.zeros(3))
-    assert not _program.same_view(p, p.detach())
+    assert not _tensors.same_view(p, p.detach())
     meta = torch.empty(3, device="meta")
-    assert not _program.same_view(meta, meta.detach())
+    assert not _tensors.same_view(meta, meta.detach())
     sparse = torch.eye(3).to_sparse()
-    assert not _program.same_view(sparse, sparse.detach())
-    assert not _program.same_view(1, 1.0)
+    assert not _tensors.same_view(sparse, sparse.detach())
+    assert not _tensors.same_view(1, 1.0)
 
 
 def test_is_set_to_never_matches_lazy_views():
@@ -310,14 +310,14 @@ def test_is_set_to_never_matches_lazy_views():
 
 def test_tree_leaves_flattens_nested_outputs():
     a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
-    assert _program.tree_leaves((a, [b, {"c": c}])) == [a, b, c]
+    assert _tensors.tree_leaves((a, [b, {"c": c}])) == [a, b, c]
 
 
 def test_export_schema_is_the_dataclass_tree_behind_model_json() -> None:
     import dataclasses
     import typing
 
-    root, version, union = _program.export_schema()
+    root, version, union = _pt2.export_schema()
     assert dataclasses.is_dataclass(root) and root.__name__ == "ExportedProgram"
     assert {"graph_module", "schema_version", "guards_code"} <= {
         f.name for f in dataclasses.fields(root)
@@ -330,17 +330,17 @@ def test_export_schema_is_the_dataclass_tree_behind_model_json() -> None:
 
 
 def test_serialized_builtin_targets_are_named_as_torch_writes_them() -> None:
-    targets = _program.serialized_builtin_targets()
+    targets = _pt2.serialized_builtin_targets()
     assert {"_operator.getitem", "_operator.add", "torch.sym_max", "math.trunc"} <= targets
     assert not any(t.startswith("torch.ops.") for t in targets)
 
 
 def test_pytree_type_names_include_the_builtin_containers() -> None:
-    assert {"builtins.tuple", "builtins.list", "builtins.dict"} <= _program.pytree_type_names()
+    assert {"builtins.tuple", "builtins.list", "builtins.dict"} <= _pt2.pytree_type_names()
 
 
 def test_the_verifier_reads_what_still_validated_compares():
-    # _program._verified_state lists what torch's base Verifier reads; a check
+    # _validated._verified_state lists what torch's base Verifier reads; a check
     # torch adds would read something the comparison may not cover.
     import inspect
 
@@ -363,12 +363,12 @@ def test_a_program_new_program_built_counts_as_validated_until_it_changes():
     built = _program.new_program(
         ep, ep.graph_module, ep.graph_signature, ep.state_dict, ep.constants
     )
-    assert _program.still_validated(built)
-    assert _program.still_validated(_program.shallow_clone(built))
-    assert not _program.still_validated(ep)  # torch built it; epass never saw it validated
+    assert _validated.still_validated(built)
+    assert _validated.still_validated(_program.shallow_clone(built))
+    assert not _validated.still_validated(ep)  # torch built it; epass never saw it validated
     node = next(n for n in built.graph.nodes if n.op == "call_function")
     node.meta["val"] = node.meta["val"].clone()
-    assert not _program.still_validated(built)
+    assert not _validated.still_validated(built)
 
 
 class _Split(torch.nn.Module):
@@ -414,9 +414,9 @@ def test_any_edit_the_verifier_would_read_ends_the_validated_mark(edit):
         if isinstance(node.meta.get("val"), list):
             node.meta["val"] = list(node.meta["val"])
     built = _program.new_program(ep, gm, ep.graph_signature, ep.state_dict, ep.constants)
-    assert _program.still_validated(built)
+    assert _validated.still_validated(built)
     edit(built)
-    assert not _program.still_validated(built)
+    assert not _validated.still_validated(built)
 
 
 class _AddInPlace(torch.nn.Module):
@@ -434,9 +434,9 @@ def test_a_program_relabelled_to_another_dialect_is_validated_again():
     built = _program.new_program(
         ep, ep.graph_module, ep.graph_signature, ep.state_dict, ep.constants, keep_dialect=True
     )
-    assert _program.still_validated(built)
+    assert _validated.still_validated(built)
     programs.set_fields(built, verifiers=[programs.base_verifier()])
-    assert not _program.still_validated(built)
+    assert not _validated.still_validated(built)
     with pytest.raises(ProgramError, match="add_"):
         verify_program(built)
 

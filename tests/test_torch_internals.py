@@ -20,7 +20,7 @@ from torch import nn
 from torch.export.graph_signature import InputKind
 
 import epass
-from epass import _program, _torch
+from epass import _operators, _program, _pt2, _tensors, _torch, _validated
 from epass._decomp import identity, keys, shapes, state
 from epass._decomp.tracing import INHERITED_META
 from epass._torch import fakes, internals, operators, programs, tracing
@@ -439,7 +439,7 @@ def _new_program_without_code() -> None:
     assert module._create_graph_module_for_export is made_with
     assert "_code" not in vars(out.graph_module)
     assert out.range_constraints == ep.range_constraints
-    assert _program.still_validated(out)
+    assert _validated.still_validated(out)
 
 
 def _after_erasure() -> None:
@@ -464,7 +464,7 @@ def _after_erasure() -> None:
     assert sorted(vars(out)) == sorted(vars(plain))
     assert out.range_constraints == plain.range_constraints
     assert programs.guards_code(out) == programs.guards_code(plain) != programs.guards_code(own)
-    assert _program.still_validated(out)
+    assert _validated.still_validated(out)
     (first,) = programs.one_value_module(own.graph_module).graph.nodes
     assert isinstance(first.meta["val"], torch._subclasses.fake_tensor.FakeTensor)
     unvalidated = torch.export.export(nn.Linear(4, 2), (torch.randn(3, 4),))
@@ -494,7 +494,7 @@ def _placeholder_names() -> None:
 
 
 def _builtin_targets() -> None:
-    targets = _program.serialized_builtin_targets()
+    targets = _pt2.serialized_builtin_targets()
     assert {"_operator.getitem", "torch.sym_max"} <= targets
 
 
@@ -521,27 +521,27 @@ def _buffers() -> None:
 
 def _version() -> None:
     t = torch.zeros(2)
-    before = _program.tensor_version(t)
+    before = _tensors.tensor_version(t)
     t.add_(1)
-    assert _program.tensor_version(t) == before + 1
-    assert _program.tensor_marks([t]) == [(before + 1, False)]
+    assert _tensors.tensor_version(t) == before + 1
+    assert _tensors.tensor_marks([t]) == [(before + 1, False)]
 
 
 def _pytree() -> None:
     ep = _static()
-    assert _program.tree_leaves((1, [2, {"a": 3}])) == [1, 2, 3]
+    assert _tensors.tree_leaves((1, [2, {"a": 3}])) == [1, 2, 3]
     copied = _program.copy_call_graph(ep.module_call_graph)
     assert [e.signature for e in copied] == [e.signature for e in ep.module_call_graph]
-    assert "builtins.tuple" in _program.pytree_type_names()
+    assert "builtins.tuple" in _pt2.pytree_type_names()
 
 
 def _archive_read() -> None:
-    records = _program.archive_records(_archive())
+    records = _pt2.archive_records(_archive())
     assert any(name.endswith("models/model.json") for name in records)
     with open(_archive(), "rb") as f:
         data = f.read()
     assert all(size == len(_zip_member(data, name)) for name, (_, size) in records.items())
-    assert type(_program.load_pt2(_archive())).__name__ == "ExportedProgram"
+    assert type(_pt2.read_program(_archive())).__name__ == "ExportedProgram"
 
 
 def _zip_member(data: bytes, name: str) -> bytes:
@@ -553,7 +553,7 @@ def _zip_member(data: bytes, name: str) -> bytes:
 
 
 def _schema() -> None:
-    root, version, union = _program.export_schema()
+    root, version, union = _pt2.export_schema()
     assert root.__name__ == "ExportedProgram" and len(version) == 2
     assert isinstance(union, type)
 
@@ -563,27 +563,27 @@ _UTILS = "torch._export.utils"
 
 CALLS: dict[str, Callable[[], None]] = {
     "torch._ops.HigherOrderOperator": lambda: _assert(
-        _program.is_higher_order(torch.ops.higher_order.cond)
-        and not _program.is_higher_order(aten.add.Tensor)
+        _operators.is_higher_order(torch.ops.higher_order.cond)
+        and not _operators.is_higher_order(aten.add.Tensor)
     ),
     "torch._ops.OperatorBase": lambda: _assert(
-        _program.is_operator(aten.add.Tensor)
-        and _program.is_operator(torch.ops.higher_order.cond)
-        and not _program.is_operator(len)
+        _operators.is_operator(aten.add.Tensor)
+        and _operators.is_operator(torch.ops.higher_order.cond)
+        and not _operators.is_operator(len)
     ),
     "torch._ops.OpOverload": lambda: _assert(
-        _program.is_op_overload(aten.add.Tensor) and not _program.is_op_overload(aten.add)
+        _operators.is_op_overload(aten.add.Tensor) and not _operators.is_op_overload(aten.add)
     ),
     "torch._ops.OpOverloadPacket": lambda: _assert(
-        _program.is_op_packet(aten.add) and _program.overload_of(aten.relu) is aten.relu.default
+        _operators.is_op_packet(aten.add) and _operators.overload_of(aten.relu) is aten.relu.default
     ),
     "torch._ops.OpOverloadPacket.overloads": lambda: _assert(
         aten.add.Tensor in operators.op_overloads(aten.add)
     ),
     "torch._ops.OpOverload._schema": lambda: _assert(
         operators.function_schema(aten.add_.Tensor).is_mutable
-        and _program.is_view_op(aten.t.default)
-        and not _program.is_mutable_op(aten.add.Tensor)
+        and _operators.is_view_op(aten.t.default)
+        and not _operators.is_mutable_op(aten.add.Tensor)
     ),
     "torch._ops.OpOverload._overloadpacket": lambda: _assert(
         operators.overload_key(aten.add.Tensor) == (aten.add, "Tensor")

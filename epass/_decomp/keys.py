@@ -12,7 +12,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _operators
 from epass._decomp import identity, shapes
 from epass._decomp.safety import Fallback
 from epass._torch import fakes
@@ -64,7 +64,7 @@ def normalize(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[A
     """``(args, kwargs)`` the way the dispatcher passes them to a Python mode:
     positional arguments up to the last one that is not its default, keyword-only
     arguments only where they are not their default."""
-    schema = _program.op_schema(op)
+    schema = _operators.op_schema(op)
     assert schema is not None  # only operator overloads are normalized
     bound: list[Any] = []
     params = schema.arguments
@@ -185,7 +185,7 @@ def requires_grad(node: torch.fx.Node, grads: frozenset[str]) -> bool:
     while node.op == "call_function":
         target = node.target
         if target is operator.getitem or (
-            target is not torch.ops.aten.detach.default and _program.is_view_op(target)
+            target is not torch.ops.aten.detach.default and _operators.is_view_op(target)
         ):
             source = node.args[0] if node.args else None
             if not isinstance(source, torch.fx.Node):

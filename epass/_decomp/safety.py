@@ -17,7 +17,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from epass import _program
+from epass import _operators, _tensors
 from epass._decomp import table
 from epass._torch import internals
 
@@ -64,7 +64,7 @@ _SYM_FUNCTIONS = frozenset(
 def _returns_nothing(target: Any) -> bool:
     """An operator that returns nothing (``_assert_tensor_metadata``, say): a loaded
     program's node for it carries no ``val``, and needs none."""
-    schema = _program.op_schema(target)
+    schema = _operators.op_schema(target)
     return schema is not None and not schema.returns
 
 
@@ -170,10 +170,10 @@ def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str
         problem = aliases.see(node)
         if problem is not None:
             return problem
-        if _program.is_op_overload(target):
+        if _operators.is_op_overload(target):
             if target.namespace != "aten" and (
-                _program.is_mutable_op(target)
-                or _program.is_view_op(target)
+                _operators.is_mutable_op(target)
+                or _operators.is_view_op(target)
                 or (table.is_cia(target) and not table.splices(node, tables))
             ):
                 # The retrace functionalizes a write (``auto_functionalized``), a
@@ -184,7 +184,7 @@ def _reason(ep: ExportedProgram, tables: table.Tables, aliases: _Aliases) -> str
                 # The retrace's trace computes it from the sizes it tracks (numel:
                 # a product of sym_size nodes); a copy would keep the query.
                 return f"a symbolic {target.overloadpacket.__name__} ({node.name})"
-        elif _program.is_higher_order(target):
+        elif _operators.is_higher_order(target):
             if target not in table.REGIONS:
                 return f"a higher-order op ({target.name()} at {node.name})"
         elif not is_plain_call(target):
@@ -227,7 +227,7 @@ def written_argument(op: Any) -> int | None:
     """The position of the one argument an in-place operator writes into and returns
     (``relu_``'s ``self``), or None: ``op`` writes nothing, or writes otherwise (an
     ``out=`` argument, several arguments, a list, or returns something else)."""
-    schema = _program.op_schema(op)
+    schema = _operators.op_schema(op)
     if schema is None:
         return None
     writes = [
@@ -254,7 +254,7 @@ def argument(node: torch.fx.Node, position: int) -> Any:
     """The value ``node`` passes for its operator's argument at ``position``."""
     if position < len(node.args):
         return node.args[position]
-    schema = _program.op_schema(node.target)
+    schema = _operators.op_schema(node.target)
     assert schema is not None
     name = schema.arguments[position].name
     return node.kwargs.get(name, schema.arguments[position].default_value)
@@ -267,10 +267,12 @@ def _view_of(node: torch.fx.Node) -> Any:
     if target is operator.getitem:
         # An item of a multi-output op: a view where that op returns views (split).
         producer = node.args[0]
-        if not isinstance(producer, torch.fx.Node) or not _program.is_op_overload(producer.target):
+        if not isinstance(producer, torch.fx.Node) or not _operators.is_op_overload(
+            producer.target
+        ):
             return None
         return producer if _view_of(producer) is not None else None
-    schema = _program.op_schema(target)
+    schema = _operators.op_schema(target)
     if schema is None or not any(r.alias_info is not None for r in schema.returns):
         return None
     # A view's schema marks the argument it aliases (``Tensor(a) self``, and
@@ -366,7 +368,7 @@ class _Aliases:
     def see(self, node: torch.fx.Node) -> str | None:
         """Record ``node``; why the incremental path cannot take it (None: it can)."""
         target = node.target
-        if not (_program.is_op_overload(target) and _program.is_mutable_op(target)):
+        if not (_operators.is_op_overload(target) and _operators.is_mutable_op(target)):
             base = _view_of(node)
             if base is not None and not _copies(node):
                 owner = self.root.get(base, base)
@@ -534,7 +536,7 @@ def _state_tensors(ep: ExportedProgram) -> dict[str, Any]:
 
 def returns_a_view_of_an_input(graph: torch.fx.Graph) -> bool:
     """Whether a traced graph returns one of its inputs, or a view of one."""
-    for leaf in _program.tree_leaves(graph.output_node().args[0]):
+    for leaf in _tensors.tree_leaves(graph.output_node().args[0]):
         node = leaf
         while isinstance(node, torch.fx.Node) and node.op == "call_function":
             base = _view_of(node)

@@ -28,7 +28,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from epass import _program
+from epass import _tensors
 from epass._decomp.safety import Fallback
 from epass._torch import programs
 
@@ -136,7 +136,7 @@ def retrace_signature(
 ) -> ExportGraphSignature:
     """The signature of the rewritten graph ``gm``: ``inputs`` (see
     :func:`retrace_inputs`) and ``old``'s outputs, named after ``gm``'s output nodes."""
-    outputs = _program.tree_leaves(gm.graph.output_node().args[0])
+    outputs = _tensors.tree_leaves(gm.graph.output_node().args[0])
     new_outputs = []
     for spec, node in zip(old.output_specs, outputs, strict=True):
         arg = spec.arg

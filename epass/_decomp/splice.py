@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _heap, _program
+from epass import _heap, _lease, _operators, _program, _tensors
 from epass._decomp import (
     disk,
     keys,
@@ -156,7 +156,7 @@ class _Builder(writeback.WriteBack):
     def copy(self, node: torch.fx.Node) -> None:
         self.views.refresh(node)
         target = node.target
-        if _program.is_op_overload(target) and target not in table.SIZE_OPS:
+        if _operators.is_op_overload(target) and target not in table.SIZE_OPS:
             # The retrace names each node after its operator, as make_fx does.
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.env.__getitem__)
             new = self.graph.create_node(
@@ -174,7 +174,7 @@ class _Builder(writeback.WriteBack):
                 else:
                     new.meta.pop("original_aten", None)
         if node.op == "call_function":
-            if _program.is_op_overload(node.target):
+            if _operators.is_op_overload(node.target):
                 new.args, new.kwargs = keys.normalize(node.target, new.args, dict(new.kwargs))
                 if node.target in table.SIZE_OPS:
                     if isinstance(new.meta.get("val"), torch.SymInt):
@@ -332,7 +332,7 @@ class _Builder(writeback.WriteBack):
                 self._track_stale(new, stale)
                 if isinstance(val, torch.SymInt) and not self.views.replaying:
                     self.view_sizes.setdefault(node, {}).setdefault(val.node.expr, new)
-        if any(isinstance(n, torch.fx.Node) and n in stale for n in _program.tree_leaves(result)):
+        if any(isinstance(n, torch.fx.Node) and n in stale for n in _tensors.tree_leaves(result)):
             raise Fallback(
                 f"the decomposition of {node.name} returns a view of a tensor written back"
             )
@@ -522,7 +522,7 @@ def _decompose(
     _walk(builder, ep.graph)
     graph = builder.graph
     out_node = graph.output_node()
-    for leaf in _program.tree_leaves(out_node.args[0]):
+    for leaf in _tensors.tree_leaves(out_node.args[0]):
         if not isinstance(leaf, torch.fx.Node):
             raise Fallback("an output became a constant")
     _drop_dead(graph, builder.merged, builder.copied)
@@ -534,7 +534,7 @@ def _decompose(
             graph.erase_node(again)
     gm = _program.graph_module_without_code(graph)
     gm.meta.update(ep.graph_module.meta)
-    _graph.note_built(graph)
+    _lease.note_built(graph)
     if builder.new_sizes:
         with builder.watch.retrace("the runtime-assertion pass"):
             shapes.rebind_sizes(gm, fake_mode)

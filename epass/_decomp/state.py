@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _operators
 from epass._torch import internals, operators, quiet
 
 __all__ = [
@@ -105,7 +105,7 @@ def run_decompositions(
             ops = set(patchable_ops())
             if table is not None:
                 # keys(): a CustomDecompTable is a dict whose entries live elsewhere
-                ops.update(op for op in table.keys() if _program.is_op_overload(op))  # noqa: SIM118
+                ops.update(op for op in table.keys() if _operators.is_op_overload(op))  # noqa: SIM118
             stack.enter_context(torch_state(ops))
         except Exception as exc:
             bare = (

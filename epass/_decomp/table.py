@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import torch
 
-from epass import _program
+from epass import _operators
 from epass._decomp import state
 from epass._torch import operators
 
@@ -164,7 +164,7 @@ class DefaultSplit:
         answer = self._answers.get(op)
         if answer is not None:
             return answer
-        if _program.is_op_overload(op):
+        if _operators.is_op_overload(op):
             if state.is_preservable(op) and _walk_meets(op):
                 answer = (self._entry(op) or operators.preserve_marker(), None)
             else:
@@ -261,7 +261,7 @@ def has_packet_keys(tables: Tables) -> bool:
     python = tables.python
     if isinstance(python, DefaultSide):
         return False  # torch's default table is keyed by overloads (a test pins it)
-    return any(_program.is_op_packet(k) for k in python)
+    return any(_operators.is_op_packet(k) for k in python)
 
 
 # The operators that write nothing and return no view, which functionalization still
@@ -289,7 +289,7 @@ def rewrites(op: Any, tables: Tables) -> bool:
     """
     if op in SIZE_OPS:
         return False
-    if _program.is_mutable_op(op) or op in FUNCTIONALIZED:
+    if _operators.is_mutable_op(op) or op in FUNCTIONALIZED:
         return True
     if op in tables.python or op.overloadpacket in tables.python:
         return True
@@ -309,6 +309,6 @@ def splices(node: torch.fx.Node, tables: Tables) -> bool:
     region (:data:`REGIONS`), which is always inlined."""
     if node.op != "call_function":
         return False
-    if _program.is_op_overload(node.target):
+    if _operators.is_op_overload(node.target):
         return rewrites(node.target, tables)
     return node.target in REGIONS

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _operators
 from epass._decomp import (
     batch,
     disk,
@@ -538,7 +538,7 @@ def _rebuild(
     graph, inherited, own, stored = encoding.decode(body, fakes, fake_mode, tracing.INHERITED_META)
     for node in graph.nodes:
         if node.op == "call_function" and not (
-            _program.is_op_overload(node.target) or safety.is_plain_call(node.target)
+            _operators.is_op_overload(node.target) or safety.is_plain_call(node.target)
         ):
             raise ValueError(f"calls {node.target!r}")
     template = tracing.Template(graph, len(values), inherited, own)

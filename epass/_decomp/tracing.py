@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import torch
 
-from epass import _program
+from epass import _operators
 from epass._decomp import keys, safety, shapes, state, table
 from epass._decomp.safety import Fallback
 from epass._torch import tracing as torch_tracing
@@ -162,8 +162,8 @@ def check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> None
     for node in graph.nodes:
         if node.op == "get_attr":
             raise Fallback(f"the decomposition of {op} creates constants")
-        if node.op == "call_function" and _program.is_op_overload(node.target):
-            if _program.is_mutable_op(node.target):
+        if node.op == "call_function" and _operators.is_op_overload(node.target):
+            if _operators.is_mutable_op(node.target):
                 raise Fallback(f"the decomposition of {op} leaves a mutating op")
             if table.rewrites(node.target, tables):
                 raise Fallback(f"the decomposition of {op} leaves {node.target} behind")

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from epass import _program
+from epass import _operators, _tensors
 from epass._decomp import keys
 from epass._decomp.safety import Fallback, View, exact_here
 from epass._decomp.table import SIZE_OPS
@@ -248,7 +248,7 @@ class Views:
         if reader in self.views:
             roots = fresh  # a view itself: regenerated where it is read (refresh)
         moves: dict[torch.fx.Node, list[tuple[torch.fx.Node, list[torch.fx.Node]]]] = {}
-        returned = set(_program.tree_leaves(result))
+        returned = set(_tensors.tree_leaves(result))
         for root, nodes in roots.items():
             for first, end, made in _views_of(root, emitted, returned, root in fresh):
                 moves.setdefault(first, []).append((end, nodes + made))
@@ -308,7 +308,7 @@ class Views:
             ):
                 continue
             users = [n for n in emitted if value in n.all_input_nodes and n.target not in SIZE_OPS]
-            viewing = [n for n in users if _program.is_view_op(n.target) and n.args[0] is value]
+            viewing = [n for n in users if _operators.is_view_op(n.target) and n.args[0] is value]
             if not viewing:
                 continue
             if len(viewing) != len(users):
@@ -548,7 +548,7 @@ def _views_of(
         reads = [i for i in node.all_input_nodes if i is root or i in parent]
         if not reads or node.target in SIZE_OPS or not (node.users or node in returned):
             continue  # a size query reads no data; a dead node goes
-        if _program.is_view_op(node.target) and len(reads) == 1 and node.args[0] is reads[0]:
+        if _operators.is_view_op(node.target) and len(reads) == 1 and node.args[0] is reads[0]:
             base = reads[0]
             if base in read or (base is not root and children.get(base)):
                 raise refuse(node)  # a view of a view already read, or a branch
@@ -594,5 +594,5 @@ def _views_down_to(node: Any, target: Any) -> bool:
 
 
 def _aliases(target: Any) -> bool:
-    schema = _program.op_schema(target)
+    schema = _operators.op_schema(target)
     return schema is not None and any(r.alias_info is not None for r in schema.returns)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from epass import _program
+from epass import _operators
 from epass._decomp import keys, safety, table, templates, tracing, views
 from epass._decomp.safety import Fallback, View
 from epass._decomp.views import Prefix
@@ -77,7 +77,7 @@ def _seen(made: torch.fx.Node) -> Any:
     the one its ``original_aten`` names (a template's meta may hold a copy of the
     operator object, so by name), else its own."""
     aten = made.meta.get("original_aten")
-    return _BY_NAME.get(aten.name() if _program.is_op_overload(aten) else None, made.target)
+    return _BY_NAME.get(aten.name() if _operators.is_op_overload(aten) else None, made.target)
 
 
 def _like(a: torch.fx.Node, b: torch.fx.Node) -> bool:
@@ -218,7 +218,7 @@ class WriteBack:
             isinstance(base, torch.fx.Node)
             and base in emitted
             and base.target not in VIEWS
-            and not _program.is_view_op(base.target)
+            and not _operators.is_view_op(base.target)
         ):
             self.view_bases[result] = base
         elif isinstance(base, torch.fx.Node) and base in emitted and base.target in _MADE:
@@ -240,7 +240,7 @@ class WriteBack:
         written = args[at]
         if not isinstance(written, torch.fx.Node) or written.op != "call_function":
             return None
-        schema = _program.op_schema(written.target)
+        schema = _operators.op_schema(written.target)
         if schema is None or not any(r.alias_info is not None for r in schema.returns):
             return None
         refused = (

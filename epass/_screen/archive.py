@@ -13,7 +13,7 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from typing import IO
 
-from epass import _program
+from epass import _pt2
 from epass._screen.refusal import Refusal, first_line, unsafe_error
 from epass.errors import EpassError, LoadError
 
@@ -146,7 +146,7 @@ def disagreement(file: IO[bytes], name: str) -> str | None:
     """
     file.seek(0)
     try:
-        theirs = _program.archive_records(file)
+        theirs = _pt2.archive_records(file)
     except Exception as exc:
         raise LoadError(f"{name}: torch cannot read the archive ({first_line(exc)})") from exc
     finally:

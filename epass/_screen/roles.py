@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import torch
 
-from epass import _program
+from epass import _operators, _pt2
 from epass._screen.expressions import expression_problem
 from epass._screen.text import TEXT_LIMIT, is_plain
 
@@ -127,7 +127,7 @@ def _operator(text: str) -> str | None:
     refuses it with its own message (a custom op whose library was not imported).
     The other targets are the builtins torch serializes and its verifier allows.
     """
-    if text in _program.serialized_builtin_targets():
+    if text in _pt2.serialized_builtin_targets():
         return None
     if re.fullmatch(r"#\w+:[\w.]+", text):  # an extension's operator, by its handler
         return None
@@ -145,7 +145,7 @@ def _operator(text: str) -> str | None:
         target: Any = functools.reduce(getattr, parts[1:], torch)
     except Exception:  # AttributeError, or the dispatcher's RuntimeError
         return None  # not registered: torch refuses it and names it
-    return None if _program.is_operator(target) else "not an operator"
+    return None if _operators.is_operator(target) else "not an operator"
 
 
 def _json_values(value: Any) -> Iterator[Any]:
@@ -185,7 +185,7 @@ def _treespec(text: str) -> str | None:
         return "not a serialized pytree spec"
     if protocol != 1:
         return f"pytree protocol {protocol!r}, expected 1"
-    types = _program.pytree_type_names()
+    types = _pt2.pytree_type_names()
     stack = [spec]
     while stack:
         node = stack.pop()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from epass import _program
+from epass import _pt2
 from epass._screen.expressions import (
     PROGRAM_EXPR_CHARS,
     PROGRAM_MIN_MAX_ARGS,
@@ -64,7 +64,7 @@ class _ProgramWalk:
     def __init__(self, member: str) -> None:
         self.member = member
         self.strings = 0
-        self.union: type = _program.export_schema()[2]
+        self.union: type = _pt2.export_schema()[2]
         self.checked: dict[tuple[str, str], str | None] = {}  # (role, text): why
         self.terms = self.min_max = self.expression_chars = 0
 
@@ -181,7 +181,7 @@ class _ProgramWalk:
 
 
 def _check_version(member: str, program: dict[str, Any]) -> None:
-    _, (major, minor), _ = _program.export_schema()
+    _, (major, minor), _ = _pt2.export_schema()
     version = program.get("schema_version")
     if not isinstance(version, dict) or set(version) != {"major", "minor"}:
         raise Refusal(member, "no schema_version")
@@ -209,7 +209,7 @@ def screen_program(member: str, data: bytes) -> int:
     _check_version(member, program)
     walk = _ProgramWalk(member)
     try:
-        walk.walk(program, _program.export_schema()[0], ("", ""), "", ("", ""))
+        walk.walk(program, _pt2.export_schema()[0], ("", ""), "", ("", ""))
     except RecursionError:
         raise Refusal(member, "a program nested too deeply to screen") from None
     return walk.strings

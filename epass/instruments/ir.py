@@ -43,7 +43,7 @@ def _graph_text(program: ExportedProgram, form: str) -> str:
         # Generated from the graph, not read from the module: a pass that edits the
         # graph without ``recompile()`` leaves the module's code stale, and
         # recompiling here would edit the program the instrument was shown.
-        code = program.graph_module.graph.python_code(root_module="self").src
+        code: str = program.graph_module.graph.python_code(root_module="self").src
         return code.strip("\n") + "\n"
     return str(program.graph).rstrip("\n") + "\n"
 

@@ -11,7 +11,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _program, _tensors
 from epass.errors import ArgumentValueError, ProgramError
 
 __all__ = [
@@ -209,7 +209,7 @@ def _own_tensor(value: torch.Tensor, storages: dict[Any, Any]) -> torch.Tensor:
 
 def state_versions(program: ExportedProgram) -> dict[tuple[int, str], int | None]:
     return {
-        (i, k): _program.tensor_version(v)
+        (i, k): _tensors.tensor_version(v)
         for i, d in enumerate((program.state_dict, program.constants))
         for k, v in d.items()
     }

@@ -12,7 +12,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputSpec
 
-from epass import _graph, _program, _writes
+from epass import _dce, _graph, _operators, _writes
 from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
@@ -105,7 +105,7 @@ def _foldable_op(node: torch.fx.Node, impure: Callable[[torch.fx.Node], bool]) -
         return False
     if node.target is operator.getitem:
         return True
-    schema = _program.op_schema(node.target)
+    schema = _operators.op_schema(node.target)
     if schema is None or schema.is_mutable or schema.name in _UNINITIALIZED:
         return False
     if torch.Tag.nondeterministic_seeded in node.target.tags:  # type: ignore[union-attr]
@@ -252,7 +252,7 @@ class ConstantFold:
         mutated = _writes.mutated_nodes(ep.graph_module, ep.graph_signature)
         ev = _Evaluated()
         seen: dict[Any, torch.fx.Node] = {}
-        impure = _graph.impure_test()
+        impure = _dce.impure_test()
         with torch.no_grad():
             for node in ep.graph_module.graph.nodes:
                 if node in mutated:
@@ -289,7 +289,7 @@ class ConstantFold:
         its single input."""
         if node.target is operator.getitem:
             return True
-        schema = _program.op_schema(node.target)
+        schema = _operators.op_schema(node.target)
         if schema is None:
             return False
         return schema.name in _TRIVIAL or (not self.fold_views and schema.name in _VIEWS)

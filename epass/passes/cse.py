@@ -9,7 +9,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.dialect.common.cse_pass import get_CSE_banned_ops
 
-from epass import _graph, _writes
+from epass import _dce, _graph, _lease, _writes
 from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
@@ -29,7 +29,7 @@ def _banned(gm: torch.fx.GraphModule) -> set[Any]:
     banned: set[Any] = set(get_CSE_banned_ops())
     writes = _writes.in_place_writes(gm)
     mutated = writes.mutated()
-    impure = _graph.impure_test()
+    impure = _dce.impure_test()
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -146,12 +146,12 @@ class CSE:
 
     def __call__(self, ep: ExportedProgram) -> CSEResult:
         counter = RewriteCounter(self.max_rewrites)
-        leased = _graph.take_lease(ep)
+        leased = _lease.take_lease(ep)
         if leased is not None:  # this run's own graph: merged where it is
             repointed = _merge_in_place(leased, _banned(leased), counter)
             if not counter.count:
                 return CSEResult(ep, False, notes=counter.notes)
-            _graph.eliminate_dead_code(leased)
+            _dce.eliminate_dead_code(leased)
             program = _graph.build_program(ep, leased, erased_only=True, repointed=repointed)
             return CSEResult(program, True, notes=counter.notes)
         if _graph.reads_attributes(ep.graph_module):
@@ -166,5 +166,5 @@ class CSE:
             new_gm = _graph.adopt_graph(ep, graph) if counter.count else gm
         if not counter.count:
             return CSEResult(ep, False, notes=counter.notes)
-        _graph.eliminate_dead_code(new_gm)
+        _dce.eliminate_dead_code(new_gm)
         return CSEResult(_graph.build_program(ep, new_gm), True, notes=counter.notes)

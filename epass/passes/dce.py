@@ -7,7 +7,7 @@ from typing import ClassVar
 import attrs
 from torch.export import ExportedProgram
 
-from epass import _graph
+from epass import _dce, _graph
 from epass.options import checked
 from epass.protocol import PassResult
 
@@ -15,7 +15,7 @@ __all__ = ["DeadCodeElimination"]
 
 
 def _has_dead_code(ep: ExportedProgram, state_names: set[str]) -> bool:
-    impure = _graph.impure_test()
+    impure = _dce.impure_test()
     for node in ep.graph.nodes:
         if node.users or node.op == "output":
             continue
@@ -67,8 +67,8 @@ class DeadCodeElimination:
         if not _has_dead_code(ep, state_names):
             return PassResult(ep, False)
         gm = _graph.editable_graph(ep)
-        _graph.eliminate_dead_code(gm)
+        _dce.eliminate_dead_code(gm)
         _graph.remove_unused_state_placeholders(gm, sig, only=state_names)
-        with _graph.keeping_nested_submodules(gm):  # a cond's branches' branches
+        with _dce.keeping_nested_submodules(gm):  # a cond's branches' branches
             gm.delete_all_unused_submodules()
         return PassResult(_graph.build_program(ep, gm, erased_only=True), True)

@@ -15,7 +15,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _program
+from epass import _operators, _program, _tensors
 from epass._decomp import identity, keys, safety, shapes, splice, state, templates
 from epass._decomp.check import first_difference, numeric_difference
 from epass._decomp.table import REGIONS, Tables, rewrites, splices, split_table
@@ -74,7 +74,7 @@ def _table(value: Mapping[Any, Callable[..., Any]] | None) -> dict[Any, Any] | N
     except (TypeError, ValueError):
         raise not_a_table from None
     for op in table:
-        if not (_program.is_operator(op) or _program.is_op_packet(op)):
+        if not (_operators.is_operator(op) or _operators.is_op_packet(op)):
             raise ArgumentTypeError(
                 "Decompose(table=...) keys must be operators such as "
                 f"torch.ops.aten.gelu.default, got {op!r} ({type(op).__name__})"
@@ -84,12 +84,12 @@ def _table(value: Mapping[Any, Callable[..., Any]] | None) -> dict[Any, Any] | N
 
 def _ops(value: Iterable[Any] | Any) -> tuple[Any, ...]:
     # One operator stands for a list of one; a packet for its default overload.
-    items = (value,) if _program.is_operator(value) or _program.is_op_packet(value) else value
+    items = (value,) if _operators.is_operator(value) or _operators.is_op_packet(value) else value
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         items = (items,)
     ops = []
     for op in items:
-        overload = op if _program.is_operator(op) else _program.overload_of(op)
+        overload = op if _operators.is_operator(op) else _operators.overload_of(op)
         if overload is None:
             raise ArgumentTypeError(
                 "Decompose(keep=...) takes ATen operators such as "
@@ -468,13 +468,13 @@ class Decompose:
             return None
         seen: set[Any] = set()
         hops = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
-        for graph in _graph.graphs(ep.graph_module):
+        for graph in _program.graphs(ep.graph_module):
             for node in graph.nodes:
                 if node.op != "call_function" or node.target in seen:
                     continue
                 target = node.target
                 seen.add(target)
-                if _program.is_op_overload(target):
+                if _operators.is_op_overload(target):
                     if rewrites(target, tables):  # the engine's own answer
                         return None
                 elif target not in hops and not safety.is_plain_call(target):
@@ -566,7 +566,7 @@ class Decompose:
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         match = re.search(r"While executing %(\w+)", text)
         node_name = match.group(1) if match else None
-        graphs = _graph.graphs(ep.graph_module)
+        graphs = _program.graphs(ep.graph_module)
         node = None
         if node_name is not None:
             node = next((n for g in graphs for n in g.nodes if n.name == node_name), None)
@@ -626,8 +626,8 @@ def _numerics(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
     if fast.example_inputs is None:
         return None
     args, kwargs = fast.example_inputs
-    got = _program.tree_leaves(fast.module()(*args, **kwargs))
-    want = _program.tree_leaves(ref.module()(*args, **kwargs))
+    got = _tensors.tree_leaves(fast.module()(*args, **kwargs))
+    want = _tensors.tree_leaves(ref.module()(*args, **kwargs))
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         difference = numeric_difference(a, b, f"output {i}")
         if difference is not None:

@@ -10,7 +10,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
-from epass import _graph, _program, _writes
+from epass import _graph, _operators, _writes
 from epass.options import checked
 from epass.protocol import PassResult, RewriteCounter
 
@@ -36,7 +36,7 @@ class _Match:
 def _schema_name(node: torch.fx.Node) -> str | None:
     if node.op != "call_function":
         return None
-    schema = _program.op_schema(node.target)
+    schema = _operators.op_schema(node.target)
     return None if schema is None else str(schema.name)
 
 

@@ -9,7 +9,7 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _graph, _program
+from epass import _graph, _operators
 from epass.options import checked
 from epass.protocol import PassResult
 
@@ -43,7 +43,7 @@ class RemoveAssertionsResult(PassResult):
 def _is_assertion(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
-    schema = _program.op_schema(node.target)
+    schema = _operators.op_schema(node.target)
     return schema is not None and schema.name in ASSERTION_OPS
 
 

@@ -12,7 +12,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import subgraph_rewriter
 
-from epass import _graph, _program
+from epass import _dce, _graph, _operators
 from epass._decomp import state
 from epass.errors import ArgumentTypeError
 from epass.options import checked
@@ -25,7 +25,7 @@ __all__ = ["ReplaceOps", "ReplaceOpsResult"]
 def _ops(value: Mapping[Any, Any]) -> dict[Any, Any]:
     table = dict(value)
     for op, replacement in table.items():
-        if not _program.is_op_overload(op):
+        if not _operators.is_op_overload(op):
             raise ArgumentTypeError(
                 f"ReplaceOps keys must be operator overloads such as "
                 f"torch.ops.aten.gelu.default, got {op!r}"
@@ -171,7 +171,7 @@ class ReplaceOps:
         retarget = {
             op: new
             for op, new in self.ops.items()
-            if _program.is_op_overload(new) and ("call_function", op) in present
+            if _operators.is_op_overload(new) and ("call_function", op) in present
         }
         patterns = [pair for pair in self.patterns if _may_match(pair[0], present)]
         if not retarget and not patterns:
@@ -187,7 +187,7 @@ class ReplaceOps:
                 changed = True
         taken: set[str] = set()
         for pattern, replacement in patterns:
-            with _graph.keeping_nested_submodules(gm):
+            with _dce.keeping_nested_submodules(gm):
                 replaced = subgraph_rewriter.replace_pattern_with_filters(
                     gm, pattern, _traced(replacement, gm, taken), match_filters=[_ask(counter)]
                 )
@@ -207,7 +207,7 @@ class ReplaceOps:
         traced = {
             op: _not_reentrant(_counted(fn, op, counter, [n.name for n in calls if n.target is op]))
             for op, fn in self.ops.items()
-            if any(n.target is op for n in calls) and not _program.is_op_overload(fn)
+            if any(n.target is op for n in calls) and not _operators.is_op_overload(fn)
         }
         if not traced:
             return ep, False, None

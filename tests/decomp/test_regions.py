@@ -11,7 +11,7 @@ from fingerprint import fingerprint
 from torch import nn
 from torch.export import Dim
 
-from epass import Decompose, _program
+from epass import Decompose, _operators
 from epass._decomp import check, table, templates
 
 
@@ -51,7 +51,7 @@ def _exported(module: nn.Module, dynamic: bool) -> torch.export.ExportedProgram:
 
 
 def _regions(ep: torch.export.ExportedProgram) -> list[str]:
-    return [n.target.name() for n in ep.graph.nodes if _program.is_higher_order(n.target)]
+    return [n.target.name() for n in ep.graph.nodes if _operators.is_higher_order(n.target)]
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])

@@ -18,7 +18,7 @@ from fingerprint import fingerprint
 from torch.export import ExportedProgram
 
 import epass
-from epass import _graph, _program
+from epass import _graph, _lease, _program
 from epass._decomp.check import first_difference
 from epass.passes import (
     CSE,
@@ -156,12 +156,12 @@ def _own_copy(ep: ExportedProgram) -> ExportedProgram:
     return _graph.build_program(ep, _graph.copy_graph(ep))
 
 
-def _leased(p: Any, ep: ExportedProgram) -> tuple[Any, _graph.Lease]:
+def _leased(p: Any, ep: ExportedProgram) -> tuple[Any, _lease.Lease]:
     """``p`` run as a pipeline runs it on a program the run made: with a lease on a
     copy of ``ep``'s graph."""
     own = _own_copy(ep)
-    lease = _graph.Lease(own.graph_module)
-    with _graph.granted(lease):
+    lease = _lease.Lease(own.graph_module)
+    with _lease.granted(lease):
         return p(own), lease
 
 

@@ -11,13 +11,13 @@ import pytest
 import screen_helpers as h
 
 import epass
-from epass import _program
+from epass import _pt2
 from epass._screen import roles, schema
 from epass.errors import UnsafeArchiveError
 
 
 def test_every_string_field_of_torchs_schema_has_a_role() -> None:
-    root = _program.export_schema()[0]
+    root = _pt2.export_schema()[0]
     positions = set(schema.string_positions(root))
     missing = {
         (cls, field, where)

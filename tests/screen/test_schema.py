@@ -21,7 +21,7 @@ import screen_helpers as h
 import torch
 
 import epass
-from epass import _program
+from epass import _pt2
 from epass._screen import roles
 from epass.cli import main
 from epass.errors import EpassError, UnsafeArchiveError
@@ -102,7 +102,7 @@ def test_what_the_schema_does_not_know_is_refused(
 def test_unknown_schema_version_is_refused_unless_trusted(
     small: dict[str, bytes], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    major, minor = _program.export_schema()[1]
+    major, minor = _pt2.export_schema()[1]
     for version in ({"major": major + 1, "minor": 0}, {"major": major, "minor": minor + 1}):
         program = h.program_of(small)
         program["schema_version"] = version
@@ -215,7 +215,7 @@ PAYLOADS: dict[str, str] = {
 
 _MAPS = frozenset(
     name
-    for cls in vars(sys.modules[_program.export_schema()[0].__module__]).values()
+    for cls in vars(sys.modules[_pt2.export_schema()[0].__module__]).values()
     if isinstance(cls, type) and dataclasses.is_dataclass(cls)
     for name, tp in typing.get_type_hints(cls).items()
     if typing.get_origin(tp) is dict and typing.get_args(tp)[1] is not str
