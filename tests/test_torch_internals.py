@@ -20,7 +20,7 @@ from torch import nn
 from torch.export.graph_signature import InputKind
 
 from epass import _program, _torch
-from epass._decomp import identity, keys, shapes, state, tracing
+from epass._decomp import identity, keys, shapes, sizes, state, tracing
 
 PACKAGE = Path(_torch.__file__).resolve().parent
 ADAPTER = "_torch.py"
@@ -394,9 +394,9 @@ def _shape_env_snapshot_and_forget() -> None:
 def _runtime_asserts_rebind_sizes() -> None:
     ep = _dynamic()
     gm = _program.copy_graph_module(ep.graph_module)
-    shapes.rebind_sizes(gm, keys.detected_fake_mode(ep))
-    sizes = [n for n in gm.graph.nodes if n.target is aten.sym_size.int]
-    assert len(sizes) <= 1 and gm.code
+    sizes.rebind_sizes(gm, keys.detected_fake_mode(ep))
+    queries = [n for n in gm.graph.nodes if n.target is aten.sym_size.int]
+    assert len(queries) <= 1 and gm.code
 
 
 def _private_field(name: str) -> Callable[[], None]:
