@@ -9,7 +9,7 @@ The package is layered; each layer imports only from the ones below it
     tools        report, bisect, reduce, onnx, executorch, tvm, iree, _handoff
     instruments  instruments/*
     built-ins    passes/*
-    engine       manager, io, _screen/, instrumentation
+    engine       manager, io; planning, _outcome; _screen/, instrumentation
     contract     building; records, registry; protocol, linker, watch, options, _catalog, _paths
     grammar      pipeline
     core         verify, _decomp/, _snapshot, _graph, _program, errors, _version

@@ -1,7 +1,7 @@
 """PassManager: runs passes on an ExportedProgram, verifying and linking each result.
 
-Names and pipeline text are built into passes by :mod:`epass.building`; the manager
-makes the nested pipelines of what it builds, and hands its own back to be printed.
+The passes given are resolved into a plan by :mod:`epass.planning`, with the manager as
+the class its groups nest as; what each pass left is checked by :mod:`epass._outcome`.
 
 One concept: running a pipeline, in the steps each pass goes through (prepare its view,
 call it, check what it wrote and returned, verify, link, record).
@@ -12,26 +12,35 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _heap, _lease, _program, _snapshot, _validated, building, protocol, verify
+from epass import (
+    _heap,
+    _lease,
+    _outcome,
+    _program,
+    _snapshot,
+    _validated,
+    building,
+    planning,
+    protocol,
+    verify,
+)
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
     PassError,
-    ProgramError,
     StateConflictError,
     StateMutationError,
-    VerificationError,
 )
 from epass.instrumentation import Dispatch, instrument_list
 from epass.linker import STORE_LOCK, Journal, StateLinker
-from epass.protocol import FxPass, PassModel, PassResult, adapt, check_ordering
+from epass.protocol import FxPass, PassModel
 from epass.records import OpDelta, PassInfo, PassRecord, PipelineResult, op_targets
 from epass.watch import StoreWatch
 
@@ -40,128 +49,12 @@ __all__ = [
     "PassRecord",
     "PipelineResult",
     "as_pipeline",
-    "coalesce",
     "create_pass",
     "resolve_pass",
     "to_text",
 ]
 
 logger = logging.getLogger("epass")
-
-
-# --- the builder's tree, and nested pipelines ----------------------------------------
-
-
-def _model(p: Any, position: int | None = None) -> PassModel:
-    """The model of ``p``; a registered name or pipeline text is built first, and what
-    the builder made (:mod:`epass.building`) is made into a pass."""
-    if isinstance(p, str):
-        p = building.make(p)
-    if isinstance(p, building.Made):
-        return adapt(p.pass_, position=position, origin=p.origin)
-    return adapt(_made(p), position=position)
-
-
-def _made(p: Any) -> Any:
-    """``p``, with a :class:`~epass.building.Nested` made into a nested PassManager."""
-    if isinstance(p, building.Nested):
-        return PassManager(p.items, steps=p.steps, name=p.name)
-    if isinstance(p, building.Made):
-        return p.pass_
-    return p
-
-
-def _printable(models: Iterable[PassModel]) -> Iterator[PassModel | building.Nested]:
-    """The models as the builder prints them: a nested PassManager that was not made
-    from a registered name (such as a preset) as a :class:`~epass.building.Nested`."""
-    for model in models:
-        p = model.pass_
-        if isinstance(p, PassManager) and model.origin is None:
-            yield building.Nested(p.name, p.steps, tuple(_printable(model.children)))
-        else:
-            yield model
-
-
-def resolve_pass(p: Any, position: int | None = None) -> Any:
-    """A pass object for ``p``: registered names and pipeline text made into passes,
-    torch.fx passes wrapped in :class:`~epass.FxPass`, other passes as they are."""
-    return _model(p, position).pass_
-
-
-def create_pass(spec: str, /, **options: Any) -> Any:
-    """Make a pass from a registered name and options, or from pipeline text.
-
-    ``create_pass("cast-dtype", dtype=torch.bfloat16)`` and
-    ``create_pass("cast-dtype(dtype=bfloat16)")`` give the same pass. Text holding
-    several passes (``"decompose, dce"``) gives a nested :class:`PassManager`.
-    The building is :func:`epass.building.make`'s.
-    """
-    return _made(building.make(spec, options))
-
-
-def to_text(passes: Iterable[Any]) -> str:
-    """Pass objects (or their models) as pipeline text that
-    :meth:`PassManager.from_text` reads back (:func:`epass.building.to_text`).
-
-    Raises:
-        ValueError: a pass is not registered, or has an option that pipeline text
-            cannot set or write.
-    """
-    return building.to_text(_printable(p if isinstance(p, PassModel) else adapt(p) for p in passes))
-
-
-def as_pipeline(pipeline: Any) -> PassManager | None:
-    """``pipeline`` as a :class:`PassManager`: a manager as it is, a list of passes or
-    one pass wrapped, None for none (the hand-offs' ``pipeline=`` argument)."""
-    if pipeline is None:
-        return None
-    if isinstance(pipeline, PassManager):
-        return pipeline
-    if isinstance(pipeline, Sequence) and not isinstance(pipeline, (str, bytes)):
-        return PassManager(pipeline)
-    return PassManager([pipeline])
-
-
-def coalesce(models: Sequence[PassModel]) -> list[PassModel]:
-    """Merge adjacent passes that offer it, left to right.
-
-    A pass with a ``merge(next_pass)`` method returns one pass doing the work of both,
-    or None to keep them apart; each pass decides (and documents) when that is exact.
-    """
-    out: list[PassModel] = []
-    for m in models:
-        last = out[-1] if out else None
-        merged = last.merge(m.pass_) if last is not None and last.merge is not None else None
-        if merged is None:
-            out.append(m)
-        else:
-            logger.debug("coalesced %s into %s", m.name, out[-1].name)
-            out[-1] = _model(merged)
-    return out
-
-
-class _Snapshot:
-    """A pass's view as the pass got it, graph side and store side.
-
-    The graph side (``_snapshot.ProgramSnapshot``) tells whether the pass edited its view
-    in place; the store side (a :class:`StoreWatch`) which store tensors it wrote.
-    """
-
-    def __init__(self, watch: StoreWatch, program: _snapshot.ProgramSnapshot | None) -> None:
-        self.watch = watch
-        self.program = program
-
-    def graph_changed(self, view: ExportedProgram) -> bool:
-        """Whether the view's graph (structure or node meta) was edited in place."""
-        return self.program is not None and self.program.graph_changed(view)
-
-    def changed(self, view: ExportedProgram) -> bool:
-        """Whether the view was edited in place: graph, meta, signature, state keys or entries."""
-        return self.program is not None and self.program.changed(view)
-
-    def store_writes(self) -> list[str]:
-        """The store entries written in place since the snapshot (:meth:`StoreWatch.touched`)."""
-        return self.watch.touched()
 
 
 @attrs.define
@@ -193,7 +86,7 @@ class _Prepared:
 
     model: PassModel
     view: ExportedProgram
-    snapshot: _Snapshot
+    snapshot: _outcome.Snapshot
     nodes_before: int
     # The graph module the pass may edit without reaching a program held outside
     # this run (a copy made for it, or one this run made earlier), else None.
@@ -257,10 +150,7 @@ class PassManager:
             raise ArgumentValueError(f"steps must be a positive int, got {steps!r}")
         if linker is not None and not isinstance(linker, StateLinker):
             raise ArgumentTypeError(f"linker must be a StateLinker, got {type(linker).__name__}")
-        self.models: tuple[PassModel, ...] = tuple(
-            coalesce([_model(p, i) for i, p in enumerate(passes)])
-        )
-        check_ordering(self.models)
+        self.models: tuple[PassModel, ...] = planning.plan(passes, PassManager)
         self.steps = steps
         self.linker = linker if linker is not None else StateLinker()
         self.verify = verify
@@ -293,7 +183,7 @@ class PassManager:
         Raises ValueError when a pass is not registered or has an option with no
         textual form. ``steps > 1`` prints as ``repeat(steps, [...])``.
         """
-        text = to_text(self.models)
+        text = planning.to_text(self.models, PassManager)
         return f"repeat({self.steps}, [{text}])" if self.steps > 1 else text
 
     def run(self, ep: ExportedProgram) -> ExportedProgram:
@@ -412,7 +302,7 @@ class PassManager:
             return self._skip(info, run, str(reason), nodes_before)
         if dispatch:
             dispatch.call("before_pass", info, current, info=info)
-        copy_graph, lease, in_place = self._ownership(model, run)
+        copy_graph, lease, may_edit = self._ownership(model, run)
         # A nested pipeline reads the current dicts as they are (it never inserts
         # into them, and its own passes get copies), so that its link reports say
         # whose dicts its outputs hold; one with the in_place policy gets copies,
@@ -434,20 +324,20 @@ class PassManager:
         if not copy_graph and run.targets is None:
             run.targets = op_targets(current)
         source = None
-        if in_place and self.verify:  # current will not show what it was
+        if may_edit and self.verify:  # current will not show what it was
             walk = run.walk[1] if run.walk is not None and run.walk[0] is current else None
             source = verify.before(current, walk)
         prepared = _Prepared(
             model=model,
             view=view,
-            snapshot=_Snapshot(watch, program),
+            snapshot=_outcome.Snapshot(view, watch, program),
             nodes_before=nodes_before,
             private_gm=view.graph_module if copy_graph else run.owned,
             targets_before=None if copy_graph else run.targets,
             lease=lease,
             source=source,
         )
-        if in_place:  # it may edit current's graph in place
+        if may_edit:  # current's count would not survive an edit in place
             run.targets = None
         logger.debug("start %s (position %d, step %d)", info.name, info.index, info.step)
         return prepared
@@ -474,16 +364,24 @@ class PassManager:
         lease = None
         if model.takes_lease and not run.dispatch:
             lease = _lease.Lease(run.current.graph_module if own else None)
-        in_place = (model.changes_input or lease is not None) and own
-        return copy_graph, lease, in_place
+        may_edit = (model.changes_input or lease is not None) and own
+        return copy_graph, lease, may_edit
 
     @staticmethod
     def _skip(info: PassInfo, run: _Run, reason: str, nodes: int) -> PassRecord:
         """The record of a pass skipped as a no-op, told to the instruments."""
         record = PassRecord(
-            info.name, info.index, info.step, 0.0, False, nodes, nodes,
-            skipped=True, skip_reason=reason, depth=info.depth,
-        )  # fmt: skip
+            info.name,
+            info.index,
+            info.step,
+            0.0,
+            False,
+            nodes,
+            nodes,
+            skipped=True,
+            skip_reason=reason,
+            depth=info.depth,
+        )
         logger.debug("skip %s: %s", info.name, reason)
         if run.dispatch:
             run.dispatch.call("pass_skipped", info, run.current, record, info=info)
@@ -505,7 +403,7 @@ class PassManager:
         # A write into the store cannot be undone; say so rather than hide it.
         if not isinstance(exc, StateMutationError):  # a nested one already named it
             try:
-                _check_store(prepared.snapshot, info)
+                _outcome.check_store(prepared.snapshot, info)
             except StateMutationError as mutation:
                 raise mutation from exc
         if not isinstance(exc, PassError):
@@ -522,7 +420,7 @@ class PassManager:
         """Verify a pass's changed output; its call targets, None when unverified."""
         if self.verify:
             source = run.current if prepared.source is None else prepared.source
-            walk = _verify_output(program, source, info, run.walk and run.walk[1])
+            walk = _outcome.verify_output(program, source, info, run.walk and run.walk[1])
             run.walk = (program, walk)
             return walk.targets
         if not prepared.model.takes_lease:  # it may have edited a validated program
@@ -535,8 +433,10 @@ class PassManager:
         model, current = prepared.model, run.current
         p = model.pass_
         logger.debug("end %s in %.4fs", info.name, prepared.seconds)
-        _check_store(prepared.snapshot, info)
-        program, modified = _normalize(out, prepared, info)
+        _outcome.check_store(prepared.snapshot, info)
+        program, modified = _outcome.returned(
+            out, prepared.snapshot, info, changes_input=model.changes_input
+        )
         if not modified:
             # modified=False means the output is the input program, by contract.
             program = current
@@ -577,7 +477,7 @@ class PassManager:
             link=link,
             depth=info.depth,
             children=out.records if isinstance(p, PassManager) else (),
-            notes=_notes(out),
+            notes=_outcome.notes(out),
             notices=protocol.notices_of(out),
         )
         if run.dispatch:
@@ -611,90 +511,41 @@ class PassManager:
         run.current = program
 
 
-def _verify_output(
-    program: ExportedProgram,
-    source: ExportedProgram | verify.Before,
-    info: PassInfo,
-    previous: verify.CallWalk | None,
-) -> verify.CallWalk:
-    """Raise VerificationError, naming the pass, when its output does not verify;
-    else return the walk over its calls (:func:`epass.verify.check_output`)."""
-    try:
-        return verify.check_output(program, source, previous)
-    except Exception as exc:
-        detail = str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
-        raise VerificationError(f"its output does not verify: {detail}", **info.location()) from exc
+def resolve_pass(p: Any, position: int | None = None) -> Any:
+    """A pass object for ``p``: registered names and pipeline text made into passes,
+    torch.fx passes wrapped in :class:`~epass.FxPass`, other passes as they are."""
+    return planning.model(p, PassManager, position).pass_
 
 
-def _check_store(snapshot: _Snapshot, info: PassInfo) -> None:
-    """Raise StateMutationError when an entry the store held before the pass was
-    written in place: the same tensor objects, compared by version (and by
-    fingerprint). Entries added or replaced meanwhile by other runs (other
-    threads, pipelines started from inside the pass) are not this pass's writes.
+def create_pass(spec: str, /, **options: Any) -> Any:
+    """Make a pass from a registered name and options, or from pipeline text.
+
+    ``create_pass("cast-dtype", dtype=torch.bfloat16)`` and
+    ``create_pass("cast-dtype(dtype=bfloat16)")`` give the same pass. Text holding
+    several passes (``"decompose, dce"``) gives a nested :class:`PassManager`.
+    The building is :func:`epass.building.make`'s.
     """
-    touched = snapshot.store_writes()
-    if touched:
-        raise StateMutationError(
-            f"it wrote in place into shared state tensors {touched}; a pass must "
-            "create new tensors instead of mutating the ones it is given",
-            keys=touched,
-            **info.location(),
-        )
+    return planning.made(building.make(spec, options), PassManager)
 
 
-def _normalize(out: Any, prepared: _Prepared, info: PassInfo) -> tuple[ExportedProgram, bool]:
-    if isinstance(out, ExportedProgram):
-        if out is not prepared.view:
-            return out, True
-        if prepared.snapshot.program is None:
-            # It got no snapshot on the strength of its annotation, so whether it
-            # edited its view cannot be told: refuse rather than guess.
-            raise PassError(
-                "it returned the program it was given, but its __call__ is annotated "
-                "to return a PassResult; return PassResult(program, modified)",
-                **info.location(),
-            )
-        return out, _edited(prepared, info)
-    if isinstance(out, PassResult):
-        return out.program, out.modified
-    # Any result carrying a program and a modified flag: epass's names, or
-    # ExecuTorch's ExportedProgramPassResult(exported_program, modified), read by
-    # name so that the engine never imports ExecuTorch.
-    flag = getattr(out, "modified", None)
-    for field in _RESULT_PROGRAM_FIELDS:
-        program = getattr(out, field, None)
-        if isinstance(program, ExportedProgram) and isinstance(flag, bool):
-            return program, flag
-    raise PassError(
-        f"it returned {out!r} ({type(out).__name__}); a pass must return an "
-        "ExportedProgram or a result with a program and a modified flag: "
-        "PassResult(program, modified), or ExecuTorch's "
-        "ExportedProgramPassResult(exported_program, modified)",
-        **info.location(),
-    )
+def to_text(passes: Iterable[Any]) -> str:
+    """Pass objects (or their models) as pipeline text that
+    :meth:`PassManager.from_text` reads back (:func:`epass.planning.to_text`).
+
+    Raises:
+        ValueError: a pass is not registered, or has an option that pipeline text
+            cannot set or write.
+    """
+    return planning.to_text(passes, PassManager)
 
 
-# The attribute names under which a pass result may carry its program.
-_RESULT_PROGRAM_FIELDS = ("program", "exported_program")
-
-
-def _edited(prepared: _Prepared, info: PassInfo) -> bool:
-    """Whether a pass that returned its own view edited it in place."""
-    snapshot = prepared.snapshot
-    view = prepared.view
-    if not prepared.model.changes_input and snapshot.graph_changed(view):
-        # The view's graph is its input's graph (possibly the caller's), handed over
-        # uncopied on the pass's promise not to edit it.
-        raise PassError(
-            "it declares changes_input = False but edited the graph it was given in "
-            "place; set changes_input = True (the manager then hands it a private "
-            "copy) or build a new graph",
-            **info.location(),
-        )
-    return snapshot.changed(view)
-
-
-def _notes(out: Any) -> dict[str, Any]:
-    """The JSON-ready ``notes`` a pass's result carries, if any."""
-    notes = getattr(out, "notes", None)
-    return dict(notes) if isinstance(notes, Mapping) else {}
+def as_pipeline(pipeline: Any) -> PassManager | None:
+    """``pipeline`` as a :class:`PassManager`: a manager as it is, a list of passes or
+    one pass wrapped, None for none (the hand-offs' ``pipeline=`` argument)."""
+    if pipeline is None:
+        return None
+    if isinstance(pipeline, PassManager):
+        return pipeline
+    if isinstance(pipeline, Sequence) and not isinstance(pipeline, (str, bytes)):
+        return PassManager(pipeline)
+    return PassManager([pipeline])

@@ -21,7 +21,7 @@ from torch.export.graph_signature import InputKind
 
 import epass
 from epass import _operators, _program, _pt2, _tensors, _torch, _validated
-from epass._decomp import identity, keys, shapes, state
+from epass._decomp import identity, keys, shapes, sizes, state
 from epass._decomp.tracing import INHERITED_META
 from epass._torch import fakes, internals, operators, programs, tracing
 
@@ -398,9 +398,9 @@ def _shape_env_snapshot_and_forget() -> None:
 def _runtime_asserts_rebind_sizes() -> None:
     ep = _dynamic()
     gm = _program.copy_graph_module(ep.graph_module)
-    shapes.rebind_sizes(gm, keys.detected_fake_mode(ep))
-    sizes = [n for n in gm.graph.nodes if n.target is aten.sym_size.int]
-    assert len(sizes) <= 1 and gm.code
+    sizes.rebind_sizes(gm, keys.detected_fake_mode(ep))
+    queries = [n for n in gm.graph.nodes if n.target is aten.sym_size.int]
+    assert len(queries) <= 1 and gm.code
 
 
 def _private_field(name: str) -> Callable[[], None]:

@@ -14,8 +14,12 @@ One concept a module, each importing only from those listed before it
 - ``safety``: what the incremental path can take (``unsafe_reason``, ``Fallback``).
 - ``shapes``: the program's shape environment: the context fake values are computed
   in, the watch over it through a decomposition, symbols by position for disk keys.
+- ``sizes``: size queries as the retrace makes, keeps and binds them: the node that
+  first holds a size, the DCE, the runtime-assertion pass.
 - ``keys``: arguments as the dispatcher passes them, template keys, fresh fakes.
 - ``tracing``: tracing one decomposition into a template.
+- ``propagation``: the values of copied nodes recomputed as the retrace's trace
+  recomputes them (which ones, compared by metadata, settled ones skipped).
 - ``batch``: one trace for many templates.
 - ``views``: views of tensors written in place, regenerated where the retrace's
   functionalization regenerates them.

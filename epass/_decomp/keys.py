@@ -19,8 +19,6 @@ from epass._torch import fakes
 from epass._torch.programs import pytree
 
 __all__ = [
-    "same_meta",
-    "symbolic",
     "DiskKey",
     "const_key",
     "describe_val",
@@ -260,42 +258,3 @@ def describe_val(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return tuple(describe_val(x) for x in v)
     return (type(v).__name__, v if isinstance(v, (int, float, bool, str, type(None))) else "?")
-
-
-def same_meta(a: Any, b: Any) -> bool:
-    """Whether two values have the same metadata (shape, strides, dtype, offset and
-    device; a size by its expression; a constant by its key)."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        # Symbolic sizes compare by expression: ``==`` would ask the shape
-        # environment (Min(64, 64*s0) == 64 holds there), and the retrace keeps
-        # the expression its propagation computes.
-        return bool(
-            tuple(map(sym_key, a.shape)) == tuple(map(sym_key, b.shape))
-            and tuple(map(sym_key, a.stride())) == tuple(map(sym_key, b.stride()))
-            and a.dtype == b.dtype
-            and sym_key(a.storage_offset()) == sym_key(b.storage_offset())
-            and a.device == b.device
-        )
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same_meta(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
-        return (
-            isinstance(a, torch.SymInt)
-            and isinstance(b, torch.SymInt)
-            and (a.node.expr == b.node.expr)
-        )
-    if type(a) is not type(b):
-        return False
-    try:
-        return bool(const_key(a) == const_key(b))  # -0.0 is not 0.0; a NaN is itself
-    except Fallback:
-        return bool(a == b)
-
-
-def symbolic(v: Any) -> bool:
-    """Whether a tensor value has a symbolic size or stride. Its stored expressions
-    are export's, simplified with what export knew then; the retrace propagates
-    them again with what the shape environment knows now (Min(64, 64*s0) becomes 64)."""
-    if not isinstance(v, torch.Tensor):
-        return False
-    return any(isinstance(x, torch.SymInt) for x in (*v.shape, *v.stride()))

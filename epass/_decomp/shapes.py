@@ -8,10 +8,8 @@ One concept: the shape environment while a program is decomposed.
 from __future__ import annotations
 
 import contextlib
-import operator
 import re
-import weakref
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -23,17 +21,12 @@ from epass._torch import fakes, programs, tracing
 __all__ = [
     "expr_text",
     "free_symbols",
-    "origin",
-    "RUNTIME_ASSERT_TRACE",
     "run_guards",
-    "rebind_sizes",
     "Changed",
     "Renaming",
-    "Settled",
     "Snapshot",
     "Watch",
     "as_traced",
-    "carriers",
     "describe",
     "difference",
     "facts",
@@ -41,9 +34,6 @@ __all__ = [
     "lesson",
     "static",
     "renaming",
-    "same_symint",
-    "size_nodes",
-    "size_of",
     "snapshot",
     "teach",
 ]
@@ -424,59 +414,6 @@ def describe(value: Any, names: Renaming | None) -> Any:
     return size(value)
 
 
-def size_of(value: Any, dim: int) -> Any:
-    """Size ``dim`` of a tensor value, or None."""
-    if isinstance(value, torch.Tensor) and dim < value.dim():
-        return value.shape[dim]
-    return None
-
-
-def same_symint(s: Any, wanted: torch.SymInt) -> bool:
-    """Whether ``s`` is the very SymInt ``wanted`` is (its node, not its expression)."""
-    return isinstance(s, torch.SymInt) and s.node is wanted.node
-
-
-def size_nodes(value: Any) -> set[Any]:
-    """The SymNodes a value (a tensor, or tensors in a tuple or list) holds as a size,
-    stride, storage offset or element count."""
-    tensors = value if isinstance(value, (list, tuple)) else [value]
-    return {
-        s.node
-        for t in tensors
-        if isinstance(t, torch.Tensor)
-        for s in (*t.shape, *t.stride(), t.storage_offset(), t.numel())
-        if isinstance(s, torch.SymInt)
-    }
-
-
-def carriers(inp: torch.fx.Node, expr: Any) -> list[torch.fx.Node]:
-    """``inp`` and its ancestors whose value holds ``expr`` (a size, stride, offset or
-    element count), linked to ``inp`` through such values, in graph order."""
-
-    def holds(n: torch.fx.Node) -> bool:
-        v = n.meta.get("val")
-        tensors = v if isinstance(v, (list, tuple)) else [v]
-        return any(
-            isinstance(t, torch.Tensor)
-            and any(
-                isinstance(s, torch.SymInt) and s.node.expr == expr
-                for s in (*t.shape, *t.stride(), t.storage_offset(), t.numel())
-            )
-            for t in tensors
-        )
-
-    seen = {inp}
-    todo = [inp]
-    while todo:
-        n = todo.pop()
-        for a in n.all_input_nodes:
-            if a not in seen and a.op != "placeholder" and holds(a):
-                seen.add(a)
-                todo.append(a)
-    order = {n: i for i, n in enumerate(inp.graph.nodes)}
-    return sorted(seen, key=order.__getitem__)
-
-
 def run_guards(ep: Any) -> None:
     """Run the program's guards on its own inputs, as the retrace does: it traces
     ``ep.module()``, whose first call checks them (``_guards_fn``). Where sympy cannot
@@ -496,173 +433,3 @@ def run_guards(ep: Any) -> None:
         n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder" and n.name in users
     ]
     guards(*values)
-
-
-# The stack trace the retrace gives the nodes its runtime-assertion pass adds
-# (``torch/export/exported_program.py``, ``_decompose_and_get_gm_with_new_signature_constants``).
-RUNTIME_ASSERT_TRACE = (
-    'File "torch/fx/passes/runtime_assert.py", line 24, in insert_deferred_runtime_asserts'
-)
-
-
-def rebind_sizes(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
-    """Run the retrace's runtime-assertion pass, which binds every size query to a
-    node of its own: after the placeholders, or as arithmetic on sizes it has."""
-    shape_env = fake_mode.shape_env
-    # The pass only adds asserts the graph lacks; those export added are there already.
-    if shape_env is None or not fakes.insert_runtime_asserts(gm, shape_env, RUNTIME_ASSERT_TRACE):
-        raise Fallback("a new size query without a shape environment to bind it")
-    # No DCE after it: the retrace runs none either, and keeps what it leaves dead.
-    gm.recompile()
-
-
-def origin(
-    inp: torch.fx.Node,
-    dim: int,
-    expr: Any,
-    rerun: Callable[[torch.fx.Node, Any, Any], Any],
-    copied: Container[torch.fx.Node],
-) -> tuple[torch.fx.Node, int]:
-    """The node whose result first holds the very SymInt that is size ``dim`` of
-    ``inp``'s value (an expression ``expr``, not a symbol), and the dimension holding
-    it there whose size node the trace makes first: the last for a node copied from the
-    program (``copied``: its result's sizes are compared from the last), the first for
-    a node a decomposition made. The operators from the first ancestor holding
-    ``expr`` to ``inp`` run again (``rerun``: a node's value on the arguments given) as
-    the retrace runs them. A decomposition's node is asked whether it is contiguous
-    without adding a guard.
-
-    Raises:
-        Fallback: where that node is not certain to make the size's node at once.
-    """
-    chain = carriers(inp, expr)
-    again: dict[torch.fx.Node, Any] = {}
-    for n in chain:
-        if not (n.op == "call_function" and callable(n.target)):
-            raise Fallback(f"the size {expr} of {inp.name} comes from {n.name}")
-        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: again.get(a, a))
-        again[n] = rerun(n, args, kwargs)
-    wanted = size_of(again[inp], dim)
-    for n in chain:
-        value = again[n]
-        if wanted.node not in size_nodes(value):
-            continue
-        if (
-            n.target is operator.getitem
-            or not isinstance(value, torch.Tensor)
-            # The retrace compares a program node's sizes, guarding as it goes.
-            or not (value.is_contiguous() if n in copied else _made_at_once(value))
-        ):
-            raise Fallback(
-                f"the size {expr} of {inp.name} is first held by {n.name}, "
-                "whose trace may not make its node at once"
-            )
-        dims = [d for d, s in enumerate(value.shape) if same_symint(s, wanted)]
-        if not dims:
-            raise Fallback(f"the size {expr} of {inp.name} is not a size of {n.name}")
-        return n, dims[-1] if n in copied else dims[0]
-    raise Fallback(f"the size {expr} of {inp.name} is held by no node before it")
-
-
-def _made_at_once(value: torch.Tensor) -> bool:
-    """Whether a decomposition's result makes its size nodes as the trace wraps it,
-    first dimension first: contiguous, or channels-last with 4 dimensions (a
-    convolution on a permuted input, as ConvNeXt's blocks make). Asked without a guard;
-    check mode compares both kinds with the retrace's graph (tests/decomp/test_shapes.py)."""
-    return fakes.is_contiguous_or_false(value) or fakes.is_contiguous_or_false(
-        value, torch.channels_last
-    )
-
-
-# --- values whose recomputation taught nothing ------------------------------------
-
-# A program's graph -> what its last decomposition that learnt nothing recomputed.
-_SETTLED: weakref.WeakKeyDictionary[torch.fx.Graph, tuple[Any, ...]] = weakref.WeakKeyDictionary()
-
-
-class _Same:
-    """A value that compares equal only to the very same object (held, so that its id
-    is never another's)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.value is self.value
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def _structure(graph: torch.fx.Graph) -> list[Any]:
-    """Each node's name, kind, target, arguments (nodes by name) and value (itself)."""
-    return [
-        (
-            n.name,
-            n.op,
-            n.target,
-            torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.name),
-            _Same(n.meta.get("val")),
-        )
-        for n in graph.nodes
-    ]
-
-
-def _counts(shape_env: Any) -> tuple[int, ...]:
-    """What grows with anything a shape environment learns, cheap to read."""
-    if shape_env is None:
-        return ()
-    return (
-        len(shape_env.guards),
-        len(shape_env.replacements),
-        shape_env.num_deferred_runtime_asserts,
-        len(shape_env.divisible),
-        shape_env.unbacked_symint_counter,
-    )
-
-
-class Settled:
-    """The symbolic values of ``graph`` that need not be recomputed in this
-    decomposition: the incremental path recomputes a copied symbolic value only for
-    what the computation teaches the shape environment, as the retrace's trace of it
-    would. A decomposition of the same graph that learnt nothing at all, from the
-    same knowledge, computed the same values from the same inputs and learnt nothing
-    from any of them; so does this one, until it learns something (a template of
-    another table, say). Nodes an upstream rewrite changed are recomputed anyway."""
-
-    def __init__(self, graph: torch.fx.Graph, shape_env: Any) -> None:
-        self.graph = graph
-        self.shape_env = shape_env
-        self.start = snapshot(shape_env)
-        self.counts = _counts(shape_env)
-        self.names: set[str] = set()
-        self._known: frozenset[str] | None = None  # read at the first symbolic value
-        self._structure: list[Any] | None = None
-
-    def structure(self) -> list[Any]:
-        if self._structure is None:
-            self._structure = _structure(self.graph)
-        return self._structure
-
-    def skip(self, name: str) -> bool:
-        """Whether the value of the node named ``name`` need not be recomputed."""
-        if self._known is None:
-            last = _SETTLED.get(self.graph)
-            same = last is not None and last[0] == self.start and last[1] == self.structure()
-            self._known = last[2] if same else frozenset()  # type: ignore[index]
-        if name in self._known and _counts(self.shape_env) == self.counts:
-            self.names.add(name)
-            return True
-        return False
-
-    def taught_nothing(self, name: str) -> None:
-        """The value of ``name``, recomputed from unchanged inputs, was the same."""
-        self.names.add(name)
-
-    def finish(self) -> None:
-        """The decomposition is done: keep what it recomputed if it learnt nothing."""
-        if self.names and snapshot(self.shape_env) == self.start:
-            _SETTLED[self.graph] = (self.start, self.structure(), frozenset(self.names))
-        else:
-            _SETTLED.pop(self.graph, None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import copy
 import operator
-from collections.abc import Container
 from typing import Any
 
 import torch
@@ -19,9 +18,11 @@ from epass import _heap, _lease, _operators, _program, _tensors
 from epass._decomp import (
     disk,
     keys,
+    propagation,
     safety,
     shapes,
     signature,
+    sizes,
     state,
     table,
     templates,
@@ -31,10 +32,7 @@ from epass._decomp import (
 from epass._decomp.safety import Fallback
 from epass._torch import programs, quiet
 
-__all__ = ["RUNTIME_ASSERT_TRACE", "decompose"]
-
-
-RUNTIME_ASSERT_TRACE = shapes.RUNTIME_ASSERT_TRACE
+__all__ = ["decompose"]
 
 _CARRIED_META = writeback.CARRIED_META
 _VIEWS = writeback.VIEWS
@@ -60,7 +58,7 @@ class _Builder(writeback.WriteBack):
         self.session = session
         # The program's shape environment, from here to the end of the decomposition.
         self.watch = session.watching(fake_mode)
-        self.settled = shapes.Settled(old_graph, fake_mode.shape_env)
+        self.settled = propagation.Settled(old_graph, fake_mode.shape_env)
         self.graph = torch.fx.Graph()
         self.env: dict[torch.fx.Node, Any] = {}
         self.changed: set[torch.fx.Node] = set()
@@ -71,7 +69,7 @@ class _Builder(writeback.WriteBack):
         self.decomposed = 0
         self.new_sizes = False
         # Nodes computing a size an earlier node computes: the retrace's trace has
-        # them, its runtime-assertion pass replaces them after its DCE (``_drop_dead``).
+        # them, its runtime-assertion pass replaces them after its DCE (``sizes.drop_dead``).
         self.merged: dict[torch.fx.Node, torch.fx.Node] = {}
         # Size queries put after the node whose result first holds the size, with
         # that node and the dimension (``_place_size``).
@@ -124,7 +122,7 @@ class _Builder(writeback.WriteBack):
             node.name,
             lambda: node.target(*keys.values_of(node.args), **keys.values_of(node.kwargs)),  # type: ignore[operator]
         )
-        if old is not None and keys.same_meta(new, old):
+        if old is not None and propagation.same_meta(new, old):
             node.meta["val"] = old
             return False
         node.meta["val"] = new
@@ -188,7 +186,7 @@ class _Builder(writeback.WriteBack):
                 else:
                     new.meta["original_aten"] = node.target
             old, moved = node.meta.get("val"), any(i in self.changed for i in node.all_input_nodes)
-            if moved or (keys.symbolic(old) and not self.settled.skip(node.name)):
+            if moved or (propagation.symbolic(old) and not self.settled.skip(node.name)):
                 if self._propagate(new, old):
                     self.changed.add(node)
                 elif not moved:
@@ -276,7 +274,7 @@ class _Builder(writeback.WriteBack):
             # the earlier in-place results aliasing it) reads the new value, as
             # functionalization makes it; earlier reads were copied already.
             self.env[alias] = result
-            if not keys.same_meta(new_val, alias.meta.get("val")):
+            if not propagation.same_meta(new_val, alias.meta.get("val")):
                 self.changed.add(alias)
 
     def _emit_template(
@@ -432,12 +430,12 @@ class _Builder(writeback.WriteBack):
         anew), and the last dimension holding it there (the first compared): the
         operators from the first ancestor holding its expression to ``inp`` run
         again as the retrace runs them."""
-        expr = self._expr(shapes.size_of(inp.meta.get("val"), dim))
+        expr = self._expr(sizes.size_of(inp.meta.get("val"), dim))
         if expr is None or expr.is_Symbol:
             # The runtime-assertion pass binds a symbol after the placeholders,
             # wherever its query was.
             return None
-        return shapes.origin(
+        return sizes.origin(
             inp,
             dim,
             expr,
@@ -450,7 +448,7 @@ class _Builder(writeback.WriteBack):
 
     def _bind(self, new: torch.fx.Node) -> None:
         """Record the size ``new`` computes; the retrace merges it into an earlier
-        node computing the same expression (``_drop_dead``)."""
+        node computing the same expression (``sizes.drop_dead``)."""
         expr = self._expr(new.meta.get("val"))
         if expr is None:
             return
@@ -525,7 +523,7 @@ def _decompose(
     for leaf in _tensors.tree_leaves(out_node.args[0]):
         if not isinstance(leaf, torch.fx.Node):
             raise Fallback("an output became a constant")
-    _drop_dead(graph, builder.merged, builder.copied)
+    sizes.drop_dead(graph, builder.merged, builder.copied)
     live = set(graph.nodes)
     for again in builder.written_back:
         # Read only by a size query the runtime-assertion pass replaced: the retrace's
@@ -537,7 +535,7 @@ def _decompose(
     _lease.note_built(graph)
     if builder.new_sizes:
         with builder.watch.retrace("the runtime-assertion pass"):
-            shapes.rebind_sizes(gm, fake_mode)
+            sizes.rebind_sizes(gm, fake_mode)
     new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
     module_call_graph = programs.updated_module_call_graph(ep, gm, new_signature)
     # A retrace's program: a new state_dict over the same tensors, the constants
@@ -567,58 +565,3 @@ def _walk(builder: _Builder, old_graph: torch.fx.Graph) -> None:
             builder.graph.output(out[0])
             continue
         builder.emit_node(node)
-
-
-def _drop_dead(
-    graph: torch.fx.Graph,
-    merged: dict[torch.fx.Node, torch.fx.Node],
-    copied: Container[torch.fx.Node],
-) -> None:
-    """Delete dead nodes as the retrace does. Its trace loses every dead node without
-    effects (the DCE after tracing), except a size query of the program's own
-    (``copied``) that a decomposition reads (:func:`_keep_read_queries`); its
-    runtime-assertion pass then replaces each node computing a size an earlier live
-    node computes (``merged``) by that node, and deletes nothing more: what only the
-    replaced node read stays, dead (a step of size arithmetic, say)."""
-    live = _keep_read_queries(graph, merged, copied)
-    bound: dict[torch.fx.Node, torch.fx.Node] = {}  # first binding -> the live node now
-    for node in list(graph.nodes):  # in order, as the pass walks the graph
-        first = merged.get(node)
-        if first is None:
-            continue
-        existing = bound.get(first, first)
-        if existing in live:
-            node.replace_all_uses_with(existing)
-            graph.erase_node(node)
-        else:  # the first node computing it was dead and went with the DCE
-            bound[first] = node
-
-
-def _keep_read_queries(
-    graph: torch.fx.Graph,
-    merged: dict[torch.fx.Node, torch.fx.Node],
-    copied: Container[torch.fx.Node],
-) -> set[torch.fx.Node]:
-    """Run the DCE, keeping each size query of the program's (``copied``) that a live
-    node of a decomposition computes again (``merged``): the retrace's trace reads that
-    size from the program's node, live then even where only a dead view read it. The
-    nodes left."""
-    queries = {q for q in merged.values() if q in copied and q.target in table.SIZE_OPS}
-    before = {q: (q.prev, q.args, q.kwargs) for q in queries}  # DCE clears the args
-    graph.eliminate_dead_code()
-    live = set(graph.nodes)
-    for query in queries - live:
-        if not any(first is query and node in live for node, first in merged.items()):
-            continue
-        # Made again where it was.
-        anchor, args, kwargs = before[query]
-        while anchor not in live:
-            anchor = anchor.prev
-        with graph.inserting_after(anchor):
-            again = graph.create_node(query.op, query.target, args, kwargs, query.name)
-        again.meta = dict(query.meta)
-        live.add(again)
-        for node, first in list(merged.items()):
-            if first is query:
-                merged[node] = again
-    return live

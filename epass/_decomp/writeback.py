@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from epass import _operators
-from epass._decomp import keys, safety, table, templates, tracing, views
+from epass._decomp import keys, propagation, safety, table, templates, tracing, views
 from epass._decomp.safety import Fallback, View
 from epass._decomp.views import Prefix
 
@@ -154,7 +154,7 @@ class WriteBack:
         for alias in self.chains.get(owner, [owner]):
             # The tensor and the in-place results aliasing it read the new value.
             self.env[alias] = value
-            if not keys.same_meta(value.meta["val"], alias.meta.get("val")):
+            if not propagation.same_meta(value.meta["val"], alias.meta.get("val")):
                 self.changed.add(alias)
         self.views.written(owner)
         self.views.synced_now(view, node)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from epass._decomp import identity, splice, state, templates, tracing
+from epass._decomp import identity, sizes, splice, state, templates, tracing
 from epass._decomp.check import first_difference
 from epass._decomp.table import DefaultSplit, split_table
 from epass._torch import internals, operators
@@ -305,7 +305,7 @@ def test_run_decompositions_rebinds_sizes_with_the_runtime_assert_pass():
 
     source = inspect.getsource(exported_program)
     assert "insert_deferred_runtime_asserts(" in source
-    assert splice.RUNTIME_ASSERT_TRACE.split(", in ")[0] in source
+    assert sizes.RUNTIME_ASSERT_TRACE.split(", in ")[0] in source
     assert "in insert_deferred_runtime_asserts" in source
     assert list(inspect.signature(insert_deferred_runtime_asserts).parameters)[:4] == [
         "gm",

@@ -21,7 +21,7 @@ from torch import nn
 from torch.export import Dim
 
 from epass import Decompose
-from epass._decomp import disk, keys, shapes, splice, state, templates
+from epass._decomp import disk, keys, propagation, shapes, sizes, splice, state, templates
 from epass._decomp.check import first_difference
 from epass._decomp.table import split_table
 from epass._torch import fakes, internals
@@ -264,14 +264,14 @@ def _guard_on_the_batch(ep: torch.export.ExportedProgram) -> None:
 
 
 def test_a_change_to_the_shape_environment_outside_a_trace_is_caught(monkeypatch):
-    real = splice._drop_dead
+    real = sizes.drop_dead
     programs = []
 
     def drop_dead_and_guard(graph, merged, copied):
         real(graph, merged, copied)
         _guard_on_the_batch(programs[-1])
 
-    monkeypatch.setattr(splice, "_drop_dead", drop_dead_and_guard)
+    monkeypatch.setattr(sizes, "drop_dead", drop_dead_and_guard)
     programs.append(models.export("convbn", dynamic=True)[1])
     with pytest.raises(shapes.Changed) as caught:
         splice.decompose(programs[-1], split_table(None))
@@ -414,15 +414,15 @@ def test_what_changed_since_makes_the_values_recomputed(monkeypatch, change):
 def test_settled_values_stop_being_skipped_once_the_decomposition_learns_something():
     _, ep, _ = models.export("convbn", dynamic=True)
     shape_env = keys.fake_mode_of(ep).shape_env
-    learnt = shapes.Settled(ep.graph, shape_env)
+    learnt = propagation.Settled(ep.graph, shape_env)
     learnt.taught_nothing("conv2d")
     learnt.finish()
-    settled = shapes.Settled(ep.graph, shape_env)
+    settled = propagation.Settled(ep.graph, shape_env)
     assert settled.skip("conv2d") and not settled.skip("relu")
     _guard_on_the_batch(ep)  # a template of another table taught a guard, say
     assert not settled.skip("conv2d")
     settled.finish()  # this decomposition learnt something: nothing is kept
-    assert not shapes.Settled(ep.graph, shape_env).skip("conv2d")
+    assert not propagation.Settled(ep.graph, shape_env).skip("conv2d")
 
 
 class _Convs(nn.Module):
@@ -517,14 +517,14 @@ def test_a_channels_last_result_makes_its_sizes_where_the_retrace_makes_them(
     ep = torch.export.export(
         module, (x,), dynamic_shapes=({0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO},)
     )
-    made = shapes._made_at_once
+    made = sizes._made_at_once
     asked: list[bool] = []
 
     def spied(value: torch.Tensor) -> bool:
         asked.append(not fakes.is_contiguous_or_false(value) and made(value))
         return made(value)
 
-    monkeypatch.setattr(shapes, "_made_at_once", spied)
+    monkeypatch.setattr(sizes, "_made_at_once", spied)
     if not internals.EXACT_RELEASE:  # placing a size query is exact on 2.11 to 2.14 only
         # The incremental path steps aside (for that, or a reason met before it).
         with pytest.raises(IncrementalDecompositionError):
