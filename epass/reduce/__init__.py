@@ -155,9 +155,11 @@ def reduce(
         time_limit / max_steps: a budget in seconds (finite, above 0) and in
             candidates run; when it is spent (or on Ctrl-C) the smallest program
             found so far is returned. The time limit holds against a pass that
-            hangs: each candidate runs in a forked child process, killed then
-            (even in C code holding the GIL); where fork cannot be used, in a
-            thread abandoned then (docs/debugging.md).
+            hangs: each candidate runs in a forked child process, killed when the
+            time is up or on Ctrl-C, even in C code that holds the GIL; only the
+            outcome comes back. Where fork cannot be used (not Linux, or CUDA in
+            use) it runs in a thread that is abandoned then (left to run in the
+            background, on its own copies; docs/debugging.md).
         progress: called with a :class:`Progress` after each candidate.
 
     Every candidate runs on a private copy of its state tensors and inputs, so
@@ -182,10 +184,24 @@ def reduce(
     nodes_before = len(ep.graph.nodes)
     search = Search(source, oracle, budget, progress, nodes_before, first, outcome)
     stopped = search.run()
+    return _result(search, stopped)
+
+
+def _result(search: Search, stopped: str) -> ReduceResult:
+    """The smallest failing program ``search`` found, with what finding it took."""
+    oracle = search.oracle
     return ReduceResult(
-        search.best, search.best_outcome, manager, nodes_before, search.best_nodes,
-        budget.elapsed(), search.steps, stopped, rtol, atol,
-    )  # fmt: skip
+        program=search.best,
+        failure=search.best_outcome,
+        pipeline=oracle.pipeline,
+        nodes_before=search.nodes_before,
+        nodes_after=search.best_nodes,
+        seconds=search.budget.elapsed(),
+        steps=search.steps,
+        stopped=stopped,
+        rtol=oracle.rtol,
+        atol=oracle.atol,
+    )
 
 
 def _pipeline(ep: Any, pipeline: Any) -> PassManager:
