@@ -123,7 +123,7 @@ def test_builtin_table_agrees_with_the_pass_names() -> None:
     ``epass.passes`` exports each class."""
     from epass import passes
 
-    assert list(registry.BUILTINS) == list(passes.BUILTINS)
+    assert list(registry.BUILTIN_TARGETS) == list(passes.BUILTINS)
     for name, factory in passes.BUILTINS.items():
         assert registry.get_factory(name) is factory
         made = factory()
@@ -145,10 +145,10 @@ def test_the_builtin_catalog_is_written_from_the_passes() -> None:
     loaded = [
         registry.describe_pass(name).as_dict()
         for name in registry.pass_names()
-        if name in registry.BUILTINS
+        if name in registry.BUILTIN_TARGETS
     ]
     assert all(entry["error"] is None for entry in loaded)
-    assert [e for e in registry.pass_table() if e["name"] in registry.BUILTINS] == loaded
+    assert [e for e in registry.pass_table() if e["name"] in registry.BUILTIN_TARGETS] == loaded
 
 
 def test_the_catalog_types_are_the_option_models_own_text() -> None:
