@@ -27,7 +27,7 @@ from epass.instruments.numerics import random_inputs
 from epass.instruments.reproducer import save_program, write_pipeline
 from epass.manager import PassManager, as_pipeline
 from epass.reduce._oracle import KINDS, Oracle, Outcome
-from epass.reduce._search import Budget, Progress, Search, Stop, Terminated
+from epass.reduce._search import Budget, ReduceProgress, Search, Stop, Terminated
 from epass.reduce._slice import Source
 from epass.reduce._watchdog import Died
 
@@ -35,7 +35,7 @@ __all__ = [
     "FILES",
     "KINDS",
     "Outcome",
-    "Progress",
+    "ReduceProgress",
     "ReduceResult",
     "Terminated",
     "check_output",
@@ -139,7 +139,7 @@ def reduce(
     kwargs: Mapping[str, Any] | None = None,
     time_limit: float | None = None,
     max_steps: int | None = None,
-    progress: Callable[[Progress], Any] | None = None,
+    progress: Callable[[ReduceProgress], Any] | None = None,
 ) -> ReduceResult:
     """Shrink ``ep`` (never modified) to a small program on which ``pipeline`` (a
     manager, a list of passes or pipeline text) fails the same way.
@@ -160,7 +160,7 @@ def reduce(
             outcome comes back. Where fork cannot be used (not Linux, or CUDA in
             use) it runs in a thread that is abandoned then (left to run in the
             background, on its own copies; docs/debugging.md).
-        progress: called with a :class:`Progress` after each candidate.
+        progress: called with a :class:`ReduceProgress` after each candidate.
 
     Every candidate runs on a private copy of its state tensors and inputs, so
     that no pass, failing or not, changes ``ep``'s tensors or the next candidate's.
