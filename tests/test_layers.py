@@ -338,16 +338,16 @@ def test_one_op_histogram_keys_records_and_op_counts_alike() -> None:
     assert "getitem" in counts.entries[0].after
 
 
-def test_report_fills_memory_from_memory_accounting() -> None:
+def test_report_fills_state_bytes_from_memory_accounting() -> None:
     _, ep, _ = models.export("mixed")
     memory = MemoryAccounting()
     pm = PassManager([Decompose(), ConstantFold()], instruments=[memory])
     result = pm(ep)
     report = build_report(PipelineRun(result, manager=pm, memory=memory))
     for entry, measured in zip(report["passes"], memory.entries, strict=True):
-        assert entry["memory"]["bytes"] == measured.bytes
-        assert entry["memory"]["new_bytes"] == measured.new_bytes
-    assert build_report(PipelineRun(result, manager=pm))["passes"][0]["memory"] is None
+        assert entry["state_bytes"]["bytes"] == measured.bytes
+        assert entry["state_bytes"]["new_bytes"] == measured.new_bytes
+    assert build_report(PipelineRun(result, manager=pm))["passes"][0]["state_bytes"] is None
 
 
 def test_one_state_text_for_the_summary_the_command_line_and_the_report() -> None:
