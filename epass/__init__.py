@@ -12,7 +12,7 @@ The package is layered; each layer imports only from the ones below it
     engine       manager, io; planning, _outcome; _screen/, instrumentation
     contract     building; records, registry; protocol, linker, watch, options, _catalog, _paths
     grammar      pipeline
-    core         verify, _decomp/, _snapshot, _graph, _program, errors, _version
+    core         verification, _decomp/, _snapshot, _graph, _program, errors, _version
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from epass.registry import list_passes as list_passes
     from epass.registry import register_pass as register_pass
     from epass.registry import unregister_pass as unregister_pass
-    from epass.verify import verify_program as verify_program
+    from epass.verification import verify_program as verify_program
 
 # The public API: where each name lives (its module is imported on first use). The
 # one list of public names: ``__all__`` and the lazy lookup below are made from it.
@@ -120,7 +120,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "epass.records": ("PassRecord", "PipelineResult"),
     "epass.reduce": ("ReduceResult", "reduce"),
     "epass.registry": ("list_passes", "register_pass", "unregister_pass"),
-    "epass.verify": ("verify_program",),
+    "epass.verification": ("verify_program",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [*_MODULE_OF, "__version__"]

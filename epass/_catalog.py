@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTINS", "BUILTIN_CATALOG", "FILE"]
+__all__ = ["BUILTIN_CATALOG", "BUILTIN_TARGETS", "FILE"]
 
 FILE = Path(__file__).with_name("_catalog.json")
 
@@ -25,7 +25,7 @@ _ENTRIES: dict[str, dict[str, Any]] = (
     json.loads(FILE.read_text(encoding="utf-8")) if FILE.is_file() else {}
 )
 
-BUILTINS: dict[str, str] = {name: entry["target"] for name, entry in _ENTRIES.items()}
+BUILTIN_TARGETS: dict[str, str] = {name: entry["target"] for name, entry in _ENTRIES.items()}
 """Registry name -> ``module:attribute`` of each built-in."""
 
 BUILTIN_CATALOG: dict[str, tuple[str, tuple[tuple[str, str, str | None, bool], ...]]] = {

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
-from epass import _snapshot, verify
+from epass import _snapshot, verification
 from epass.errors import PassError, ProgramError, StateMutationError, VerificationError
 from epass.protocol import PassResult
 from epass.records import PassInfo
@@ -129,14 +129,14 @@ def _edited(snapshot: Snapshot, info: PassInfo, changes_input: bool) -> bool:
 
 def verify_output(
     program: ExportedProgram,
-    source: ExportedProgram | verify.Before,
+    source: ExportedProgram | verification.Before,
     info: PassInfo,
-    previous: verify.CallWalk | None,
-) -> verify.CallWalk:
+    previous: verification.CallWalk | None,
+) -> verification.CallWalk:
     """Raise VerificationError, naming the pass, when its output does not verify;
-    else return the walk over its calls (:func:`epass.verify.check_output`)."""
+    else return the walk over its calls (:func:`epass.verification.check_output`)."""
     try:
-        return verify.check_output(program, source, previous)
+        return verification.check_output(program, source, previous)
     except Exception as exc:
         detail = str(exc) if isinstance(exc, ProgramError) else f"{type(exc).__name__}: {exc}"
         raise VerificationError(f"its output does not verify: {detail}", **info.location()) from exc

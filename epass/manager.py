@@ -29,7 +29,7 @@ from epass import (
     building,
     planning,
     protocol,
-    verify,
+    verification,
 )
 from epass.errors import (
     ArgumentTypeError,
@@ -77,7 +77,7 @@ class _Run:
     targets: Counter[Any] | None = None
     # The verification's walk over current's calls, while current is the program
     # it checked (it serves the checks of a pass that edits current in place).
-    walk: tuple[ExportedProgram, verify.CallWalk] | None = None
+    walk: tuple[ExportedProgram, verification.CallWalk] | None = None
 
 
 @attrs.define
@@ -98,8 +98,8 @@ class _Prepared:
     # (epass._graph.editable_graph), else None.
     lease: _lease.Lease | None = None
     # What the output's checks compare with when the pass may edit current's graph
-    # in place (verify.before, read before it ran), else None: current itself.
-    source: verify.Before | None = None
+    # in place (verification.before, read before it ran), else None: current itself.
+    source: verification.Before | None = None
     seconds: float = 0.0
 
 
@@ -326,7 +326,7 @@ class PassManager:
         source = None
         if may_edit and self.verify:  # current will not show what it was
             walk = run.walk[1] if run.walk is not None and run.walk[0] is current else None
-            source = verify.before(current, walk)
+            source = verification.before(current, walk)
         prepared = _Prepared(
             model=model,
             view=view,

@@ -5,7 +5,7 @@ keyword arguments, returning a pass. A function with a required positional
 parameter cannot be a factory (options are keywords), so it is registered as the
 pass itself, taking no options.
 
-Built-ins are registered lazily by ``"module:attribute"`` (:data:`BUILTINS`, read
+Built-ins are registered lazily by ``"module:attribute"`` (:data:`BUILTIN_TARGETS`, read
 from ``epass._catalog``, which ``python -m epass.passes`` writes from the one table
 of built-ins, :data:`epass.passes.BUILTINS`); third-party passes come from the
 entry-point group ``epass.passes``. Nothing is imported until a pass is used (or
@@ -47,7 +47,7 @@ from typing import Any, TypeVar, overload
 import attrs
 
 from epass import options as _options
-from epass._catalog import BUILTIN_CATALOG, BUILTINS
+from epass._catalog import BUILTIN_CATALOG, BUILTIN_TARGETS
 from epass.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -61,8 +61,8 @@ from epass.options import OptionInfo
 from epass.pipeline import NAME_PATTERN, RESERVED, PassSpec, parse, walk
 
 __all__ = [
-    "BUILTINS",
     "BUILTIN_CATALOG",
+    "BUILTIN_TARGETS",
     "ENTRY_POINT_GROUP",
     "OptionInfo",
     "PassEntry",
@@ -144,7 +144,7 @@ _plugins_loaded = False
 
 
 def _init_builtins() -> None:
-    for name, target in BUILTINS.items():
+    for name, target in BUILTIN_TARGETS.items():
         _entries[name] = _Entry(name, "epass", "builtin", target)
 
 

@@ -1,6 +1,6 @@
 """Pipeline reports: a JSON document with stable keys and a self-contained HTML page.
 
-The JSON document (``schema: "epass.report/1"``) holds:
+The JSON document (``schema: "epass.report/2"``) holds:
 
 ``schema``, ``epass_version``, ``torch_version``, ``created`` (UTC, ISO 8601),
 ``pipeline`` (text, or null when the pipeline has no textual form), ``input`` /
@@ -17,7 +17,7 @@ in run order: ``{"pass", "kind", "text"}``, ``pass`` its path), and
 ``passes``: one object per pass run, in order, with every key of
 :meth:`epass.PassRecord.as_dict` (``children`` nest the same way) plus ``path``
 (``"lower/dce"`` for nested passes), ``spec`` (the pass as pipeline text, or null),
-``options`` (JSON values; dtypes and operators as their text) and ``memory``
+``options`` (JSON values; dtypes and operators as their text) and ``state_bytes``
 (null unless a :class:`~epass.instruments.MemoryAccounting` measured the run, else
 ``{"bytes", "new_bytes", "released_bytes", "duplicate_bytes"}`` of the pass's
 output state), and ``verdict``: ``{"status", "summary", "pass", "node", "error",
@@ -79,7 +79,7 @@ __all__ = [
     "write_report",
 ]
 
-SCHEMA = "epass.report/1"
+SCHEMA = "epass.report/2"
 
 
 def _pass_spec(model: PassModel) -> tuple[str | None, dict[str, Any]]:
@@ -137,7 +137,7 @@ def _record_dict(
     out["path"] = path
     out["spec"] = spec
     out["options"] = options
-    out["memory"] = memory.take(path, record)
+    out["state_bytes"] = memory.take(path, record)
     out["diff"] = diffs.get(f"{path}@{record.step}")
     return out
 
@@ -158,7 +158,7 @@ class PipelineRun:
         input_path / output_path: the files read and written, if any.
         numerics: the ``numerics`` entry (see the module docstring), if measured.
         memory: the run's :class:`~epass.instruments.MemoryAccounting`, to fill each
-            pass's ``memory``.
+            pass's ``state_bytes``.
         outcome: a :func:`verdict` for a run that did not succeed (default ``"ok"``).
         diffs: each pass's node diff, keyed ``"path@step"`` (:attr:`RunLog.diffs`).
     """

@@ -8,7 +8,7 @@ import operator
 import pytest
 import torch
 
-from epass import PassManager, _graph, _operators, _program, _writes, verify
+from epass import PassManager, _graph, _operators, _program, _writes, verification
 from epass.passes import CSE, CastDtype, ConstantFold, DeadCodeElimination
 
 
@@ -141,7 +141,7 @@ def test_in_place_writes_follow_cond_branches_and_while_loop_bodies(kind: str) -
     hop = next(n for n in ep.graph.nodes if n.target in _HOPS)
     assert {n.name for n in writes.writers[hop]} == {"b_buf"}
     assert "b_buf" in {n.name for n in _writes.mutated_nodes(ep.graph_module)}
-    assert verify.state_writes(ep) == ({"buf"}, set())  # verification reads the same walk
+    assert verification.state_writes(ep) == ({"buf"}, set())  # verification reads the same walk
     assert torch.equal(_run(copy.deepcopy(ep)), torch.full((4,), EXPECTED[kind]))
 
 

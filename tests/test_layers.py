@@ -123,7 +123,7 @@ def test_builtin_table_agrees_with_the_pass_names() -> None:
     ``epass.passes`` exports each class."""
     from epass import passes
 
-    assert list(registry.BUILTINS) == list(passes.BUILTINS)
+    assert list(registry.BUILTIN_TARGETS) == list(passes.BUILTINS)
     for name, factory in passes.BUILTINS.items():
         assert registry.get_factory(name) is factory
         made = factory()
@@ -145,10 +145,10 @@ def test_the_builtin_catalog_is_written_from_the_passes() -> None:
     loaded = [
         registry.describe_pass(name).as_dict()
         for name in registry.pass_names()
-        if name in registry.BUILTINS
+        if name in registry.BUILTIN_TARGETS
     ]
     assert all(entry["error"] is None for entry in loaded)
-    assert [e for e in registry.pass_table() if e["name"] in registry.BUILTINS] == loaded
+    assert [e for e in registry.pass_table() if e["name"] in registry.BUILTIN_TARGETS] == loaded
 
 
 def test_the_catalog_types_are_the_option_models_own_text() -> None:
@@ -338,16 +338,16 @@ def test_one_op_histogram_keys_records_and_op_counts_alike() -> None:
     assert "getitem" in counts.entries[0].after
 
 
-def test_report_fills_memory_from_memory_accounting() -> None:
+def test_report_fills_state_bytes_from_memory_accounting() -> None:
     _, ep, _ = models.export("mixed")
     memory = MemoryAccounting()
     pm = PassManager([Decompose(), ConstantFold()], instruments=[memory])
     result = pm(ep)
     report = build_report(PipelineRun(result, manager=pm, memory=memory))
     for entry, measured in zip(report["passes"], memory.entries, strict=True):
-        assert entry["memory"]["bytes"] == measured.bytes
-        assert entry["memory"]["new_bytes"] == measured.new_bytes
-    assert build_report(PipelineRun(result, manager=pm))["passes"][0]["memory"] is None
+        assert entry["state_bytes"]["bytes"] == measured.bytes
+        assert entry["state_bytes"]["new_bytes"] == measured.new_bytes
+    assert build_report(PipelineRun(result, manager=pm))["passes"][0]["state_bytes"] is None
 
 
 def test_one_state_text_for_the_summary_the_command_line_and_the_report() -> None:

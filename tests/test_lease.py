@@ -14,7 +14,7 @@ from fingerprint import fingerprint
 from torch.export import ExportedProgram
 
 import epass
-from epass import _graph, _lease, _program, verify
+from epass import _graph, _lease, _program, verification
 from epass._torch import programs
 from epass.passes import (
     CSE,
@@ -236,11 +236,11 @@ def _erase_a_dead_call(ep: ExportedProgram) -> None:
 )
 def test_a_walk_reusing_the_previous_one_finds_what_a_fresh_walk_finds(edit):
     ep = models.export("mlp")[1]
-    previous = verify._walk_calls(ep.graph_module)
+    previous = verification._walk_calls(ep.graph_module)
     assert previous.calls  # what a next walk may reuse
     edit(ep)
-    fresh = verify._walk_calls(ep.graph_module)
-    reused = verify._walk_calls(ep.graph_module, previous)
+    fresh = verification._walk_calls(ep.graph_module)
+    reused = verification._walk_calls(ep.graph_module, previous)
     assert (reused.targets, reused.problems, reused.writes) == (
         fresh.targets,
         fresh.problems,
@@ -251,11 +251,11 @@ def test_a_walk_reusing_the_previous_one_finds_what_a_fresh_walk_finds(edit):
 
 def test_before_reads_what_the_checks_compare_with():
     ep = models.export("seed")[1]
-    facts = verify.before(ep)
-    written, declared = verify.state_writes(ep)
+    facts = verification.before(ep)
+    written, declared = verification.state_writes(ep)
     assert facts.writes == (written, declared)
     assert written | declared  # the seed model's buffer update
-    assert facts.problems == frozenset(verify.argument_problems(ep))
+    assert facts.problems == frozenset(verification.argument_problems(ep))
     assert set(facts.state) == set(ep.state_dict) | {
         k for k in ep.constants if isinstance(ep.constants[k], torch.Tensor)
     }

@@ -268,7 +268,7 @@ def test_prune_keeps_only_referenced_entries(mixed):
     assert all(lean.state_dict[k] is out.state_dict[k] for k in lean.state_dict)
     assert "orphan" in out.constants  # the input keeps its dicts
     lean.validate()
-    assert not epass.verify.state_problems(lean)
+    assert not epass.verification.state_problems(lean)
 
 
 def test_prune_compact_copies_views_of_dropped_entries():

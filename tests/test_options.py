@@ -24,7 +24,7 @@ from epass import (
     registry,
 )
 from epass.passes import Decompose, ReplaceOps, presets
-from epass.verify import argument_problems
+from epass.verification import argument_problems
 from tests import models
 
 aten = torch.ops.aten

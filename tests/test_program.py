@@ -16,7 +16,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from epass import _graph, _operators, _program, _pt2, _tensors, _validated
 from epass._torch import internals, programs
 from epass.errors import ProgramError
-from epass.verify import verify_program
+from epass.verification import verify_program
 
 
 def test_private_fields_exist_and_back_the_public_properties():

@@ -72,7 +72,7 @@ def _fake_dist(root: Path, dist: str, entries: dict[str, str], modules: dict[str
 def test_agreed_builtin_names_are_registered_without_importing_them() -> None:
     names = registry.pass_names()
     assert set(AGREED) <= set(names)
-    assert registry.BUILTINS["fold-constants"] == "epass.passes.constant_fold:ConstantFold"
+    assert registry.BUILTIN_TARGETS["fold-constants"] == "epass.passes.constant_fold:ConstantFold"
 
 
 def test_register_as_decorator_and_create_with_options(fresh: None) -> None:
@@ -158,7 +158,7 @@ def test_invalid_names_are_refused(bad: str) -> None:
 def test_missing_builtin_module_fails_only_when_used(
     fresh: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(registry.BUILTINS, "ghost-pass", "epass.passes.no_such_module:Ghost")
+    monkeypatch.setitem(registry.BUILTIN_TARGETS, "ghost-pass", "epass.passes.no_such_module:Ghost")
     registry.refresh_plugins()
     assert "ghost-pass" in registry.pass_names()
     assert isinstance(epass.create_pass("decompose"), Decompose)

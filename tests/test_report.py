@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 RECORD_KEYS = {
     "name", "index", "step", "seconds", "modified", "nodes_before", "nodes_after", "op_delta",
-    "link", "skipped", "skip_reason", "depth", "children", "path", "spec", "options", "memory",
+    "link", "skipped", "skip_reason", "depth", "children", "path", "spec", "options", "state_bytes",
     "notes", "notices", "diff",
 }  # fmt: skip
 TOP_KEYS = {
@@ -93,7 +93,7 @@ def test_json_keys_are_stable(run: tuple[PassManager, Any, Any]) -> None:
     pm, result, _ = run
     report = build_report(PipelineRun(result, manager=pm, input_path="in.pt2"))
     assert set(report) == TOP_KEYS
-    assert report["schema"] == SCHEMA == "epass.report/1"
+    assert report["schema"] == SCHEMA == "epass.report/2"
     assert report["pipeline"] == TEXT
     passes = report["passes"]
     assert [p["path"] for p in passes] == ["decompose", "repeat", "rescale-test"]

@@ -33,23 +33,38 @@ __all__ = [
 # (pattern, kind, why it is safe). Patterns match a member's name below the archive's
 # root folder, case-insensitively, because torch's zip reader looks names up that way.
 ALLOWLIST: tuple[tuple[str, str, str], ...] = (
-    (r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id",
-     "text", "a short UTF-8 tag torch compares with a constant"),
-    (r"models/model\.json", "program",
-     "JSON walked with torch's schema: no field the schema lacks, and every string "
-     "checked by the role of its field (identifier, operator, bounded shape "
-     "expression, text): see ROLES"),
-    (r"data/weights/model_weights_config\.json|data/constants/model_constants_config\.json",
-     "config", "JSON; each entry must name a weight_N / tensor_N member of this archive"),
-    (r"data/weights/weight_\d+|data/constants/tensor_\d+", "tensor",
-     "raw tensor bytes, viewed with a dtype; a tensor the config marks as pickled must "
-     "be a torch.save archive the weights-only unpickler accepts"),
-    (r"data/sample_inputs/model\.pt", "pickle",
-     "a torch.save archive whose pickle holds only what the weights-only unpickler "
-     "accepts (checked statically, then unpickled by that unpickler), and whose "
-     "text holds no quotes or backslashes"),
+    (
+        r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id",
+        "text",
+        "a short UTF-8 tag torch compares with a constant",
+    ),
+    (
+        r"models/model\.json",
+        "program",
+        "JSON walked with torch's schema: no field the schema lacks, and every string "
+        "checked by the role of its field (identifier, operator, bounded shape "
+        "expression, text): see ROLES",
+    ),
+    (
+        r"data/weights/model_weights_config\.json|data/constants/model_constants_config\.json",
+        "config",
+        "JSON; each entry must name a weight_N / tensor_N member of this archive",
+    ),
+    (
+        r"data/weights/weight_\d+|data/constants/tensor_\d+",
+        "tensor",
+        "raw tensor bytes, viewed with a dtype; a tensor the config marks as pickled must "
+        "be a torch.save archive the weights-only unpickler accepts",
+    ),
+    (
+        r"data/sample_inputs/model\.pt",
+        "pickle",
+        "a torch.save archive whose pickle holds only what the weights-only unpickler "
+        "accepts (checked statically, then unpickled by that unpickler), and whose "
+        "text holds no quotes or backslashes",
+    ),
     (r"extra/[^/]+", "text", "extra files, read as strings and never interpreted"),
-)  # fmt: skip
+)
 
 # Members torch.export.save writes that only run with trust: their loaders unpickle
 # arbitrary objects (pickle.loads, TorchScript's unpickler).

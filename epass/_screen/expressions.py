@@ -65,11 +65,38 @@ _GUARD_CALLS = frozenset(["max", "min", "abs", "int", "float", "round"]) | SYMPY
 _GUARD_METHODS = frozenset(["size", "stride", "storage_offset", "dim", "numel"])
 _MATH = frozenset(["floor", "ceil", "trunc", "sqrt", "log", "exp", "pow", "isnan", "isinf"])
 _ARITHMETIC = (
-    ast.Expression, ast.Load, ast.Constant, ast.UnaryOp, ast.BinOp, ast.Compare, ast.BoolOp,
-    ast.Tuple, ast.USub, ast.UAdd, ast.Not, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
-    ast.Mod, ast.Pow, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq, ast.And, ast.Or,
-    ast.LShift, ast.RShift, ast.BitAnd, ast.BitOr, ast.BitXor,
-)  # fmt: skip
+    ast.Expression,
+    ast.Load,
+    ast.Constant,
+    ast.UnaryOp,
+    ast.BinOp,
+    ast.Compare,
+    ast.BoolOp,
+    ast.Tuple,
+    ast.USub,
+    ast.UAdd,
+    ast.Not,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Pow,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.Eq,
+    ast.NotEq,
+    ast.And,
+    ast.Or,
+    ast.LShift,
+    ast.RShift,
+    ast.BitAnd,
+    ast.BitOr,
+    ast.BitXor,
+)
 _POWER_CALLS = frozenset(["Pow", "PowByNatural", "FloatPow", "pow", "LShift", "RShift"])
 _FLOAT_TEXT = re.compile(r"[+-]?\d{1,20}(\.\d{0,20})?([eE][+-]?\d{1,3})?|[+-]?(inf|nan)")
 

@@ -25,7 +25,7 @@ __all__ = [
     "EXIT_TERMINATED",
     "EXIT_USAGE",
     "REPORT_SUFFIXES",
-    "Terminated",
+    "CommandTerminated",
     "add_load_arguments",
     "build_manager",
     "pipeline_error",
@@ -42,7 +42,7 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 REPORT_SUFFIXES = (".json", ".html", ".htm")
 
 
-class Terminated(BaseException):
+class CommandTerminated(BaseException):
     """SIGTERM, raised where the command is, so that it cleans up as on Ctrl-C."""
 
 

@@ -18,7 +18,7 @@ from epass.cli._shared import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,
-    Terminated,
+    CommandTerminated,
     sigterm_raises,
 )
 from epass.errors import CliError, LoadError, SaveError
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        with sigterm_raises(Terminated), warnings.catch_warnings():
+        with sigterm_raises(CommandTerminated), warnings.catch_warnings():
             if not debug:
                 # torch's own deprecations and fallbacks: noise for a command-line
                 # user, who cannot act on them (--debug shows them).
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("epass: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Terminated:
+    except CommandTerminated:
         print("epass: terminated", file=sys.stderr)
         return EXIT_TERMINATED
     except SystemExit as exc:  # argparse's --help; or a plugin calling sys.exit on import

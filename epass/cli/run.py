@@ -22,7 +22,7 @@ from epass._text import printable
 from epass.cli._shared import (
     EXIT_FAILED,
     REPORT_SUFFIXES,
-    Terminated,
+    CommandTerminated,
     add_load_arguments,
     build_manager,
     pipeline_error,
@@ -150,9 +150,9 @@ def _run_pipeline(
             print(printable(note), file=sys.stderr)
         _report_unfinished(args, pm, tools, failure_verdict(args, exc, tools.log, tools.reproducer))
         raise CliError(str(exc).splitlines()[0], code=EXIT_FAILED) from exc
-    except (KeyboardInterrupt, Terminated) as exc:
+    except (KeyboardInterrupt, CommandTerminated) as exc:
         done = count_text(tools.log.records) if tools.log is not None else "no pass"
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        what = "terminated" if isinstance(exc, CommandTerminated) else "interrupted"
         _report_unfinished(
             args, pm, tools, verdict("interrupted", summary=f"{what} after {done} finished")
         )

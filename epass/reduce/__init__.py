@@ -27,7 +27,7 @@ from epass.instruments.numerics import random_inputs
 from epass.instruments.reproducer import save_program, write_pipeline
 from epass.manager import PassManager, as_pipeline
 from epass.reduce._oracle import KINDS, Oracle, Outcome
-from epass.reduce._search import Budget, Progress, Search, Stop, Terminated
+from epass.reduce._search import Budget, ReduceProgress, Search, Stop, Terminated
 from epass.reduce._slice import Source
 from epass.reduce._watchdog import Died
 
@@ -35,7 +35,7 @@ __all__ = [
     "FILES",
     "KINDS",
     "Outcome",
-    "Progress",
+    "ReduceProgress",
     "ReduceResult",
     "Terminated",
     "check_output",
@@ -139,7 +139,7 @@ def reduce(
     kwargs: Mapping[str, Any] | None = None,
     time_limit: float | None = None,
     max_steps: int | None = None,
-    progress: Callable[[Progress], Any] | None = None,
+    progress: Callable[[ReduceProgress], Any] | None = None,
 ) -> ReduceResult:
     """Shrink ``ep`` (never modified) to a small program on which ``pipeline`` (a
     manager, a list of passes or pipeline text) fails the same way.
@@ -155,10 +155,12 @@ def reduce(
         time_limit / max_steps: a budget in seconds (finite, above 0) and in
             candidates run; when it is spent (or on Ctrl-C) the smallest program
             found so far is returned. The time limit holds against a pass that
-            hangs: each candidate runs in a forked child process, killed then
-            (even in C code holding the GIL); where fork cannot be used, in a
-            thread abandoned then (docs/debugging.md).
-        progress: called with a :class:`Progress` after each candidate.
+            hangs: each candidate runs in a forked child process, killed when the
+            time is up or on Ctrl-C, even in C code that holds the GIL; only the
+            outcome comes back. Where fork cannot be used (not Linux, or CUDA in
+            use) it runs in a thread that is abandoned then (left to run in the
+            background, on its own copies; docs/debugging.md).
+        progress: called with a :class:`ReduceProgress` after each candidate.
 
     Every candidate runs on a private copy of its state tensors and inputs, so
     that no pass, failing or not, changes ``ep``'s tensors or the next candidate's.
@@ -182,10 +184,24 @@ def reduce(
     nodes_before = len(ep.graph.nodes)
     search = Search(source, oracle, budget, progress, nodes_before, first, outcome)
     stopped = search.run()
+    return _result(search, stopped)
+
+
+def _result(search: Search, stopped: str) -> ReduceResult:
+    """The smallest failing program ``search`` found, with what finding it took."""
+    oracle = search.oracle
     return ReduceResult(
-        search.best, search.best_outcome, manager, nodes_before, search.best_nodes,
-        budget.elapsed(), search.steps, stopped, rtol, atol,
-    )  # fmt: skip
+        program=search.best,
+        failure=search.best_outcome,
+        pipeline=oracle.pipeline,
+        nodes_before=search.nodes_before,
+        nodes_after=search.best_nodes,
+        seconds=search.budget.elapsed(),
+        steps=search.steps,
+        stopped=stopped,
+        rtol=oracle.rtol,
+        atol=oracle.atol,
+    )
 
 
 def _pipeline(ep: Any, pipeline: Any) -> PassManager:

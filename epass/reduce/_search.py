@@ -19,7 +19,7 @@ from epass.reduce._shapes import is_dynamic, specialize
 from epass.reduce._slice import Root, Slice, Source
 from epass.reduce._watchdog import Abandoned, Died, within
 
-__all__ = ["Budget", "Progress", "Search", "Stop", "Terminated"]
+__all__ = ["Budget", "ReduceProgress", "Search", "Stop", "Terminated"]
 
 logger = logging.getLogger("epass")
 
@@ -40,7 +40,7 @@ class Terminated(KeyboardInterrupt):
 
 
 @attrs.frozen
-class Progress:
+class ReduceProgress:
     """Where a reduction is: after ``step`` candidates, the smallest failing program
     has ``nodes`` nodes (of ``nodes_before``), ``seconds`` after the start, in
     ``phase`` (``"tail"``, ``"head"``, ``"minimize"``, ``"shapes"``)."""
@@ -116,7 +116,7 @@ class Search:
         source: Source,
         oracle: Oracle,
         budget: Budget,
-        progress: Callable[[Progress], Any] | None,
+        progress: Callable[[ReduceProgress], Any] | None,
         nodes_before: int,
         first: ExportedProgram,
         outcome: Outcome,
@@ -175,7 +175,7 @@ class Search:
                 self.best, self.best_nodes, self.best_outcome = program, nodes, outcome
         if self.progress is not None:
             self.progress(
-                Progress(
+                ReduceProgress(
                     self.steps,
                     self.best_nodes,
                     self.nodes_before,
