@@ -10,22 +10,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 from torch.export import ExportedProgram
 
 from epass import _snapshot, verification
 from epass.errors import PassError, ProgramError, StateMutationError, VerificationError
-from epass.protocol import PassResult
+from epass.protocol import Notice, PassResult
 from epass.records import PassInfo
 from epass.watch import StoreWatch
 
-__all__ = ["Snapshot", "check_store", "notes", "returned", "verify_output"]
+__all__ = ["Returned", "Snapshot", "check_store", "notes", "returned", "verify_output"]
 
 
 class Snapshot:
     """A pass's view as the pass got it, graph side and store side.
 
-    The graph side (``_snapshot.ProgramSnapshot``) tells whether the pass edited its view
-    in place; the store side (a :class:`StoreWatch`) which store tensors it wrote.
+    The graph side (``_snapshot.ProgramSnapshot``, taken for every pass that is not
+    epass's own) tells what the pass edited in its view; the store side (a
+    :class:`StoreWatch`) which store tensors it wrote.
     """
 
     def __init__(
@@ -38,13 +40,10 @@ class Snapshot:
         self.watch = watch
         self.program = program
 
-    def graph_changed(self) -> bool:
-        """Whether the view's graph (structure or node meta) was edited in place."""
-        return self.program is not None and self.program.graph_changed(self.view)
-
-    def changed(self) -> bool:
-        """Whether the view was edited in place: graph, meta, signature, state keys or entries."""
-        return self.program is not None and self.program.changed(self.view)
+    def difference(self) -> str | None:
+        """What the pass edited in its view (:meth:`ProgramSnapshot.difference`), or
+        None: nothing, or the pass is epass's own and took no snapshot."""
+        return None if self.program is None else self.program.difference(self.view)
 
     def store_writes(self) -> list[str]:
         """The store entries written in place since the snapshot (:meth:`StoreWatch.touched`)."""
@@ -67,29 +66,66 @@ def check_store(snapshot: Snapshot, info: PassInfo) -> None:
         )
 
 
-def returned(
-    out: Any, snapshot: Snapshot, info: PassInfo, *, changes_input: bool
-) -> tuple[ExportedProgram, bool]:
-    """The program a pass returned (``out``) and whether it modified it; a pass that
-    returned its own view modified it when it edited it in place (``changes_input``:
-    what the pass declares about its input).
+@attrs.frozen
+class Returned:
+    """What a pass handed back, as the manager takes it.
+
+    Attributes:
+        program: the program it returned.
+        modified: whether it modified the program: its own flag for a pass epass
+            defines, else also whatever its view shows it edited.
+        notices: what the manager says of the pass (a flag it did not keep).
+    """
+
+    program: ExportedProgram
+    modified: bool
+    notices: tuple[Notice, ...] = ()
+
+
+def returned(out: Any, snapshot: Snapshot, info: PassInfo, *, changes_input: bool) -> Returned:
+    """The program a pass returned (``out``) and whether it modified it.
+
+    For a pass that is not epass's own (it got a snapshot), nothing it declares is
+    believed: an edit of its view counts as a modification whatever flag it returned
+    (with a notice), and an edit under ``changes_input = False`` fails it.
 
     Raises:
         PassError: ``out`` carries no program and flag, or the pass edited a view it
-            promised not to edit, or returned one whose edits cannot be told.
+            declared it would not edit.
     """
+    edited = snapshot.difference()
+    if edited is not None and not changes_input:
+        raise PassError(
+            f"it declares changes_input = False but changed {edited} in the program it "
+            "was given; it was given a private copy, so nothing reached the caller's "
+            "program: set changes_input = True or build a new program",
+            **info.location(),
+        )
+    program, flag = _program_and_flag(out, snapshot, info)
+    if flag is None:  # its view, returned bare: modified when edited
+        return Returned(program, edited is not None)
+    if flag or edited is None:
+        return Returned(program, flag)
+    text = f"it returned modified=False but changed {edited}: taken as modified"
+    return Returned(program, True, (Notice("declaration", text),))
+
+
+def _program_and_flag(
+    out: Any, snapshot: Snapshot, info: PassInfo
+) -> tuple[ExportedProgram, bool | None]:
+    """The program ``out`` carries and its flag: True for a bare program other than
+    the view, None for the view returned bare (its snapshot tells)."""
     if isinstance(out, ExportedProgram):
         if out is not snapshot.view:
             return out, True
         if snapshot.program is None:
-            # It got no snapshot on the strength of its annotation, so whether it
-            # edited its view cannot be told: refuse rather than guess.
+            # An epass pass returns a PassResult; a bare view cannot be told.
             raise PassError(
                 "it returned the program it was given, but its __call__ is annotated "
                 "to return a PassResult; return PassResult(program, modified)",
                 **info.location(),
             )
-        return out, _edited(snapshot, info, changes_input)
+        return out, None
     if isinstance(out, PassResult):
         return out.program, out.modified
     # Any result carrying a program and a modified flag: epass's names, or
@@ -111,20 +147,6 @@ def returned(
 
 # The attribute names under which a pass result may carry its program.
 _RESULT_PROGRAM_FIELDS = ("program", "exported_program")
-
-
-def _edited(snapshot: Snapshot, info: PassInfo, changes_input: bool) -> bool:
-    """Whether a pass that returned its own view edited it in place."""
-    if not changes_input and snapshot.graph_changed():
-        # The view's graph is its input's graph (possibly the caller's), handed over
-        # uncopied on the pass's promise not to edit it.
-        raise PassError(
-            "it declares changes_input = False but edited the graph it was given in "
-            "place; set changes_input = True (the manager then hands it a private "
-            "copy) or build a new graph",
-            **info.location(),
-        )
-    return snapshot.changed()
 
 
 def verify_output(

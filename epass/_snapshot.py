@@ -58,9 +58,29 @@ def graph_code(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
     return out
 
 
+def _argument_values(value: Any) -> Any:
+    """``value`` (a node's args or kwargs) with every list, tuple and dict rebuilt:
+    fx's argument lists can still be edited through ``list.__setitem__``, so the
+    snapshot keeps their values, not the lists."""
+    kind = type(value)
+    if kind in (list, tuple) or isinstance(value, (list, tuple)):
+        return (kind, tuple(_argument_values(v) for v in value))
+    if isinstance(value, dict):
+        return (kind, tuple((k, _argument_values(v)) for k, v in value.items()))
+    return value
+
+
 def _structure(gm: torch.fx.GraphModule) -> list[Any]:
     return [
-        (name, m, m.graph, [(n, n.op, n.name, n.target, n.args, n.kwargs) for n in m.graph.nodes])
+        (
+            name,
+            m,
+            m.graph,
+            [
+                (n, n.op, n.name, n.target, _argument_values(n.args), _argument_values(n.kwargs))
+                for n in m.graph.nodes
+            ],
+        )
         for name, m in _program.graph_modules(gm)
     ]
 
@@ -81,6 +101,15 @@ def _other_fields(ep: ExportedProgram, copy: bool = False) -> tuple[Any, ...]:
     return tuple(_program.copy_meta(f) for f in fields)
 
 
+_FIELD_NAMES = (
+    "range_constraints",
+    "module_call_graph",
+    "example_inputs",
+    "verifiers",
+    "graph_module.meta",
+)
+
+
 def _differ(a: Any, b: Any) -> bool:
     try:
         # Containers compare identical items by identity first: shared tensors are
@@ -96,14 +125,25 @@ def _signature_rows(sig: ExportGraphSignature) -> list[Any]:
     return rows
 
 
-class ProgramSnapshot:
-    """What a program looked like when a pass got it: graph structure (nodes, their
-    arguments and targets, nested graphs), node meta, signature, and which object
-    each state key held. Taken in O(nodes + entries); no tensor is read.
+def _entries(d: dict[str, Any]) -> list[tuple[str, Any]]:
+    return list(d.items())
 
-    :meth:`changed` tells whether the program was edited in place since. When
-    ``ep``'s graph was just copied from ``copied_from``'s, that program's node meta
-    serves as the snapshot of the meta.
+
+def _same_entries(now: list[tuple[str, Any]], before: list[tuple[str, Any]]) -> bool:
+    return len(now) == len(before) and all(
+        k == k0 and v is v0 for (k, v), (k0, v0) in zip(now, before, strict=True)
+    )
+
+
+class ProgramSnapshot:
+    """What a program looked like when a pass got it: graph structure (nodes, the
+    values of their arguments and their targets, nested graphs), node meta,
+    signature, the other fields a pass may edit, and which object each state key
+    held. Taken in O(nodes + entries); no tensor is read.
+
+    :meth:`difference` says what was edited in place since, or None. When ``ep``'s
+    graph was just copied from ``copied_from``'s, that program's node meta serves as
+    the snapshot of the meta.
     """
 
     def __init__(self, ep: ExportedProgram, *, copied_from: ExportedProgram | None = None) -> None:
@@ -123,28 +163,49 @@ class ProgramSnapshot:
         self.fields = (
             _other_fields(copied_from) if copied_from is not None else _other_fields(ep, True)
         )
-        self.state = [(k, id(v)) for k, v in ep.state_dict.items()]
-        self.constants = [(k, id(v)) for k, v in ep.constants.items()]
+        self.state = _entries(ep.state_dict)
+        self.constants = _entries(ep.constants)
+
+    def graph_difference(self, ep: ExportedProgram) -> str | None:
+        """What differs in the graph (structure or node meta) from the snapshot."""
+        gm = ep.graph_module
+        if gm is not self.graph_module:
+            return "its graph module"
+        try:
+            structure = _structure(gm)
+        except Exception:  # an argument with an odd __eq__ or iteration
+            return "its graph"
+        if len(structure) != len(self.structure):
+            return "its nested graphs"
+        for (name, m, g, nodes), (_, m0, g0, nodes0) in zip(structure, self.structure, strict=True):
+            where = f"graph {name!r}" if name else "the graph"
+            if m is not m0 or g is not g0 or len(nodes) != len(nodes0):
+                return f"{where}: its nodes"
+            for now, before in zip(nodes, nodes0, strict=True):
+                if _differ(now, before):
+                    return f"{where}: node {before[2]!r} (its target or arguments)"
+        if meta_changed(gm, self.meta):
+            return "the meta of a node"
+        return None
+
+    def difference(self, ep: ExportedProgram) -> str | None:
+        """What of ``ep`` differs from the snapshot: graph, meta, signature, other
+        fields, or the keys and objects of its dicts; None when nothing does."""
+        if not _same_entries(_entries(ep.state_dict), self.state):
+            return "its state_dict entries"
+        if not _same_entries(_entries(ep.constants), self.constants):
+            return "its constants entries"
+        if _differ(_signature_rows(ep.graph_signature), self.signature):
+            return "its graph signature"
+        for name, now, before in zip(_FIELD_NAMES, _other_fields(ep), self.fields, strict=True):
+            if _differ(now, before):
+                return f"its {name}"
+        return self.graph_difference(ep)
 
     def graph_changed(self, ep: ExportedProgram) -> bool:
         """Whether the graph (structure or node meta) differs from the snapshot."""
-        gm = ep.graph_module
-        if gm is not self.graph_module:
-            return True
-        try:
-            if _structure(gm) != self.structure:
-                return True
-        except Exception:  # an argument with an odd __eq__
-            return True
-        return meta_changed(gm, self.meta)
+        return self.graph_difference(ep) is not None
 
     def changed(self, ep: ExportedProgram) -> bool:
-        """Whether ``ep`` differs from the snapshot: graph, meta, signature, or the
-        keys and objects of its dicts."""
-        return (
-            [(k, id(v)) for k, v in ep.state_dict.items()] != self.state
-            or [(k, id(v)) for k, v in ep.constants.items()] != self.constants
-            or _signature_rows(ep.graph_signature) != self.signature
-            or _differ(_other_fields(ep), self.fields)
-            or self.graph_changed(ep)
-        )
+        """Whether ``ep`` differs from the snapshot (:meth:`difference`)."""
+        return self.difference(ep) is not None

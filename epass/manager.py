@@ -67,12 +67,10 @@ class _Run:
     # outermost caller's.
     user: ExportedProgram
     current: ExportedProgram
-    # current's graph module when this run copied it (no one else holds it).
+    # current's graph module while only epass's own code has held it since this run
+    # made it (docs/concepts.md, "Who may edit what"): the one graph a pass may be
+    # given to edit in place.
     owned: torch.fx.GraphModule | None = None
-    # A graph-side snapshot of ``current`` still known to hold: taken for one pass
-    # and compared again after it left ``current`` as it was, it serves the next
-    # pass too (a snapshot costs far more than a comparison).
-    held: _snapshot.ProgramSnapshot | None = None
     # current's call_function target count, while no pass has edited it since.
     targets: Counter[Any] | None = None
     # The verification's walk over current's calls, while current is the program
@@ -88,8 +86,8 @@ class _Prepared:
     view: ExportedProgram
     snapshot: _outcome.Snapshot
     nodes_before: int
-    # The graph module the pass may edit without reaching a program held outside
-    # this run (a copy made for it, or one this run made earlier), else None.
+    # The graph module an epass pass may edit without reaching a program anyone
+    # outside epass's code holds (a copy made for it, or the run's own), else None.
     private_gm: torch.fx.GraphModule | None
     # current's target count, when the pass gets current's own graph (else it is
     # counted after the pass, and only when the pass modified the program).
@@ -101,6 +99,18 @@ class _Prepared:
     # in place (verification.before, read before it ran), else None: current itself.
     source: verification.Before | None = None
     seconds: float = 0.0
+    # What the manager says of the pass beyond its own result (a skip it could not
+    # decide, a flag it did not keep).
+    notices: tuple[protocol.Notice, ...] = ()
+
+
+def _checked(model: PassModel) -> bool:
+    """Whether nothing ``model``'s pass declares is believed: a pass epass does not
+    define (epass's own passes hold a lease), other than a nested pipeline and an
+    :class:`FxPass` (epass's code, which run what they hold under the same rules).
+    It gets a private copy and a snapshot, and its output is never the run's own."""
+    p = model.pass_
+    return not (model.takes_lease or isinstance(p, PassManager) or type(p) is FxPass)
 
 
 class PassManager:
@@ -295,13 +305,7 @@ class PassManager:
         """Check preconditions, skip a no-op, or build the pass's private view."""
         p, current, dispatch = model.pass_, run.current, run.dispatch
         nodes_before = len(current.graph.nodes)
-        if model.requires is not None and model.requires(current) is False:
-            raise PassError("its precondition (requires) does not hold", **info.location())
-        reason = model.skip_reason(current) if model.skip_reason is not None else None
-        if reason:
-            return self._skip(info, run, str(reason), nodes_before)
-        if dispatch:
-            dispatch.call("before_pass", info, current, info=info)
+        checked = _checked(model)
         copy_graph, lease, may_edit = self._ownership(model, run)
         # A nested pipeline reads the current dicts as they are (it never inserts
         # into them, and its own passes get copies), so that its link reports say
@@ -311,15 +315,20 @@ class PassManager:
         with STORE_LOCK:  # a consistent copy while other runs write the store
             view = _program.private_view(current, copy_graph=copy_graph, copy_state=copy_state)
             watch = StoreWatch.of([current], fingerprint=self.fingerprint)
-        program: _snapshot.ProgramSnapshot | None = None
-        # Nested pipelines, fx passes and passes annotated to return a PassResult
-        # report their own flag; every other pass may return its view edited in
-        # place, which only a snapshot tells.
-        if not (model.reports_modified or isinstance(p, (PassManager, FxPass))):
-            if copy_graph:  # current's own graph and meta are the snapshot
-                program = _snapshot.ProgramSnapshot(view, copied_from=current)
-            else:
-                program = run.held or _snapshot.ProgramSnapshot(view)
+        # Such a pass's hooks see the copy the pass will get, never current itself.
+        seen = view if checked else current
+        if model.requires is not None and model.requires(seen) is False:
+            raise PassError("its precondition (requires) does not hold", **info.location())
+        notices: tuple[protocol.Notice, ...] = ()
+        reason = model.skip_reason(seen) if model.skip_reason is not None else None
+        if isinstance(reason, protocol.Notice):  # it could not tell: run it, and say why
+            notices, reason = (reason,), None
+        if reason:
+            return self._skip(info, run, str(reason), nodes_before)
+        if dispatch:
+            dispatch.call("before_pass", info, current, info=info)
+        # Only a checked pass's snapshot tells what it did: its copy against current.
+        program = _snapshot.ProgramSnapshot(view, copied_from=current) if checked else None
         # A pass handed current's own graph could edit it: count its ops first.
         if not copy_graph and run.targets is None:
             run.targets = op_targets(current)
@@ -336,6 +345,7 @@ class PassManager:
             targets_before=None if copy_graph else run.targets,
             lease=lease,
             source=source,
+            notices=notices,
         )
         if may_edit:  # current's count would not survive an edit in place
             run.targets = None
@@ -345,12 +355,15 @@ class PassManager:
     @staticmethod
     def _ownership(model: PassModel, run: _Run) -> tuple[bool, _lease.Lease | None, bool]:
         """Whether the pass gets a copy of current's graph, its lease, and whether
-        it may edit current's graph in place."""
-        # A pass that may edit its input gets its own graph unless this run made
-        # the current one and nobody else can see it: instruments get the current
-        # program (as the failing pass's input when a pass fails halfway through an
-        # edit, which a Reproducer saves), and a program a pass returned that it
-        # did not get from this run (memoized, another run's output) may be held.
+        it may edit current's graph in place.
+
+        Only epass's own passes may edit a graph in place, and only current's while
+        the run owns it: a graph this run made that no code outside epass has seen
+        (no instrument watches, no pass that is not epass's got it or returned it,
+        and it is not the caller's). Every other pass gets a private copy.
+        """
+        if _checked(model):
+            return True, None, False
         own = not (
             bool(run.dispatch)
             or run.current.graph_module is not run.owned
@@ -418,13 +431,15 @@ class PassManager:
         self, run: _Run, info: PassInfo, prepared: _Prepared, program: ExportedProgram
     ) -> list[Any] | None:
         """Verify a pass's changed output; its call targets, None when unverified."""
+        if not prepared.model.takes_lease:
+            # A mark of validation is believed only on a program that no code outside
+            # epass has held since it was made; this one came from such code.
+            _validated.forget_validated(program)
         if self.verify:
             source = run.current if prepared.source is None else prepared.source
             walk = _outcome.verify_output(program, source, info, run.walk and run.walk[1])
             run.walk = (program, walk)
             return walk.targets
-        if not prepared.model.takes_lease:  # it may have edited a validated program
-            _validated.forget_validated(program)  # which no check has seen since
         return None
 
     def _finish(self, run: _Run, info: PassInfo, out: Any, prepared: _Prepared) -> PassRecord:
@@ -434,16 +449,17 @@ class PassManager:
         p = model.pass_
         logger.debug("end %s in %.4fs", info.name, prepared.seconds)
         _outcome.check_store(prepared.snapshot, info)
-        program, modified = _outcome.returned(
+        returned = _outcome.returned(
             out, prepared.snapshot, info, changes_input=model.changes_input
         )
+        program, modified = returned.program, returned.modified
         if not modified:
             # modified=False means the output is the input program, by contract.
             program = current
-        elif program is not prepared.view:
-            # The linker re-points the output at the store's dicts; a program the
-            # pass did not get from the manager (the caller's own input, a memoized
-            # earlier result) may be held by someone, so it is never re-pointed.
+        elif program is not prepared.view or _checked(model):
+            # The linker re-points the output at the store's dicts; a program held
+            # outside epass's code (the caller's own input, a memoized earlier
+            # result, a view its pass may have kept) is never re-pointed.
             program = _program.shallow_clone(program)
         targets = self._check_output(run, info, prepared, program) if modified else None
         if model.ensures is not None and model.ensures(program) is False:
@@ -478,7 +494,7 @@ class PassManager:
             depth=info.depth,
             children=out.records if isinstance(p, PassManager) else (),
             notes=_outcome.notes(out),
-            notices=protocol.notices_of(out),
+            notices=(*protocol.notices_of(out), *prepared.notices, *returned.notices),
         )
         if run.dispatch:
             run.dispatch.call("after_pass", info, program, record, info=info)
@@ -487,22 +503,14 @@ class PassManager:
 
     @staticmethod
     def _advance(run: _Run, prepared: _Prepared, program: ExportedProgram) -> None:
-        """Make ``program`` the run's current program."""
-        held = prepared.snapshot.program
-        if program is run.current:
-            # Left as it was, current keeps a snapshot taken of its own graph
-            # (not of a copy) while a comparison still finds it unchanged.
-            shared = held is not None and held.graph_module is program.graph_module
-            if not shared:
-                held = run.held
-            run.held = held if held is not None and not held.changed(program) else None
-        else:
-            run.held = None
-        # A program a pass returned that it did not get from this run (memoized,
-        # another run's output) may be held by someone: the next pass edits a copy
-        # of its graph.
+        """Make ``program`` the run's current program, and say whether the run owns
+        its graph: only after epass's own pass, over a graph this run made."""
         lease = prepared.lease
-        if program.graph_module is prepared.private_gm:
+        if not prepared.model.takes_lease:
+            # Code outside epass held it (a pass, or a nested pipeline's instruments
+            # and passes): it may keep it, so nothing of it is edited in place again.
+            run.owned = None
+        elif program.graph_module is prepared.private_gm:
             run.owned = prepared.private_gm
         elif program is not run.current and lease is not None and lease.owns(program):
             run.owned = program.graph_module  # over a graph the pass edited or built

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import graphlib
 import inspect
+import sys
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, get_type_hints, runtime_checkable
@@ -444,8 +445,23 @@ def adapt(
         children=tuple(m for m in declared["models"] or () if isinstance(m, PassModel)),
         reports_modified=_reports_modified(p),
         limit_rewrites=declared["with_max_rewrites"],
-        takes_lease=declared["_takes_lease"] is True,
+        takes_lease=declared["_takes_lease"] is True and epass_defined(p),
     )
+
+
+def epass_defined(p: Any) -> bool:
+    """Whether ``p`` is an instance of a class epass itself defines: its class is found
+    under its own name in the ``epass`` module it names. Only such a pass's
+    declarations (``_takes_lease``, its ``modified`` flag) are believed unchecked; a
+    subclass or look-alike defined elsewhere is checked like any other pass."""
+    kind = type(p)
+    module = kind.__module__
+    if module != "epass" and not module.startswith("epass."):
+        return False
+    found: Any = sys.modules.get(module)
+    for part in kind.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is kind
 
 
 def _declared(p: Any) -> dict[str, Any]:
