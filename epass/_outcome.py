@@ -45,6 +45,10 @@ class Snapshot:
         None: nothing, or the pass is epass's own and took no snapshot."""
         return None if self.program is None else self.program.difference(self.view)
 
+    def program_difference(self) -> str | None:
+        """:meth:`difference` but for the view's own dicts' entries."""
+        return None if self.program is None else self.program.program_difference(self.view)
+
     def store_writes(self) -> list[str]:
         """The store entries written in place since the snapshot (:meth:`StoreWatch.touched`)."""
         return self.watch.touched()
@@ -94,9 +98,10 @@ def returned(out: Any, snapshot: Snapshot, info: PassInfo, *, changes_input: boo
             declared it would not edit.
     """
     edited = snapshot.difference()
-    if edited is not None and not changes_input:
+    broken = None if changes_input or edited is None else snapshot.program_difference()
+    if broken is not None:
         raise PassError(
-            f"it declares changes_input = False but changed {edited} in the program it "
+            f"it declares changes_input = False but changed {broken} in the program it "
             "was given; it was given a private copy, so nothing reached the caller's "
             "program: set changes_input = True or build a new program",
             **info.location(),

@@ -195,6 +195,11 @@ class ProgramSnapshot:
             return "its state_dict entries"
         if not _same_entries(_entries(ep.constants), self.constants):
             return "its constants entries"
+        return self.program_difference(ep)
+
+    def program_difference(self, ep: ExportedProgram) -> str | None:
+        """:meth:`difference` but for the dicts' entries: what ``changes_input = False``
+        promises to leave (every pass gets its own copies of the dicts)."""
         if _differ(_signature_rows(ep.graph_signature), self.signature):
             return "its graph signature"
         for name, now, before in zip(_FIELD_NAMES, _other_fields(ep), self.fields, strict=True):

@@ -45,7 +45,7 @@ import inspect
 import sys
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, get_type_hints, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import torch
@@ -203,14 +203,14 @@ class PassModel:
         imports: modules to import before a program is loaded for it.
         module: the module defining its function or class.
         children: the models of a nested pipeline's passes.
-        reports_modified: its ``__call__`` is annotated to return a
-            :class:`PassResult` (or a subclass), which carries its own ``modified``
-            flag: the manager takes no before-snapshot to find out.
         limit_rewrites: its ``with_max_rewrites``, or None.
         takes_lease: a built-in pass that edits in place a graph the manager
             leases it, when this run made that graph and nobody else holds it, and
-            copies it otherwise (``epass._graph.editable_graph``); its own
-            ``_takes_lease``, which only epass's passes set.
+            copies it otherwise (``epass._graph.editable_graph``): its own
+            ``_takes_lease``, believed only of a class epass defines
+            (:func:`epass_defined`). It is also what makes a pass epass's own: the
+            manager believes its ``modified`` flag and ``changes_input``, and checks
+            every other pass's against a snapshot of a private copy.
     """
 
     pass_: Any
@@ -226,7 +226,6 @@ class PassModel:
     imports: tuple[str, ...] = ()
     module: str | None = None
     children: tuple[PassModel, ...] = ()
-    reports_modified: bool = False
     limit_rewrites: Callable[[int | None], Any] | None = None
     takes_lease: bool = False
 
@@ -443,7 +442,6 @@ def adapt(
         imports=imports,
         module=_module(p.fn if isinstance(p, FxPass) else p),
         children=tuple(m for m in declared["models"] or () if isinstance(m, PassModel)),
-        reports_modified=_reports_modified(p),
         limit_rewrites=declared["with_max_rewrites"],
         takes_lease=declared["_takes_lease"] is True and epass_defined(p),
     )
@@ -483,28 +481,6 @@ def _declared(p: Any) -> dict[str, Any]:
     }
 
 
-def _reports_modified(p: Any) -> bool:
-    """Whether ``p``'s ``__call__`` (a function's own signature) is annotated to
-    return a :class:`PassResult`. An annotation that does not resolve counts as none.
-    Read once per class (or function), not per pass."""
-    inner = p.inner if isinstance(p, NamedPass) else p
-    if isinstance(inner, type):  # calling it constructs: its __init__ says nothing
-        return False
-    routine = _is_routine(inner)
-    owner = inner if routine else type(inner)
-    try:
-        return _RETURNS_RESULT[owner]
-    except (KeyError, TypeError):
-        pass
-    answer = _returns_result(inner if routine else type(inner).__call__)
-    with contextlib.suppress(TypeError):  # not weakly referable: read again next time
-        _RETURNS_RESULT[owner] = answer
-    return answer
-
-
-_RETURNS_RESULT: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-
-
 def _is_routine(obj: Any) -> bool:
     """``inspect.isroutine(obj)``, which depends on ``type(obj)`` alone, answered once
     per type."""
@@ -517,14 +493,6 @@ def _is_routine(obj: Any) -> bool:
 
 
 _ROUTINE_TYPES: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
-
-
-def _returns_result(fn: Any) -> bool:
-    try:
-        returned = get_type_hints(fn).get("return")
-    except Exception:  # names that do not resolve, odd callables
-        return False
-    return isinstance(returned, type) and issubclass(returned, PassResult)
 
 
 def _own_name(p: Any) -> str:

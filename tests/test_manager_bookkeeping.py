@@ -84,16 +84,14 @@ def _mlp() -> Any:
 
 @pytest.mark.parametrize("edit", GRAPH_EDITS.values(), ids=GRAPH_EDITS.keys())
 def test_in_place_graph_edit_after_an_unchanged_pass_is_caught(edit):
-    # The first pass leaves its snapshot valid, so the second pass reuses it.
+    # The pass broke its promise on a private copy: it fails, and the caller's
+    # program never saw the edit.
     ep = _mlp()
     before = fingerprint(ep)
-    with pytest.raises(PassError, match="changes_input = False but edited"):
+    with pytest.raises(PassError, match="changes_input = False but changed") as caught:
         PassManager([Unchanged(), Unchanged("again"), EditInPlace(edit, changes_input=False)])(ep)
-    # The pass broke its promise on the caller's graph; nothing else was touched.
-    after = fingerprint(ep)
-    assert [before[k] for k in ("state_dict", "constants")] == [
-        after[k] for k in ("state_dict", "constants")
-    ]
+    assert caught.value.pass_name == "edit"
+    assert fingerprint(ep) == before
 
 
 @pytest.mark.parametrize("edit", GRAPH_EDITS.values(), ids=GRAPH_EDITS.keys())
@@ -126,9 +124,8 @@ def test_a_pass_returning_its_view_unedited_after_an_unchanged_pass_is_unmodifie
     assert result.program is ep
 
 
-def test_an_unchanged_pass_that_edits_silently_does_not_leak_its_edit_into_the_next_check():
-    # A pass that edits the shared graph but reports no change leaves a graph that
-    # the held snapshot no longer describes: the next pass is judged afresh.
+def test_a_pass_that_edits_silently_under_changes_input_false_fails_and_leaves_the_caller_intact():
+    # Its declaration and its flag are both checked against a snapshot of its copy.
     class Liar:
         changes_input = False
         name = "liar"
@@ -138,10 +135,30 @@ def test_an_unchanged_pass_that_edits_silently_does_not_leak_its_edit_into_the_n
             return PassResult(ep, False)
 
     ep = _mlp()
-    result = PassManager([Unchanged(), Liar(), EditInPlace(lambda ep: None, changes_input=False)])(
-        ep
-    )
-    assert [r.modified for r in result.records] == [False, False, False]
+    before = fingerprint(ep)
+    with pytest.raises(PassError, match="changes_input = False but changed the meta") as caught:
+        PassManager([Unchanged(), Liar(), EditInPlace(lambda ep: None, changes_input=False)])(ep)
+    assert caught.value.pass_name == "liar"
+    assert fingerprint(ep) == before
+
+
+def test_an_edit_under_modified_false_is_kept_and_said():
+    class Liar:
+        name = "liar"
+
+        def __call__(self, ep: Any) -> PassResult:
+            _edit_args(ep)
+            return PassResult(ep, False)
+
+    ep = _mlp()
+    before = fingerprint(ep)
+    result = PassManager([Liar()])(ep)
+    (record,) = result.records
+    assert record.modified
+    assert [n.kind for n in record.notices] == ["declaration"]
+    assert "modified=False" in record.notices[0].text
+    assert fingerprint(ep) == before
+    assert fingerprint(result.program) != before
 
 
 def test_op_delta_is_named_only_when_first_read(monkeypatch):
@@ -332,14 +349,15 @@ def _count_snapshots(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return calls
 
 
-def test_a_pass_annotated_to_return_a_pass_result_gets_no_snapshot(monkeypatch):
+def test_epass_passes_get_no_snapshot_and_any_other_pass_does(monkeypatch):
     from epass.passes import presets
 
     ep = _mlp()
     calls = _count_snapshots(monkeypatch)
-    PassManager([Unchanged(), Unchanged("again")])(ep)
     presets.lower()(ep)
     assert calls == []
+    PassManager([Unchanged(), Unchanged("again")])(ep)  # annotated: checked all the same
+    assert len(calls) == 2
 
 
 def test_an_unannotated_pass_still_gets_a_snapshot(monkeypatch):
@@ -349,30 +367,28 @@ def test_an_unannotated_pass_still_gets_a_snapshot(monkeypatch):
     assert not result.records[0].modified
 
 
-def test_reports_modified_is_read_from_the_return_annotation():
-    from epass.protocol import NamedPass, adapt
+def test_a_look_alike_of_an_epass_pass_gets_no_lease():
+    from epass.passes import DeadCodeElimination
+    from epass.protocol import adapt, epass_defined
 
-    def annotated(ep: Any) -> PassResult:
-        return PassResult(ep, False)
+    class LookAlike(DeadCodeElimination):
+        pass
 
-    def bare(ep: Any) -> Any:
-        return ep
+    class Claims:
+        _takes_lease = True
 
-    def unresolvable(ep: Any) -> NoSuchResult:  # type: ignore[name-defined]  # noqa: F821
-        return ep
+        def __call__(self, ep: Any) -> Any:
+            return ep
 
-    assert adapt(annotated).reports_modified
-    assert adapt(Unchanged()).reports_modified  # a method's annotation
-    assert adapt(NamedPass("named", annotated)).reports_modified
-    assert not adapt(bare).reports_modified
-    assert not adapt(unresolvable).reports_modified
-    assert not adapt(EditInPlace(lambda ep: None, changes_input=True)).reports_modified
+    assert adapt(DeadCodeElimination()).takes_lease
+    assert epass_defined(DeadCodeElimination()) and not epass_defined(LookAlike())
+    assert not adapt(LookAlike()).takes_lease
+    assert not adapt(Claims()).takes_lease
 
 
 @pytest.mark.parametrize("edit", [*GRAPH_EDITS.values(), None], ids=[*GRAPH_EDITS, "no edit"])
-def test_an_annotated_pass_returning_its_view_bare_is_an_error(edit):
-    # The pass got no snapshot; an edit it made to its view (or none) is refused,
-    # never taken for "unmodified".
+def test_an_annotated_pass_returning_its_view_bare_is_judged_by_its_snapshot(edit):
+    # Its annotation says nothing the manager believes: its copy shows what it did.
     class Annotated:
         changes_input = True
         name = "annotated"
@@ -384,6 +400,6 @@ def test_an_annotated_pass_returning_its_view_bare_is_an_error(edit):
 
     ep = _mlp()
     before = fingerprint(ep)
-    with pytest.raises(PassError, match="annotated to return a PassResult"):
-        PassManager([Unchanged(), Annotated()])(ep)
+    result = PassManager([Unchanged(), Annotated()])(ep)
+    assert [r.modified for r in result.records] == [False, edit is not None]
     assert fingerprint(ep) == before
