@@ -23,11 +23,14 @@ class Lease:
     holds it; else None. ``built`` holds the graphs the pass built for itself while
     it ran (copies, new graphs): nobody else holds those either, so a program over
     one of them is the run's own, and the next pass may edit it in place too.
+    ``stepped_aside`` holds why a fast path the lease allows was not taken (a torch
+    internal missing or misbehaving), for the pass's record.
     """
 
     graph_module: torch.fx.GraphModule | None
     built: list[torch.fx.Graph] = attrs.field(factory=list)
     used: bool = False
+    stepped_aside: list[str] = attrs.field(factory=list)
 
     def owns(self, ep: ExportedProgram) -> bool:
         """Whether ``ep``'s graph is one nobody outside the run holds."""
@@ -48,6 +51,14 @@ def granted(held: Lease | None) -> Iterator[Lease | None]:
         yield held
     finally:
         _LEASE.reset(token)
+
+
+def step_aside(why: str) -> None:
+    """Tell the running pipeline, if any, that the pass it calls took the plain path
+    instead of a fast one, and why (shown as a notice of the pass)."""
+    held = _LEASE.get()
+    if held is not None:
+        held.stepped_aside.append(why)
 
 
 def note_built(graph: torch.fx.Graph) -> None:

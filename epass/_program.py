@@ -20,8 +20,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
-from epass import _validated
-from epass._torch import programs
+from epass import _lease, _validated
+from epass._torch import internals, programs
 from epass._torch.programs import pytree
 
 __all__ = [
@@ -227,12 +227,22 @@ def new_program(
         module_call_graph=copy_call_graph(
             ep.module_call_graph if module_call_graph is None else module_call_graph
         ),
-        example_inputs=ep.example_inputs,
+        # Containers of their own: the new program is handed to code that may edit
+        # it (the caller, a consumer), and none of its containers is ``ep``'s.
+        example_inputs=_own_example_inputs(ep.example_inputs),
         constants=constants,
-        verifiers=ep.verifiers if keep_dialect else None,
+        verifiers=list(ep.verifiers) if keep_dialect else None,
     )
     _validated.mark_validated(out)  # the constructor's last step was validate()
     return out
+
+
+def _own_example_inputs(example_inputs: Any) -> Any:
+    """``example_inputs`` with its kwargs dict copied (the tensors are shared)."""
+    if example_inputs is None:
+        return None
+    args, kwargs = example_inputs
+    return args, dict(kwargs)
 
 
 def after_erasure(
@@ -269,17 +279,22 @@ def after_erasure(
     _check_order(gm.graph, repointed)
     if _repeats_an_item(repointed):
         return None
-    values = programs.one_value_module(gm)
     out = copy.copy(ep)
-    programs.set_fields(
-        out,
-        graph_signature=signature,
-        state_dict=state_dict,
-        constants=constants,
-        range_constraints=programs.updated_range_constraints(values, ep.range_constraints),
-        guards_code=programs.graph_guards_code(values),
-    )
-    programs.verify_beyond_nodes(out)
+    try:
+        values = programs.one_value_module(gm)
+        programs.set_fields(
+            out,
+            graph_signature=signature,
+            state_dict=state_dict,
+            constants=constants,
+            range_constraints=programs.updated_range_constraints(values, ep.range_constraints),
+            guards_code=programs.graph_guards_code(values),
+        )
+        programs.verify_beyond_nodes(out)
+    except Exception as exc:  # an internal missing or misbehaving: the constructor
+        # (which raises again what a real problem raised here) makes the program.
+        _lease.step_aside(f"rebuilt with torch's constructor: {internals.unexpected(exc)}")
+        return None
     _validated.mark_validated(out)
     return out
 

@@ -113,6 +113,11 @@ def _checked(model: PassModel) -> bool:
     return not (model.takes_lease or isinstance(p, PassManager) or type(p) is FxPass)
 
 
+def _stepped_aside(lease: _lease.Lease | None) -> list[str]:
+    """Why the pass holding ``lease`` took a plain path (:func:`epass._lease.step_aside`)."""
+    return [] if lease is None else lease.stepped_aside
+
+
 class PassManager:
     """Runs a sequence of passes, verifying and linking the state after each one.
 
@@ -494,7 +499,12 @@ class PassManager:
             depth=info.depth,
             children=out.records if isinstance(p, PassManager) else (),
             notes=_outcome.notes(out),
-            notices=(*protocol.notices_of(out), *prepared.notices, *returned.notices),
+            notices=(
+                *protocol.notices_of(out),
+                *prepared.notices,
+                *returned.notices,
+                *(protocol.Notice("torch", why) for why in _stepped_aside(prepared.lease)),
+            ),
         )
         if run.dispatch:
             run.dispatch.call("after_pass", info, program, record, info=info)

@@ -143,10 +143,12 @@ class Pass(Protocol):
     * ``requires(ep)`` / ``ensures(ep)``: checks on the input / on the *result*;
       return False or raise to fail;
     * ``skip_reason(ep)``: return a reason string when the pass would be a no-op on
-      ``ep``; the manager then skips it and records why;
-    * ``changes_input``: set False when the pass never mutates the program it gets,
-      so the manager need not copy the graph for it (returning it edited anyway
-      is then a :class:`~epass.PassError`); default True;
+      ``ep``; the manager then skips it and records why. A :class:`Notice` instead
+      runs the pass and records the notice (it could not tell, and says why);
+    * ``changes_input``: set False when the pass never mutates the program it gets
+      (an edit of it anyway is then a :class:`~epass.PassError`: the manager checks
+      the promise on the private copy every pass that is not epass's own gets);
+      default True;
     * ``merge(next_pass)``: return one pass doing the work of this one and the next,
       or None; the manager merges adjacent passes this way when it is built;
     * ``run_before`` / ``run_after``: names or types of passes it must precede or follow;

@@ -479,12 +479,14 @@ def verify_program(ep: ExportedProgram) -> None:
     """
     if not isinstance(ep, ExportedProgram):
         raise ArgumentTypeError(f"verify_program takes an ExportedProgram, got {type(ep).__name__}")
-    _verify(ep, None)
+    _verify(ep, None, marked=False)
 
 
-def _verify(ep: ExportedProgram, source: ExportedProgram | Before | None) -> None:
+def _verify(
+    ep: ExportedProgram, source: ExportedProgram | Before | None, *, marked: bool = True
+) -> None:
     try:
-        if not _validated.still_validated(ep):
+        if not (marked and _validated.still_validated(ep)):
             ep.validate()
     except Exception as exc:
         raise ProgramError(f"{type(exc).__name__}: {exc}", [str(exc)]) from exc

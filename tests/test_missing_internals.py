@@ -16,7 +16,7 @@ from epass._decomp import templates
 from epass._decomp.check import first_difference
 from epass._torch import internals
 from epass.instruments import Timing
-from epass.passes import presets
+from epass.passes import CSE, presets
 
 pytestmark = pytest.mark.slow
 
@@ -147,3 +147,36 @@ def test_without_an_internal_lower_does_the_same_watched_or_not(monkeypatch, pat
     x = torch.randn(4, 5, 8)
     torch.testing.assert_close(out.module()(x), _EP.module()(x))
     out.validate()
+
+
+class _Twice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) + torch.sin(x)  # one sin for CSE to erase
+
+
+@pytest.mark.parametrize("returns", ["a str", "a missing internal"])
+def test_an_erasure_steps_aside_to_the_constructor_when_an_internal_misbehaves(
+    monkeypatch, returns: str
+) -> None:
+    # The leased erasure path (no instrument) leans on _convert_guards_to_code; when
+    # it misbehaves, the pass takes the constructor's path, as with an instrument
+    # attached, and says so.
+    from epass._torch import programs
+
+    ep = torch.export.export(_Twice(), (torch.randn(2, 3),))
+    pipeline = [Decompose(), CSE()]
+    watched = PassManager(pipeline, instruments=[Timing()]).run(ep)
+
+    def missing(gm: Any) -> Any:
+        raise AttributeError("module 'torch.export.exported_program' has no attribute")
+
+    if returns == "a str":  # torch's own function, as the adapter's shape check sees it
+        monkeypatch.setattr(torch.export.exported_program, "_convert_guards_to_code", str)
+    else:
+        monkeypatch.setattr(programs, "graph_guards_code", missing)
+    result = PassManager(pipeline)(ep)
+    cse = result.records[1]
+    assert cse.modified
+    assert any("rebuilt with torch's constructor" in n.text for n in cse.notices), cse.notices
+    assert str(result.program.graph) == str(watched.graph)
+    result.program.validate()

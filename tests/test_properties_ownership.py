@@ -619,3 +619,23 @@ def test_a_program_a_pass_returned_is_never_repointed_at_the_users_dicts(returns
     kept.state_dict["written.later"] = torch.zeros(1)  # what code holding a program may do
     kept.constants["written.later"] = torch.zeros(1)
     _user_intact(ep, before, "writing into the dicts of a program a pass returned")
+
+
+@pytest.mark.parametrize("pipeline", ["decompose", "lower"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_the_caller_may_edit_an_output_without_reaching_its_input(pipeline, dynamic):
+    # The output is handed to code outside epass: none of its containers (node meta,
+    # verifiers, example inputs) is one the user's program holds.
+    ep = models.export_dynamic("decoder")[1] if dynamic else models.export("mlp")[1]
+    before = snapshot(ep)
+    manager = PassManager([Decompose()]) if pipeline == "decompose" else presets.lower()
+    out = manager.run(ep)
+    assert out is not ep
+    for node in out.graph.nodes:
+        for value in node.meta.values():
+            if isinstance(value, (dict, list, set)):
+                value.clear()
+    out.verifiers.append(out.verifiers[0])
+    if out.example_inputs is not None:
+        out.example_inputs[1]["added"] = None
+    assert not differences(before, snapshot(ep)), differences(before, snapshot(ep))

@@ -160,9 +160,12 @@ class _Builder(writeback.WriteBack):
             new = self.graph.create_node(
                 node.op, target, args, kwargs, target.overloadpacket.__name__, node.type
             )
-            new.meta = copy.copy(node.meta)
+            new.meta = _program.copy_meta(node.meta)
         else:
             new = self.graph.node_copy(node, lambda n: self.env[n])
+            # node_copy shares the meta's containers with the program's node; the
+            # output goes to code that may edit them (docs/concepts.md, ownership).
+            new.meta = _program.copy_meta(node.meta)
             if node.target is operator.getitem and isinstance(new.args[0], torch.fx.Node):
                 # The tracer unpacks a multi-output op's result inside that op's call:
                 # each getitem records the producer's original_aten.
@@ -206,7 +209,7 @@ class _Builder(writeback.WriteBack):
             # fx renames names that shadow builtins (``input``); the signature names
             # the placeholders as the retrace does.
             _program.keep_node_name(self.graph, new, name)
-        new.meta = copy.copy(node.meta)
+        new.meta = _program.copy_meta(node.meta)
         v = node.meta.get("val")
         if isinstance(v, torch.SymInt):
             expr = self._expr(v)
@@ -347,10 +350,12 @@ class _Builder(writeback.WriteBack):
         """One node of a template, with the meta of the node it rewrites."""
         args_t = torch.fx.node.map_arg(t.args, lambda n: local[n])
         kwargs_t = torch.fx.node.map_arg(t.kwargs, lambda n: local[n])
-        new = self._emit(t.target, args_t, kwargs_t, t.name, dict(meta))
+        # Containers of its own, as the tracer copies each field it carries over:
+        # the output goes to code that may edit them (docs/concepts.md, ownership).
+        new = self._emit(t.target, args_t, kwargs_t, t.name, _program.copy_meta(meta))
         for field in template.inherited[t]:
             if field in node.meta:
-                new.meta[field] = node.meta[field]
+                new.meta[field] = _program.copy_meta(node.meta[field])
         for field, value in template.own[t].items():
             new.meta[field] = value if field == "original_aten" else copy.copy(value)
         if "stack_trace" not in meta and t.meta.get("stack_trace"):
@@ -360,7 +365,7 @@ class _Builder(writeback.WriteBack):
         if t.meta.get("custom"):
             # Annotations made while the decomposition ran (torch's dynamo
             # guard on a decomposition records itself here).
-            new.meta["custom"] = {**meta.get("custom", {}), **t.meta["custom"]}
+            new.meta["custom"] = _program.copy_meta({**meta.get("custom", {}), **t.meta["custom"]})
         new.meta["val"] = t.meta.get("val")
         if isinstance(new.meta.get("val"), torch.SymInt):
             self._bind(new)
@@ -422,7 +427,7 @@ class _Builder(writeback.WriteBack):
         meta = {k: origin.meta[k] for k in _CARRIED_META if k in origin.meta}
         for k in _CARRIED_META:
             new.meta.pop(k, None)
-        new.meta.update(meta)
+        new.meta.update(_program.copy_meta(meta))
 
     def _origin(self, inp: torch.fx.Node, dim: int, name: str) -> tuple[torch.fx.Node, int] | None:
         """The node whose result first holds the very SymInt that is size ``dim`` of
@@ -531,7 +536,7 @@ def _decompose(
         if again in live and not again.users:
             graph.erase_node(again)
     gm = _program.graph_module_without_code(graph)
-    gm.meta.update(ep.graph_module.meta)
+    gm.meta.update(_program.copy_meta(ep.graph_module.meta))
     _lease.note_built(graph)
     if builder.new_sizes:
         with builder.watch.retrace("the runtime-assertion pass"):

@@ -68,7 +68,10 @@ def updated_range_constraints(gm: Any, old: Any) -> dict[Any, Any]:
     """The range constraints of the symbols ``gm`` mentions, as a retrace updates them."""
     from torch.export.exported_program import _get_updated_range_constraints
 
-    return _get_updated_range_constraints(gm, old)  # type: ignore[no-any-return]
+    out = _get_updated_range_constraints(gm, old)
+    if not isinstance(out, dict):  # a program takes what it is given: check the shape
+        raise TypeError(f"_get_updated_range_constraints returned {type(out).__name__}, not a dict")
+    return out
 
 
 def updated_module_call_graph(ep: ExportedProgram, gm: Any, signature: Any) -> list[Any]:
@@ -124,7 +127,10 @@ def graph_guards_code(gm: Any) -> list[str]:
     """The guards a program constructed over ``gm`` records (``_guards_code``)."""
     from torch.export.exported_program import _convert_guards_to_code as convert
 
-    return convert(gm)  # type: ignore[no-any-return]
+    out = convert(gm)
+    if not (isinstance(out, list) and all(isinstance(g, str) for g in out)):
+        raise TypeError(f"_convert_guards_to_code returned {type(out).__name__}, not a list of str")
+    return out
 
 
 def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:

@@ -455,10 +455,12 @@ class Decompose:
 
     # --- no-op skip -------------------------------------------------------------
 
-    def skip_reason(self, ep: ExportedProgram) -> str | None:
+    def skip_reason(self, ep: ExportedProgram) -> str | Notice | None:
         """A reason when retracing ``ep`` with this table would change nothing.
 
-        Cheap (one walk over the nodes, no tracing). ``None`` means "run it".
+        Cheap (one walk over the nodes, no tracing). ``None`` means "run it"; a
+        :class:`Notice` means "run it" too, and says why it could not tell (a torch
+        internal the answer leans on is missing or misbehaves on this release).
         """
         if ep.dialect != "ATEN":
             return None
@@ -466,6 +468,14 @@ class Decompose:
             tables = self._tables()
         except Exception:  # a table torch cannot split: let the retrace decide
             return None
+        try:
+            return self._no_op(ep, tables)
+        except Exception as exc:  # an internal the answer asks: the pass decides
+            why = internals.unexpected(exc)
+            return Notice("torch", f"not skipped: whether it is a no-op is unknown ({why})")
+
+    def _no_op(self, ep: ExportedProgram, tables: Tables) -> str | None:
+        """:meth:`skip_reason` of ``ep`` under ``tables``, asking internals."""
         seen: set[Any] = set()
         hops = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
         for graph in _program.graphs(ep.graph_module):
