@@ -437,14 +437,16 @@ def lift_tensor_attributes(ep: ExportedProgram, gm: torch.fx.GraphModule) -> Exp
 
 def run_graph_pass(
     ep: ExportedProgram, fn: Callable[[torch.fx.GraphModule], Any], name: str
-) -> tuple[ExportedProgram, bool]:
+) -> tuple[ExportedProgram, bool, bool]:
     """Run a torch.fx pass (``GraphModule -> PassResult | GraphModule | None``) on a
     copy of ``ep``'s graph and return ``(program, modified)``.
 
-    ``modified`` is the fx ``PassResult``'s flag when the pass returns one, else
-    whether the graph code or any node's ``meta`` changed (an annotation-only pass
-    keeps its edits). Tensors the pass registered and reads through
-    ``get_attr`` are lifted to constants. The input program is never touched.
+    ``modified`` is whether the graph code or any node's ``meta`` changed (an
+    annotation-only pass keeps its edits), or the fx ``PassResult``'s flag says so: a
+    pass that edited its graph and said ``modified=False`` still modified it. Tensors
+    the pass registered and reads through ``get_attr`` are lifted to constants. The
+    input program is never touched. The third value says the pass's flag was False
+    over an edit.
     """
     gm = copy_graph(ep)
     before = _snapshot.graph_code(gm)
@@ -471,16 +473,15 @@ def run_graph_pass(
             f"{type(new_gm).__name__}, not a GraphModule"
         )
     code = _snapshot.graph_code(new_gm)  # recompiles every graph
-    modified = (
-        flag
-        if flag is not None
-        else code != before or _snapshot.meta_changed(new_gm, metas, ignore=_SPEC)
-    )
+    # Its flag is not believed: an edit it reported as none is kept.
+    changed = code != before or _snapshot.meta_changed(new_gm, metas, ignore=_SPEC)
+    modified = bool(flag) or changed
+    unreported = flag is False and changed
     if not modified:
-        return ep, False
+        return ep, False, False
     if tensor_attributes(new_gm):
-        return lift_tensor_attributes(ep, new_gm), True
-    return build_program(ep, new_gm), True
+        return lift_tensor_attributes(ep, new_gm), True, unreported
+    return build_program(ep, new_gm), True, unreported
 
 
 def constant_spec(name: str, key: str) -> InputSpec:

@@ -44,7 +44,7 @@ import graphlib
 import inspect
 import sys
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -107,6 +107,10 @@ class Notice:
         return {"kind": self.kind, "text": self.text}
 
 
+def _notice_tuple(notices: Iterable[Notice]) -> tuple[Notice, ...]:
+    return tuple(notices)
+
+
 @attrs.frozen
 class PassResult:
     """What a pass returns: the resulting program, whether it differs from the input,
@@ -117,7 +121,7 @@ class PassResult:
     notices: tuple[Notice, ...] = attrs.field(
         default=(),
         kw_only=True,
-        converter=tuple,
+        converter=_notice_tuple,
         validator=attrs.validators.deep_iterable(attrs.validators.instance_of(Notice)),
     )
 
@@ -390,8 +394,17 @@ class FxPass:
         return f"FxPass({self.name})"
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
-        program, modified = _graph.run_graph_pass(ep, self.fn, self.name)
-        return PassResult(program, modified)
+        program, modified, unreported = _graph.run_graph_pass(ep, self.fn, self.name)
+        return PassResult(program, modified, notices=unreported_edit(unreported))
+
+
+def unreported_edit(unreported: bool) -> tuple[Notice, ...]:
+    """The notice of a pass whose ``modified=False`` came with an edit, kept."""
+    if not unreported:
+        return ()
+    return (
+        Notice("declaration", "it returned modified=False but edited its graph: taken as modified"),
+    )
 
 
 def adapt(

@@ -403,3 +403,23 @@ def test_an_annotated_pass_returning_its_view_bare_is_judged_by_its_snapshot(edi
     result = PassManager([Unchanged(), Annotated()])(ep)
     assert [r.modified for r in result.records] == [False, edit is not None]
     assert fingerprint(ep) == before
+
+
+def test_an_fx_pass_edit_under_modified_false_is_kept_and_said():
+    from torch.fx.passes.infra.pass_base import PassResult as FxResult
+
+    from epass import FxPass
+
+    def liar(gm: torch.fx.GraphModule) -> FxResult:
+        for node in gm.graph.nodes:
+            if node.target is aten.relu.default:
+                node.target = aten.sigmoid.default
+        gm.recompile()
+        return FxResult(gm, False)
+
+    ep = _mlp()
+    before = fingerprint(ep)
+    (record,) = PassManager([FxPass(liar)])(ep).records
+    assert record.modified
+    assert [n.kind for n in record.notices] == ["declaration"]
+    assert fingerprint(ep) == before

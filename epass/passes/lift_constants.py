@@ -11,7 +11,7 @@ from torch.export import ExportedProgram
 
 from epass import _graph
 from epass.options import checked
-from epass.protocol import PassResult
+from epass.protocol import PassResult, unreported_edit
 
 __all__ = ["LiftConstants", "lift_constants"]
 
@@ -60,8 +60,8 @@ class LiftConstants:
 
     def __call__(self, ep: ExportedProgram) -> PassResult:
         if self.fx is not None:
-            program, modified = _graph.run_graph_pass(ep, self.fx, self.name)
-            return PassResult(program, modified)
+            program, modified, unreported = _graph.run_graph_pass(ep, self.fx, self.name)
+            return PassResult(program, modified, notices=unreported_edit(unreported))
         if not _graph.tensor_attributes(ep.graph_module):
             return PassResult(ep, False)
         return PassResult(_graph.lift_tensor_attributes(ep, _graph.editable_graph(ep)), True)
