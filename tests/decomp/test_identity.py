@@ -260,8 +260,8 @@ def test_a_users_table_is_named_only_through_the_identity_it_declares():
 
 def test_naming_torchs_table_resolves_each_code_file_once(monkeypatch):
     # torch's ~500 decompositions live in a handful of files; a fresh process judging
-    # each function's code resolved its file's path once per function (most of what
-    # naming the table cost). The name itself is the same, so entries on disk still match.
+    # each function's code resolved its file's path once per function (a third of what
+    # naming the table cost). The name is the one the table had before.
     tables = split_table(None)
     before = identity.cache_name(tables)
     assert before.table is not None
