@@ -69,11 +69,21 @@ def _torch_module(name: Any) -> bool:
     return isinstance(name, str) and (name == "torch" or name.startswith("torch."))
 
 
+# Per code file: whether it lies in torch's installed package. Resolving a path is
+# most of judging a function, and torch's decompositions share a handful of files.
+_FILES: dict[str, bool] = {}
+
+
 def _in_torch(code: types.CodeType) -> bool:
-    try:
-        return os.path.realpath(code.co_filename).startswith(_torch_root())
-    except (OSError, ValueError, TypeError):
-        return False
+    name = code.co_filename
+    found = _FILES.get(name)
+    if found is None:
+        try:
+            found = os.path.realpath(name).startswith(_torch_root())
+        except (OSError, ValueError, TypeError):
+            found = False
+        _FILES[name] = found
+    return found
 
 
 _DATA = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))

@@ -4,6 +4,8 @@ traced for its run alone."""
 
 from __future__ import annotations
 
+import collections
+import os
 import textwrap
 from pathlib import Path
 
@@ -255,3 +257,27 @@ def test_a_users_table_is_named_only_through_the_identity_it_declares():
     assert _name(_closure_table(object(), "two")).table == a.table
     # torch's own decompositions are named by identity, however they are collected.
     assert _name(torch._decomp.core_aten_decompositions()).table is not None
+
+
+def test_naming_torchs_table_resolves_each_code_file_once(monkeypatch):
+    # torch's ~500 decompositions live in a handful of files; a fresh process judging
+    # each function's code resolved its file's path once per function (a third of what
+    # naming the table cost). The name is the one the table had before.
+    tables = split_table(None)
+    before = identity.cache_name(tables)
+    assert before.table is not None
+    monkeypatch.setattr(identity, "NAMED", collections.OrderedDict())
+    monkeypatch.setattr(identity, "_VERDICTS", {})
+    monkeypatch.setattr(identity, "_FILES", {})
+    resolved = []
+    realpath = os.path.realpath
+
+    def spy(path, *args, **kwargs):
+        resolved.append(path)
+        return realpath(path, *args, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", spy)
+    assert identity.cache_name(tables) == before
+    judged = len(identity._VERDICTS)
+    assert judged > 200 and resolved
+    assert len(resolved) == len(set(resolved)) < judged / 10
