@@ -217,17 +217,20 @@ def _switched_method(original: Callable[..., ExportedProgram]) -> Callable[..., 
 
 @contextlib.contextmanager
 def switched(
-    *, check: bool | None = None, private: Iterable[ExportedProgram] = ()
+    *,
+    check: bool | None = None,
+    private: Iterable[ExportedProgram] = (),
+    log: DecompositionLog | None = None,
 ) -> Iterator[DecompositionLog]:
     """Serve ``run_decompositions`` in this context while the block runs; yields the
-    log. ``private``: programs whose dicts a served result may hold (a hand-off's
-    private programs, which the relink governs); a result of any other program holds
-    dicts of its own."""
+    log (``log``, or a new one). ``private``: programs whose dicts a served result
+    may hold (a hand-off's private programs, which the relink governs); a result of
+    any other program holds dicts of its own."""
     outer = _SCOPE.get()
     stores = tuple(store for ep in private for store in (ep.state_dict, ep.constants))
     if outer is not None:
         stores += outer.private
-    scope = _Scope(DecompositionLog(), check, stores, outer)
+    scope = _Scope(DecompositionLog() if log is None else log, check, stores, outer)
     _install()
     try:
         token = _SCOPE.set(scope)

@@ -44,8 +44,8 @@ __all__ = [
     "make_fx_as_export", "to_fun", "from_fun", "mutated", "traced_graph", "python_dispatcher",
     "current_meta", "copied_meta_fields",
     # fake values and the shape environment
-    "detect_fake_mode", "unset_fake_mode", "fake_cache_off", "is_contiguous_or_false", "forget_static_evaluations",
-    "insert_runtime_asserts",
+    "detect_fake_mode", "unset_fake_mode", "fake_cache_off", "is_contiguous_or_false",
+    "forget_static_evaluations", "insert_runtime_asserts",
     # programs
     "pytree", "set_fields", "guards_code", "guards_fn", "graph_module_flat_inputs",
     "updated_range_constraints", "updated_module_call_graph", "rename_without_collisions",

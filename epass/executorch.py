@@ -11,6 +11,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _graph, _handoff
+from epass._switch import DecompositionLog
 from epass.errors import HandOffError
 from epass.linker import LinkReport
 from epass.manager import PipelineResult
@@ -36,12 +37,15 @@ class EdgeResult:
             or changed (a new tensor in place of the user's, such as a contiguous
             copy of a view; the edge program then keeps a dict of its own and the
             user's dict is untouched).
+        served: how epass served ExecuTorch's own ``run_decompositions`` calls
+            (None when ``serve_decompositions=False`` left them to torch).
     """
 
     edge: Any
     programs: Mapping[str, ExportedProgram]
     pipelines: Mapping[str, PipelineResult]
     links: Mapping[str, LinkReport]
+    served: DecompositionLog | None = None
 
     @property
     def shared(self) -> bool:
@@ -93,13 +97,14 @@ def _hand_off(
     kwargs: dict[str, Any],
     caller: str,
     convert: Any,
+    serve: bool,
 ) -> EdgeResult:
     sources = _programs(ep_or_module, args, kwargs, caller)
     # ExecuTorch writes into the dicts of the program it is given (it replaces
     # non-contiguous constants by contiguous copies) and may edit its graph: it gets
     # private programs holding the same tensors, and only what each signature
     # references (it rejects a constant without an input spec).
-    hand_off = _handoff.start(sources, pipeline, caller)
+    hand_off = _handoff.start(sources, pipeline, caller, serve=serve)
     private = hand_off.private
     given: ExportedProgram | dict[str, ExportedProgram]
     given = private["forward"] if list(private) == ["forward"] else dict(private)
@@ -117,6 +122,7 @@ def _hand_off(
         programs=dict(hand_off.programs),
         pipelines=dict(hand_off.pipelines),
         links=links,
+        served=hand_off.served,
     )
 
 
@@ -173,6 +179,7 @@ def to_edge(
     args: tuple[Any, ...] | None = None,
     *,
     pipeline: Any = None,
+    serve_decompositions: bool = True,
     **kwargs: Any,
 ) -> EdgeResult:
     """Run ``pipeline`` on the program, convert it with ExecuTorch's ``to_edge``, and
@@ -192,6 +199,9 @@ def to_edge(
             and ``dynamic_shapes`` and ``strict`` from ``kwargs``, are used for that).
         args: example positional inputs (needed for a module only).
         pipeline: a PassManager, a list of passes, a single pass, or None.
+        serve_decompositions: serve ExecuTorch's own ``run_decompositions`` calls
+            with epass's ``Decompose`` (:func:`epass.fast_decompositions`;
+            ``result.served`` says how); False leaves them to torch.
         **kwargs: passed to ``executorch.exir.to_edge`` (``compile_config``,
             ``constant_methods``).
 
@@ -206,7 +216,9 @@ def to_edge(
     """
     from executorch.exir import to_edge as et_to_edge
 
-    return _hand_off(ep_or_module, args, pipeline, kwargs, "to_edge", et_to_edge)
+    return _hand_off(
+        ep_or_module, args, pipeline, kwargs, "to_edge", et_to_edge, serve_decompositions
+    )
 
 
 def to_edge_transform_and_lower(
@@ -215,6 +227,7 @@ def to_edge_transform_and_lower(
     *,
     pipeline: Any = None,
     partitioner: Any = None,
+    serve_decompositions: bool = True,
     **kwargs: Any,
 ) -> EdgeResult:
     """Like :func:`to_edge`, with ExecuTorch's ``to_edge_transform_and_lower``:
@@ -228,6 +241,7 @@ def to_edge_transform_and_lower(
         args: example positional inputs (needed for a module only).
         pipeline: a PassManager, a list of passes, a single pass, or None.
         partitioner: a partitioner or a list of them (``XnnpackPartitioner()``).
+        serve_decompositions: as for :func:`to_edge`.
         **kwargs: passed to ``to_edge_transform_and_lower`` (``transform_passes``,
             ``compile_config``, ``constant_methods``).
 
@@ -249,4 +263,12 @@ def to_edge_transform_and_lower(
 
     if partitioner is not None:
         kwargs["partitioner"] = partitioner
-    return _hand_off(ep_or_module, args, pipeline, kwargs, "to_edge_transform_and_lower", et_lower)
+    return _hand_off(
+        ep_or_module,
+        args,
+        pipeline,
+        kwargs,
+        "to_edge_transform_and_lower",
+        et_lower,
+        serve_decompositions,
+    )
