@@ -404,8 +404,10 @@ def _program_of(
 ) -> ExportedProgram:
     """The program to return: always a new one (torch's method never returns its
     input), holding the hand-off's private dicts where ``ep`` holds them."""
-    out = result.program
-    if out is view:  # nothing changed: a graph of its own, as a retrace would give
+    # Where the graph's code did not change, ``program`` is the input; ``made`` is
+    # the program the path made, with the meta a retrace gives every node.
+    out = result.made if result.made is not None else result.program
+    if out is view:  # pragma: no cover - every path of Decompose sets ``made``
         out = _program.private_view(view, copy_graph=True, copy_state=False)
     return _held(out, ep, scope)
 
