@@ -131,15 +131,18 @@ class DecompositionLog:
         return f"<DecompositionLog: {self.summary()}>"
 
 
-@attrs.frozen(eq=False)
+@attrs.define(eq=False)
 class _Scope:
     """One holder of the switch: its log, its check mode, the dicts a result may
-    hold as they are (a hand-off's private programs'), and the scope it nests in."""
+    hold as they are (a hand-off's private programs'), the scope it nests in, and
+    whether its block is still running (a task started in the block keeps a copy of
+    the context, and with it the scope, after the block ends)."""
 
     log: DecompositionLog
     check: bool | None
     private: tuple[dict[str, Any], ...]
     parent: _Scope | None
+    running: bool = True
 
     def record(self, entry: ServedDecomposition) -> None:
         scope: _Scope | None = self
@@ -206,13 +209,22 @@ def _uninstall() -> None:
 def _switched_method(original: Callable[..., ExportedProgram]) -> Callable[..., ExportedProgram]:
     @functools.wraps(original)
     def run_decompositions(self: ExportedProgram, *args: Any, **kwargs: Any) -> ExportedProgram:
-        scope = None if _SERVING.get() else (_SCOPE.get() or _PROCESS)
+        scope = None if _SERVING.get() else _current()
         if scope is None:
             return original(self, *args, **kwargs)
         return _serve(original, scope, self, args, kwargs)
 
     run_decompositions._epass_switch = True  # type: ignore[attr-defined]
     return run_decompositions
+
+
+def _current() -> _Scope | None:
+    """The scope serving calls in this context: the innermost running block's, else
+    the process-wide one."""
+    scope = _SCOPE.get()
+    while scope is not None and not scope.running:
+        scope = scope.parent
+    return scope or _PROCESS
 
 
 @contextlib.contextmanager
@@ -237,6 +249,7 @@ def switched(
         try:
             yield scope.log
         finally:
+            scope.running = False
             _SCOPE.reset(token)
     finally:
         _uninstall()
@@ -318,6 +331,10 @@ def _refusal(ep: ExportedProgram, arguments: tuple[Any, bool] | None) -> str | N
         return "decompose_custom_triton_ops=True"
     if type(ep) is not ExportedProgram:
         return f"a subclass of ExportedProgram ({type(ep).__name__})"
+    if _torch.detect_fake_mode([]) is not None:
+        # torch's method puts the caller's fake mode aside (a private helper); the
+        # engine would trace its templates under it
+        return "called under a fake tensor mode or a tracing context"
     return None
 
 
@@ -335,17 +352,15 @@ def _serve(
     described = "default" if table is None else _describe(table)
     token = _SERVING.set(True)
     try:
-        # torch's method runs with any fake mode around the caller put aside.
-        with _torch.unset_fake_mode():
-            reason = _refusal(ep, arguments)
-            served: tuple[ExportedProgram, str, str | None, int | None] | None = None
-            if reason is None:
-                served, reason = _decompose(ep, table, scope)
-            if served is None:
-                # On a view with dicts of its own: its retrace may lift a constant
-                # into the dict of the program it is given.
-                out = _held(original(_view(ep, scope), *args, **kwargs), ep, scope)
-                served = (out, "torch", reason, None)
+        reason = _refusal(ep, arguments)
+        served: tuple[ExportedProgram, str, str | None, int | None] | None = None
+        if reason is None:
+            served, reason = _decompose(ep, table, scope)
+        if served is None:
+            # On a view with dicts of its own: its retrace may lift a constant into
+            # the dict of the program it is given.
+            out = _held(original(_view(ep, scope), *args, **kwargs), ep, scope)
+            served = (out, "torch", reason, None)
     finally:
         _SERVING.reset(token)
     out, how, why, rewritten = served

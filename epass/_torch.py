@@ -44,8 +44,8 @@ __all__ = [
     "make_fx_as_export", "to_fun", "from_fun", "mutated", "traced_graph", "python_dispatcher",
     "current_meta", "copied_meta_fields",
     # fake values and the shape environment
-    "detect_fake_mode", "unset_fake_mode", "fake_cache_off", "is_contiguous_or_false",
-    "forget_static_evaluations", "insert_runtime_asserts",
+    "detect_fake_mode", "fake_cache_off", "is_contiguous_or_false", "forget_static_evaluations",
+    "insert_runtime_asserts",
     # programs
     "pytree", "set_fields", "guards_code", "guards_fn", "graph_module_flat_inputs",
     "updated_range_constraints", "updated_module_call_graph", "rename_without_collisions",
@@ -107,7 +107,6 @@ INTERNALS = (
     # fake values and the shape environment
     "torch._prims_common.is_contiguous_for_memory_format_or_false",
     "torch._subclasses.fake_tensor.disable_fake_tensor_cache",  # sets cache_enabled
-    "torch._subclasses.fake_tensor.unset_fake_temporarily",  # as run_decompositions does
     # its guards, var_to_range, replacements, deferred_runtime_asserts, unbacked_symint_counter,
     # divisible, backed_var_to_val, settings, suppress_guards
     "torch.fx.experimental.symbolic_shapes.ShapeEnv", "torch._guards.detect_fake_mode",
@@ -450,14 +449,6 @@ def detect_fake_mode(values: list[Any]) -> Any:
     from torch._guards import detect_fake_mode
 
     return detect_fake_mode(values)
-
-
-def unset_fake_mode() -> contextlib.AbstractContextManager[Any]:
-    """Any fake mode the caller runs under put aside while the block runs, as
-    ``ExportedProgram.run_decompositions`` puts it aside (``_disable_prexisiting_fake_mode``)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    return unset_fake_temporarily()  # type: ignore[no-any-return]
 
 
 def fake_cache_off(fake_mode: Any) -> contextlib.AbstractContextManager[Any]:

@@ -264,14 +264,15 @@ def test_check_mode_compares_with_torch(monkeypatch):
     assert seen == [True]
 
 
-def test_a_call_under_a_fake_mode_is_served_as_torch_serves_it():
+def test_a_call_under_a_fake_mode_goes_to_torchs_method():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     _, ep, _ = models.export("mlp")
     ref = ep.run_decompositions()
     with FakeTensorMode(), epass.fast_decompositions() as log:
         out = ep.run_decompositions()
-    assert first_difference(out, ref) is None and log.counts["torch"] == 0
+    assert first_difference(out, ref) is None
+    assert log.counts["torch"] == 1 and "fake" in log.served[0].reason
 
 
 _SCRIPT = """
@@ -333,3 +334,30 @@ def test_process_wide_switch_serves_other_threads():
         stop()
     assert ExportedProgram.__dict__["run_decompositions"] is TORCHS
     assert _switch.process_log() is None
+
+
+def test_a_task_started_in_the_block_keeps_torchs_method_after_it():
+    import asyncio
+
+    _, ep, _ = models.export("mlp")
+
+    async def main():
+        with epass.fast_decompositions() as log:
+            started = asyncio.Event()
+
+            async def later():
+                started.set()
+                await asyncio.sleep(0)
+                await done.wait()
+                return ep.run_decompositions()
+
+            done = asyncio.Event()
+            task = asyncio.create_task(later())  # a copy of the context, scope included
+            await started.wait()
+        with epass.fast_decompositions() as other:  # the class still carries the switch
+            done.set()
+            await task
+        return log, other
+
+    log, other = asyncio.run(main())
+    assert len(log.served) == 0 and len(other.served) == 0

@@ -358,15 +358,6 @@ def _fake_cache_off() -> None:
         assert mode.cache_enabled is False
 
 
-def _fake_mode_put_aside() -> None:
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-
-    with FakeTensorMode():
-        assert isinstance(torch.empty(1), FakeTensor)
-        with _torch.unset_fake_mode():
-            assert not isinstance(torch.empty(1), FakeTensor)
-
-
 def _contiguity_without_a_guard() -> None:
     x = torch.randn(2, 3)
     assert _torch.is_contiguous_or_false(x) and not _torch.is_contiguous_or_false(x.t())
@@ -656,7 +647,6 @@ CALLS: dict[str, Callable[[], None]] = {
     ),
     "torch._guards.detect_fake_mode": _fake_mode_found,
     "torch._subclasses.fake_tensor.disable_fake_tensor_cache": _fake_cache_off,
-    "torch._subclasses.fake_tensor.unset_fake_temporarily": _fake_mode_put_aside,
     "torch._prims_common.is_contiguous_for_memory_format_or_false": _contiguity_without_a_guard,
     "torch.fx.experimental.symbolic_shapes.ShapeEnv": _shape_env_snapshot_and_forget,
     "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static": (
