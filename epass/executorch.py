@@ -18,6 +18,8 @@ from epass.manager import PipelineResult
 
 __all__ = ["EdgeResult", "to_edge", "to_edge_transform_and_lower"]
 
+_FIELDS = ("state_dict", "constants")
+
 
 @attrs.frozen
 class EdgeResult:
@@ -108,14 +110,17 @@ def _hand_off(
     private = hand_off.private
     given: ExportedProgram | dict[str, ExportedProgram]
     given = private["forward"] if list(private) == ["forward"] else dict(private)
+    # The keys handed over, before ExecuTorch runs: a served run_decompositions
+    # gives it a program holding the private dicts, into which it lifts scalars.
+    keys = {(n, f): set(getattr(p, f)) for n, p in private.items() for f in _FIELDS}
     edge = hand_off.call(convert, given, **kwargs)
     links: dict[str, LinkReport] = {}
     for name in edge.methods:
         program = edge.exported_program(name)
-        for field in ("state_dict", "constants"):
+        for field in _FIELDS:
             store, new = getattr(hand_off.programs[name], field), getattr(program, field)
             _reuse_equal(store, new)
-            _rename_collisions(program, new, store, set(getattr(private[name], field)))
+            _rename_collisions(program, new, store, keys.get((name, field), set()))
         links[name] = hand_off.relink(name, program)
     return EdgeResult(
         edge=edge,
