@@ -149,16 +149,8 @@ class _Scope:
         while scope is not None:
             scope.log.add(entry)
             scope = scope.parent
-        if _PROCESS is not None and _PROCESS is not self and not self.nests_in(_PROCESS):
+        if _PROCESS is not None and _PROCESS is not self:  # never a block's parent
             _PROCESS.log.add(entry)
-
-    def nests_in(self, other: _Scope) -> bool:
-        scope = self.parent
-        while scope is not None:
-            if scope is other:
-                return True
-            scope = scope.parent
-        return False
 
     def holds(self, store: dict[str, Any]) -> bool:
         return any(store is mine for mine in self.private)
@@ -176,6 +168,7 @@ _PROCESS: _Scope | None = None  # python -m epass.fast_decompositions: every thr
 _LOCK = threading.Lock()  # guards the count of holders and torch's class attribute
 _holders = 0
 _original: Any = None  # what the class held when the first holder came
+_installed: Any = None  # what the switch put there
 
 
 def installed() -> bool:
@@ -184,26 +177,26 @@ def installed() -> bool:
 
 
 def _install() -> None:
-    global _holders, _original
+    global _holders, _original, _installed
     with _LOCK:
         if _holders == 0:
             _original = ExportedProgram.__dict__[_NAME]
-            setattr(ExportedProgram, _NAME, _switched_method(_original))
+            _installed = _switched_method(_original)
+            setattr(ExportedProgram, _NAME, _installed)
         _holders += 1
 
 
 def _uninstall() -> None:
-    global _holders, _original
+    global _holders, _original, _installed
     with _LOCK:
         _holders -= 1
         if _holders == 0:
             # Put torch's object back, unless another library has since put its own
             # wrapper on top of ours; ours then keeps calling torch's method
             # (it holds it), as it does outside every scope.
-            current = ExportedProgram.__dict__.get(_NAME)
-            if getattr(current, "_epass_switch", False):
+            if ExportedProgram.__dict__.get(_NAME) is _installed:
                 setattr(ExportedProgram, _NAME, _original)
-            _original = None
+            _original = _installed = None
 
 
 def _switched_method(original: Callable[..., ExportedProgram]) -> Callable[..., ExportedProgram]:
@@ -214,7 +207,6 @@ def _switched_method(original: Callable[..., ExportedProgram]) -> Callable[..., 
             return original(self, *args, **kwargs)
         return _serve(original, scope, self, args, kwargs)
 
-    run_decompositions._epass_switch = True  # type: ignore[attr-defined]
     return run_decompositions
 
 
@@ -255,7 +247,9 @@ def switched(
         _uninstall()
 
 
-def fast_decompositions(*, check: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+def fast_decompositions(
+    *, check: bool | None = None
+) -> contextlib.AbstractContextManager[DecompositionLog]:
     """Serve every ``ExportedProgram.run_decompositions`` call made in this context
     (a consumer's own included) with epass's :class:`~epass.Decompose`.
 

@@ -361,3 +361,23 @@ def test_a_task_started_in_the_block_keeps_torchs_method_after_it():
 
     log, other = asyncio.run(main())
     assert len(log.served) == 0 and len(other.served) == 0
+
+
+def test_a_wrapper_another_library_put_on_top_stays_and_reaches_torchs_method():
+    import functools
+
+    _, ep, _ = models.export("mixed")
+    try:
+        with epass.fast_decompositions():
+            ours = ExportedProgram.__dict__["run_decompositions"]
+
+            @functools.wraps(ours)
+            def theirs(self, *args, **kwargs):
+                return ours(self, *args, **kwargs)
+
+            ExportedProgram.run_decompositions = theirs
+        assert ExportedProgram.__dict__["run_decompositions"] is theirs
+        out = ep.run_decompositions()  # theirs -> ours -> torch's, outside every scope
+        assert out.constants is ep.constants  # torch's own semantics
+    finally:
+        ExportedProgram.run_decompositions = TORCHS
