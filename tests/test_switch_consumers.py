@@ -144,3 +144,20 @@ def test_tvm_hand_off_serves_its_decomposition():
     _, ep, _ = models.export("mlp")
     result = epass.tvm.from_exported_program(ep, run_ep_decomposition=True)
     assert result.served is not None and result.served.counts["incremental"] == 1
+
+
+# --- OpenVINO (no hand-off: the switch alone) ------------------------------------------------
+
+
+def test_openvino_convert_model_under_the_switch_matches_the_plain_one():
+    ov = pytest.importorskip("openvino")
+    _, ep, args = models.export("mixed")
+    before, keys = fingerprint(ep), _keys(ep)
+    inputs = [a.numpy() for a in args]
+    plain = ov.Core().compile_model(ov.convert_model(ep), "CPU")(inputs)[0]
+    with epass.fast_decompositions(check=True) as log:
+        model = ov.convert_model(ep)
+    assert log.counts["torch"] == 0 and len(log.served) == 1, log.summary()
+    served = ov.Core().compile_model(model, "CPU")(inputs)[0]
+    torch.testing.assert_close(torch.as_tensor(served), torch.as_tensor(plain), atol=1e-5, rtol=0)
+    assert fingerprint(ep) == before and _keys(ep) == keys
