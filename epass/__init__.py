@@ -5,8 +5,8 @@ time the name is used, so ``import epass`` and ``epass --help`` do not wait for 
 The package is layered; each layer imports only from the ones below it
 (``lint-imports`` checks this, see docs/concepts.md)::
 
-    face         cli/, _terminal, __main__, this module
-    tools        report, bisect, reduce, onnx, executorch, tvm, iree, _handoff
+    face         cli/, fast_decompositions, _terminal, __main__, this module
+    tools        report, bisect, reduce, onnx, executorch, tvm, iree, _handoff, _switch
     instruments  instruments/*
     built-ins    passes/*
     engine       manager, io; planning, _outcome; _screen/, instrumentation
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from epass.errors import StateMutationError as StateMutationError
     from epass.errors import UnsafeArchiveError as UnsafeArchiveError
     from epass.errors import VerificationError as VerificationError
+    from epass.fast_decompositions import DecompositionLog as DecompositionLog
+    from epass.fast_decompositions import fast_decompositions as fast_decompositions
     from epass.instruments import Instrument as Instrument
     from epass.instruments import MemoryAccounting as MemoryAccounting
     from epass.instruments import NumericsCheck as NumericsCheck
@@ -101,6 +103,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "UnsafeArchiveError",
         "VerificationError",
     ),
+    "epass.fast_decompositions": ("DecompositionLog", "fast_decompositions"),
     "epass.instruments": (
         "Instrument",
         "MemoryAccounting",

@@ -1,9 +1,11 @@
 """The one shape of every hand-off to a consumer: run the pipeline, give the consumer
-a private program, check that it wrote nothing into the shared tensors, relink what
-it hands back."""
+a private program, serve its own ``run_decompositions`` calls through epass (the
+switch), check that it wrote nothing into the shared tensors, relink what it hands
+back."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -11,7 +13,7 @@ from typing import Any, TypeVar
 import attrs
 from torch.export import ExportedProgram
 
-from epass import _program
+from epass import _program, _switch
 from epass.errors import StateMutationError
 from epass.io import prune
 from epass.linker import LinkReport, StateLinker
@@ -46,6 +48,9 @@ class HandOff:
             (:func:`private_program` of ``programs``).
         sources: per method, the user's program; link reports call its dicts the
             user's.
+        served: the consumer's ``run_decompositions`` calls, served by epass while
+            :meth:`call` runs (None: the caller opted out, and torch's own method
+            runs).
     """
 
     consumer: str
@@ -53,6 +58,7 @@ class HandOff:
     pipelines: Mapping[str, PipelineResult]
     private: Mapping[str, ExportedProgram]
     sources: Mapping[str, ExportedProgram]
+    served: _switch.DecompositionLog | None = None
 
     def call(self, convert: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``convert(*args, **kwargs)``, checked on every exit: a consumer that writes
@@ -60,15 +66,23 @@ class HandOff:
         :class:`~epass.StateMutationError` chained to whatever it raised, whether it
         returned, raised, called ``sys.exit()`` or was interrupted. A consumer that
         wrote nothing has its ``SystemExit`` or ``KeyboardInterrupt`` re-raised as it
-        was."""
+        was. While it runs, its ``run_decompositions`` calls are served by epass
+        (unless :attr:`served` is None); a served result of a private program holds
+        that program's dicts."""
         watch = StoreWatch.of(self.private.values(), fingerprint=True)
         try:
-            out = convert(*args, **kwargs)
+            with self._serving():
+                out = convert(*args, **kwargs)
         except BaseException as exc:
             self._check(watch, exc)
             raise
         self._check(watch, None)
         return out
+
+    def _serving(self) -> contextlib.AbstractContextManager[Any]:
+        if self.served is None:
+            return contextlib.nullcontext()
+        return _switch.switched(private=self.private.values(), log=self.served)
 
     def _check(self, watch: StoreWatch, cause: BaseException | None) -> None:
         touched = watch.touched()
@@ -93,9 +107,12 @@ class HandOff:
         return report
 
 
-def start(sources: Mapping[str, ExportedProgram], pipeline: Any, consumer: str) -> HandOff:
+def start(
+    sources: Mapping[str, ExportedProgram], pipeline: Any, consumer: str, *, serve: bool = True
+) -> HandOff:
     """Run ``pipeline`` (see :func:`~epass.manager.as_pipeline`) on every program of
-    ``sources`` and build the private programs the consumer gets."""
+    ``sources`` and build the private programs the consumer gets; ``serve``: serve
+    the consumer's ``run_decompositions`` calls through epass."""
     manager = as_pipeline(pipeline)
     pipelines: dict[str, PipelineResult] = {}
     programs: dict[str, ExportedProgram] = {}
@@ -106,4 +123,5 @@ def start(sources: Mapping[str, ExportedProgram], pipeline: Any, consumer: str) 
         else:
             programs[name] = ep
     private = {name: private_program(p) for name, p in programs.items()}
-    return HandOff(consumer, programs, pipelines, private, dict(sources))
+    served = _switch.DecompositionLog() if serve else None
+    return HandOff(consumer, programs, pipelines, private, dict(sources), served)

@@ -11,11 +11,14 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _graph, _handoff
+from epass._switch import DecompositionLog
 from epass.errors import HandOffError
 from epass.linker import LinkReport
 from epass.manager import PipelineResult
 
 __all__ = ["EdgeResult", "to_edge", "to_edge_transform_and_lower"]
+
+_FIELDS = ("state_dict", "constants")
 
 
 @attrs.frozen
@@ -36,12 +39,15 @@ class EdgeResult:
             or changed (a new tensor in place of the user's, such as a contiguous
             copy of a view; the edge program then keeps a dict of its own and the
             user's dict is untouched).
+        served: how epass served ExecuTorch's own ``run_decompositions`` calls
+            (None when ``serve_decompositions=False`` left them to torch).
     """
 
     edge: Any
     programs: Mapping[str, ExportedProgram]
     pipelines: Mapping[str, PipelineResult]
     links: Mapping[str, LinkReport]
+    served: DecompositionLog | None = None
 
     @property
     def shared(self) -> bool:
@@ -93,30 +99,35 @@ def _hand_off(
     kwargs: dict[str, Any],
     caller: str,
     convert: Any,
+    serve: bool,
 ) -> EdgeResult:
     sources = _programs(ep_or_module, args, kwargs, caller)
     # ExecuTorch writes into the dicts of the program it is given (it replaces
     # non-contiguous constants by contiguous copies) and may edit its graph: it gets
     # private programs holding the same tensors, and only what each signature
     # references (it rejects a constant without an input spec).
-    hand_off = _handoff.start(sources, pipeline, caller)
+    hand_off = _handoff.start(sources, pipeline, caller, serve=serve)
     private = hand_off.private
     given: ExportedProgram | dict[str, ExportedProgram]
     given = private["forward"] if list(private) == ["forward"] else dict(private)
+    # The keys handed over, before ExecuTorch runs: a served run_decompositions
+    # gives it a program holding the private dicts, into which it lifts scalars.
+    keys = {(n, f): set(getattr(p, f)) for n, p in private.items() for f in _FIELDS}
     edge = hand_off.call(convert, given, **kwargs)
     links: dict[str, LinkReport] = {}
     for name in edge.methods:
         program = edge.exported_program(name)
-        for field in ("state_dict", "constants"):
+        for field in _FIELDS:
             store, new = getattr(hand_off.programs[name], field), getattr(program, field)
             _reuse_equal(store, new)
-            _rename_collisions(program, new, store, set(getattr(private[name], field)))
+            _rename_collisions(program, new, store, keys.get((name, field), set()))
         links[name] = hand_off.relink(name, program)
     return EdgeResult(
         edge=edge,
         programs=dict(hand_off.programs),
         pipelines=dict(hand_off.pipelines),
         links=links,
+        served=hand_off.served,
     )
 
 
@@ -173,6 +184,7 @@ def to_edge(
     args: tuple[Any, ...] | None = None,
     *,
     pipeline: Any = None,
+    serve_decompositions: bool = True,
     **kwargs: Any,
 ) -> EdgeResult:
     """Run ``pipeline`` on the program, convert it with ExecuTorch's ``to_edge``, and
@@ -192,6 +204,9 @@ def to_edge(
             and ``dynamic_shapes`` and ``strict`` from ``kwargs``, are used for that).
         args: example positional inputs (needed for a module only).
         pipeline: a PassManager, a list of passes, a single pass, or None.
+        serve_decompositions: serve ExecuTorch's own ``run_decompositions`` calls
+            with epass's ``Decompose`` (:func:`epass.fast_decompositions`;
+            ``result.served`` says how); False leaves them to torch.
         **kwargs: passed to ``executorch.exir.to_edge`` (``compile_config``,
             ``constant_methods``).
 
@@ -206,7 +221,9 @@ def to_edge(
     """
     from executorch.exir import to_edge as et_to_edge
 
-    return _hand_off(ep_or_module, args, pipeline, kwargs, "to_edge", et_to_edge)
+    return _hand_off(
+        ep_or_module, args, pipeline, kwargs, "to_edge", et_to_edge, serve_decompositions
+    )
 
 
 def to_edge_transform_and_lower(
@@ -215,6 +232,7 @@ def to_edge_transform_and_lower(
     *,
     pipeline: Any = None,
     partitioner: Any = None,
+    serve_decompositions: bool = True,
     **kwargs: Any,
 ) -> EdgeResult:
     """Like :func:`to_edge`, with ExecuTorch's ``to_edge_transform_and_lower``:
@@ -228,6 +246,7 @@ def to_edge_transform_and_lower(
         args: example positional inputs (needed for a module only).
         pipeline: a PassManager, a list of passes, a single pass, or None.
         partitioner: a partitioner or a list of them (``XnnpackPartitioner()``).
+        serve_decompositions: as for :func:`to_edge`.
         **kwargs: passed to ``to_edge_transform_and_lower`` (``transform_passes``,
             ``compile_config``, ``constant_methods``).
 
@@ -249,4 +268,12 @@ def to_edge_transform_and_lower(
 
     if partitioner is not None:
         kwargs["partitioner"] = partitioner
-    return _hand_off(ep_or_module, args, pipeline, kwargs, "to_edge_transform_and_lower", et_lower)
+    return _hand_off(
+        ep_or_module,
+        args,
+        pipeline,
+        kwargs,
+        "to_edge_transform_and_lower",
+        et_lower,
+        serve_decompositions,
+    )

@@ -15,7 +15,13 @@ __all__ = ["export"]
 _CONSUMER = "iree.turbine.aot.export"
 
 
-def export(ep: ExportedProgram, *, pipeline: Any = None, **iree_kwargs: Any) -> Any:
+def export(
+    ep: ExportedProgram,
+    *,
+    pipeline: Any = None,
+    serve_decompositions: bool = True,
+    **iree_kwargs: Any,
+) -> Any:
     """Run ``pipeline`` on ``ep`` and export the result with iree-turbine.
 
     iree-turbine edits the graph of the program it is given in place (it rewrites
@@ -30,6 +36,9 @@ def export(ep: ExportedProgram, *, pipeline: Any = None, **iree_kwargs: Any) -> 
     Args:
         ep: the user's ExportedProgram (never modified).
         pipeline: a PassManager, a list of passes, a single pass, or None.
+        serve_decompositions: serve any ``run_decompositions`` call iree-turbine
+            makes with epass's ``Decompose`` (:func:`epass.fast_decompositions`,
+            whose log around this call records it); False leaves it to torch.
         **iree_kwargs: passed to ``iree.turbine.aot.export`` (``module_name``,
             ``function_name``, ``arg_device``, ...).
 
@@ -48,5 +57,5 @@ def export(ep: ExportedProgram, *, pipeline: Any = None, **iree_kwargs: Any) -> 
         raise ArgumentTypeError(
             f"epass.iree.export takes an ExportedProgram, got {type(ep).__name__}"
         )
-    hand_off = _handoff.start({"forward": ep}, pipeline, _CONSUMER)
+    hand_off = _handoff.start({"forward": ep}, pipeline, _CONSUMER, serve=serve_decompositions)
     return hand_off.call(aot.export, hand_off.private["forward"], **iree_kwargs)

@@ -3,6 +3,7 @@ and give the resulting program the user's state back."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -14,12 +15,15 @@ from epass.linker import LinkReport, StateLinker
 
 __all__ = ["export"]
 
+logger = logging.getLogger("epass")
+
 
 def export(
     ep_or_module: ExportedProgram | torch.nn.Module,
     args: tuple[Any, ...] = (),
     *,
     pipeline: Any = None,
+    serve_decompositions: bool = True,
     **onnx_kwargs: Any,
 ) -> Any:
     """Run ``pipeline`` on the program, export it to ONNX, and relink its state.
@@ -38,6 +42,10 @@ def export(
             from ``onnx_kwargs`` are used for that).
         args: example positional inputs.
         pipeline: a PassManager, a list of passes, a single pass, or None.
+        serve_decompositions: serve the exporter's own ``run_decompositions`` call
+            with epass's ``Decompose`` (:func:`epass.fast_decompositions`); False
+            leaves it to torch. What was served is logged at DEBUG level and recorded
+            in the log of any ``fast_decompositions()`` block around this call.
         **onnx_kwargs: passed to ``torch.onnx.export`` (``dynamo`` must stay True).
 
     Returns:
@@ -51,7 +59,9 @@ def export(
     if onnx_kwargs.pop("dynamo", True) is not True:
         raise ArgumentValueError("epass.onnx.export needs the dynamo exporter; drop dynamo=False")
     ep = _program_of(ep_or_module, args, onnx_kwargs)
-    hand_off = _handoff.start({"forward": ep}, pipeline, "torch.onnx.export")
+    hand_off = _handoff.start(
+        {"forward": ep}, pipeline, "torch.onnx.export", serve=serve_decompositions
+    )
     onnx_program = hand_off.call(
         torch.onnx.export, hand_off.private["forward"], tuple(args), dynamo=True, **onnx_kwargs
     )
@@ -60,6 +70,8 @@ def export(
     if onnx_program.exported_program is None:
         raise ArgumentValueError("this ONNXProgram carries no exported_program to relink")
     hand_off.relink("forward", onnx_program.exported_program)
+    if hand_off.served is not None:
+        logger.debug("torch.onnx.export: %s", hand_off.served.summary())
     return onnx_program
 
 

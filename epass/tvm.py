@@ -9,6 +9,7 @@ import attrs
 from torch.export import ExportedProgram
 
 from epass import _handoff
+from epass._switch import DecompositionLog
 from epass.errors import ArgumentTypeError
 from epass.manager import PipelineResult
 from epass.passes import Decompose
@@ -32,12 +33,15 @@ class TVMImport:
         tvm_decomposed: whether TVM ran ``run_decompositions()`` on the program
             again (``run_ep_decomposition``); False when the program had nothing
             left to decompose.
+        served: how epass served TVM's ``run_decompositions`` calls (None when
+            ``serve_decompositions=False`` left them to torch).
     """
 
     mod: Any
     program: ExportedProgram
     pipeline: PipelineResult | None
     tvm_decomposed: bool
+    served: DecompositionLog | None = None
 
 
 def needs_decomposition(ep: ExportedProgram) -> bool:
@@ -47,7 +51,11 @@ def needs_decomposition(ep: ExportedProgram) -> bool:
 
 
 def from_exported_program(
-    ep: ExportedProgram, *, pipeline: Any = None, **tvm_kwargs: Any
+    ep: ExportedProgram,
+    *,
+    pipeline: Any = None,
+    serve_decompositions: bool = True,
+    **tvm_kwargs: Any,
 ) -> TVMImport:
     """Run ``pipeline`` on ``ep`` and import the result into TVM's Relax.
 
@@ -63,6 +71,9 @@ def from_exported_program(
     Args:
         ep: the user's ExportedProgram (never modified).
         pipeline: a PassManager, a list of passes, a single pass, or None.
+        serve_decompositions: serve TVM's own ``run_decompositions`` call with
+            epass's ``Decompose`` (:func:`epass.fast_decompositions`); False
+            leaves it to torch.
         **tvm_kwargs: passed to ``from_exported_program`` (``keep_params_as_input``,
             ``unwrap_unit_return_tuple``, ``custom_convert_map``, ...).
 
@@ -81,7 +92,7 @@ def from_exported_program(
         raise ArgumentTypeError(
             f"epass.tvm.from_exported_program takes an ExportedProgram, got {type(ep).__name__}"
         )
-    hand_off = _handoff.start({"forward": ep}, pipeline, _CONSUMER)
+    hand_off = _handoff.start({"forward": ep}, pipeline, _CONSUMER, serve=serve_decompositions)
     private = hand_off.private["forward"]
     if "run_ep_decomposition" not in tvm_kwargs:
         tvm_kwargs["run_ep_decomposition"] = needs_decomposition(private)
@@ -91,4 +102,5 @@ def from_exported_program(
         program=hand_off.programs["forward"],
         pipeline=hand_off.pipelines.get("forward"),
         tvm_decomposed=bool(tvm_kwargs["run_ep_decomposition"]),
+        served=hand_off.served,
     )

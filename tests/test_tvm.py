@@ -86,10 +86,18 @@ def test_tvm_second_decomposition_is_skipped(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(ExportedProgram, "run_decompositions", counting)
     result = epass.tvm.from_exported_program(lowered)
     assert not result.tvm_decomposed and calls == []
-    epass.tvm.from_exported_program(s.ep)  # the training IR: TVM decomposes it
+    assert result.served is not None and result.served.served == ()
+    # the training IR: TVM decomposes it (torch's method, with the switch off)
+    epass.tvm.from_exported_program(s.ep, serve_decompositions=False)
     assert calls == [1]
-    forced = epass.tvm.from_exported_program(lowered, run_ep_decomposition=True)
+    forced = epass.tvm.from_exported_program(
+        lowered, run_ep_decomposition=True, serve_decompositions=False
+    )
     assert forced.tvm_decomposed and calls == [1, 1]
+    # served by epass: TVM's call never reaches torch's method
+    served = epass.tvm.from_exported_program(s.ep)
+    assert served.tvm_decomposed and calls == [1, 1]
+    assert served.served is not None and served.served.counts["incremental"] == 1
 
 
 @pytest.mark.slow

@@ -128,6 +128,10 @@ class DecomposeResult(PassResult):
         bare: set when the retrace ran without epass's guard of torch's global
             state, which leans on internals this torch lacks or changed, and why
             (the program is torch's all the same).
+        made: the program the path made, also where ``program`` is the input
+            because the graph's code did not change: it is the one
+            ``run_decompositions`` returns, whose node meta (``original_aten``)
+            is the retrace's (:func:`epass.fast_decompositions` returns it).
     """
 
     method: str = "retrace"
@@ -138,6 +142,7 @@ class DecomposeResult(PassResult):
     cache: str | None = None
     counted: Mapping[str, Any] | None = None
     bare: str | None = None
+    made: ExportedProgram | None = attrs.field(default=None, repr=False)
     notices: tuple[Notice, ...] = attrs.field(init=False)
 
     @notices.default
@@ -451,6 +456,7 @@ class Decompose:
             checked=checked,
             decision=decision,
             cache=cache,
+            made=out,
         )
 
     # --- no-op skip -------------------------------------------------------------
