@@ -113,9 +113,34 @@ def _checked(model: PassModel) -> bool:
     return not (model.takes_lease or isinstance(p, PassManager) or type(p) is FxPass)
 
 
-def _stepped_aside(lease: _lease.Lease | None) -> list[str]:
-    """Why the pass holding ``lease`` took a plain path (:func:`epass._lease.step_aside`)."""
-    return [] if lease is None else lease.stepped_aside
+def _output(
+    returned: _outcome.Returned, prepared: _Prepared, current: ExportedProgram
+) -> tuple[ExportedProgram, bool]:
+    """The program the run goes on with after a pass, and whether it is new."""
+    program = returned.program
+    if not returned.modified:
+        # modified=False means the output is the input program, by contract.
+        return current, False
+    if program is not prepared.view or _checked(prepared.model):
+        # The linker re-points the output at the store's dicts; a program held
+        # outside epass's code (the caller's own input, a memoized earlier result,
+        # a view its pass may have kept) is never re-pointed.
+        program = _program.shallow_clone(program)
+    return program, True
+
+
+def _notices(
+    out: Any, prepared: _Prepared, returned: _outcome.Returned
+) -> tuple[protocol.Notice, ...]:
+    """What the pass's record says: the pass's own notices, then the manager's (a
+    skip it could not decide, a flag it did not keep, a plain path its lease took)."""
+    stepped_aside = [] if prepared.lease is None else prepared.lease.stepped_aside
+    return (
+        *protocol.notices_of(out),
+        *prepared.notices,
+        *returned.notices,
+        *(protocol.Notice("torch", why) for why in stepped_aside),
+    )
 
 
 class PassManager:
@@ -457,15 +482,7 @@ class PassManager:
         returned = _outcome.returned(
             out, prepared.snapshot, info, changes_input=model.changes_input
         )
-        program, modified = returned.program, returned.modified
-        if not modified:
-            # modified=False means the output is the input program, by contract.
-            program = current
-        elif program is not prepared.view or _checked(model):
-            # The linker re-points the output at the store's dicts; a program held
-            # outside epass's code (the caller's own input, a memoized earlier
-            # result, a view its pass may have kept) is never re-pointed.
-            program = _program.shallow_clone(program)
+        program, modified = _output(returned, prepared, current)
         targets = self._check_output(run, info, prepared, program) if modified else None
         if model.ensures is not None and model.ensures(program) is False:
             raise PassError(
@@ -499,12 +516,7 @@ class PassManager:
             depth=info.depth,
             children=out.records if isinstance(p, PassManager) else (),
             notes=_outcome.notes(out),
-            notices=(
-                *protocol.notices_of(out),
-                *prepared.notices,
-                *returned.notices,
-                *(protocol.Notice("torch", why) for why in _stepped_aside(prepared.lease)),
-            ),
+            notices=_notices(out, prepared, returned),
         )
         if run.dispatch:
             run.dispatch.call("after_pass", info, program, record, info=info)

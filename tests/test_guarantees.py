@@ -140,17 +140,25 @@ def test_fx_function_editing_only_meta_counts_as_modified():
     assert not any("quantization_annotation" in n.meta for n in ep.graph.nodes)
 
 
-def test_fx_pass_result_flag_is_trusted():
+def test_fx_pass_result_flag_is_checked_not_trusted():
+    # modified=False over an edit is kept (and said); True is taken as said.
     _, ep, _ = models.export("no_constants")
 
     def claims_unmodified(gm):
         tag_relus(gm)
         return FxPassResult(gm, False)
 
+    def truly_unmodified(gm):
+        return FxPassResult(gm, False)
+
     def claims_modified(gm):
         return FxPassResult(gm, True)
 
-    assert not PassManager([FxPass(claims_unmodified)])(ep).modified
+    kept = PassManager([FxPass(claims_unmodified)])(ep)
+    assert kept.modified
+    assert [n.kind for n in kept.records[0].notices] == ["declaration"]
+    assert any("quantization_annotation" in n.meta for n in kept.program.graph.nodes)
+    assert not PassManager([FxPass(truly_unmodified)])(ep).modified
     assert PassManager([FxPass(claims_modified)])(ep).modified
 
 
