@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from epass import _tensors
 from epass._decomp import keys
 from epass._torch import programs
 
-__all__ = ["COMPARED_META", "first_difference", "numeric_difference"]
+__all__ = ["COMPARED_META", "example_difference", "first_difference", "numeric_difference"]
 
 
 # Node meta compared by the check: what a user reads, prints or saves with the
@@ -168,3 +169,18 @@ def numeric_difference(got: Any, want: Any, where: str) -> str | None:
         f"({float(a64.flatten()[i]):.6g} / torch: {float(b64.flatten()[i]):.6g}; "
         f"the tolerance there is {atol * scale + rtol * float(b64.abs().flatten()[i]):.3g})"
     )
+
+
+def example_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
+    """Whether both programs compute the same outputs on the example inputs (within
+    float rounding: ``numeric_difference``)."""
+    if fast.example_inputs is None:
+        return None
+    args, kwargs = fast.example_inputs
+    got = _tensors.tree_leaves(fast.module()(*args, **kwargs))
+    want = _tensors.tree_leaves(ref.module()(*args, **kwargs))
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        difference = numeric_difference(a, b, f"output {i}")
+        if difference is not None:
+            return f"{difference} on the example inputs"
+    return None

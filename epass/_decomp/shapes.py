@@ -29,6 +29,7 @@ __all__ = [
     "as_traced",
     "describe",
     "difference",
+    "learnt",
     "facts",
     "forget_unknowns",
     "lesson",
@@ -433,3 +434,14 @@ def run_guards(ep: Any) -> None:
         n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder" and n.name in users
     ]
     guards(*values)
+
+
+def learnt(before: Snapshot | None, after: Snapshot | None) -> str | None:
+    """What the retrace taught the shape environment after the incremental path ran
+    (None: nothing)."""
+    if before == after:
+        return None
+    return (
+        "the retrace taught the program's shape environment what the incremental path "
+        f"did not: {difference(before, after)}"
+    )

@@ -15,9 +15,9 @@ import attrs
 import torch
 from torch.export import ExportedProgram
 
-from epass import _operators, _program, _tensors
+from epass import _operators, _program
 from epass._decomp import identity, keys, safety, shapes, splice, state, templates
-from epass._decomp.check import first_difference, numeric_difference
+from epass._decomp.check import example_difference, first_difference
 from epass._decomp.table import REGIONS, Tables, rewrites, splices, split_table
 from epass._torch import internals
 from epass.errors import (
@@ -313,8 +313,8 @@ class Decompose:
             return attrs.evolve(result, bare=bare)
         difference = (
             first_difference(fast, ref)
-            or _learnt(known, shapes.snapshot(shape_env))
-            or _numerics(fast, ref)
+            or shapes.learnt(known, shapes.snapshot(shape_env))
+            or example_difference(fast, ref)
         )
         if difference is not None:
             raise DecompositionMismatchError(difference)
@@ -623,29 +623,3 @@ def _trace_estimate(batched: int) -> float:
     if not batched:
         return 0.0
     return _SESSION_SECONDS + _BATCH_SECONDS + batched * _BATCH_TEMPLATE_SECONDS
-
-
-def _learnt(before: shapes.Snapshot | None, after: shapes.Snapshot | None) -> str | None:
-    """What the retrace taught the shape environment after the incremental path ran
-    (None: nothing)."""
-    if before == after:
-        return None
-    return (
-        "the retrace taught the program's shape environment what the incremental path "
-        f"did not: {shapes.difference(before, after)}"
-    )
-
-
-def _numerics(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
-    """Whether both programs compute the same outputs on the example inputs (within
-    float rounding: ``numeric_difference``)."""
-    if fast.example_inputs is None:
-        return None
-    args, kwargs = fast.example_inputs
-    got = _tensors.tree_leaves(fast.module()(*args, **kwargs))
-    want = _tensors.tree_leaves(ref.module()(*args, **kwargs))
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        difference = numeric_difference(a, b, f"output {i}")
-        if difference is not None:
-            return f"{difference} on the example inputs"
-    return None
