@@ -253,6 +253,12 @@ class _Builder(writeback.WriteBack):
                 self.session,
                 node.meta.get("val") if same else None,
             )
+        if any(t.target in table.EMITTED_AS_ITSELF for t in template.graph.nodes) and self._viewed(
+            node
+        ):
+            # Functionalization records its output as a view of what it made, which
+            # a write through the program's view writes back into; not mirrored.
+            raise Fallback(f"a view written in place through ({node.name}) made as _unsafe_view")
         # An in-place op whose decomposition returns what it was to write (dropout_ in
         # eval) writes nothing: functionalization sees no write, and its views stay.
         writes = not safety.returns_its_input(template, inputs, args, op)
@@ -279,6 +285,13 @@ class _Builder(writeback.WriteBack):
             self.env[alias] = result
             if not propagation.same_meta(new_val, alias.meta.get("val")):
                 self.changed.add(alias)
+
+    def _viewed(self, node: torch.fx.Node) -> bool:
+        """Whether the program writes in place through a view of ``node``, or ``node``
+        is such a view."""
+        return node in self.views.views or any(
+            info.owner is node for info in self.views.views.values()
+        )
 
     def _emit_template(
         self, node: torch.fx.Node, template: Any, inputs: list[torch.fx.Node]

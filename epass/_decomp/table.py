@@ -17,6 +17,7 @@ from epass._torch import operators
 __all__ = [
     "DefaultSide",
     "DefaultSplit",
+    "EMITTED_AS_ITSELF",
     "FUNCTIONALIZED",
     "REGIONS",
     "SIZE_OPS",
@@ -24,6 +25,7 @@ __all__ = [
     "Tables",
     "has_packet_keys",
     "is_cia",
+    "left_behind",
     "rewrites",
     "splices",
     "split_table",
@@ -296,6 +298,25 @@ def rewrites(op: Any, tables: Tables) -> bool:
     if is_cia(op):
         return tables.cia.get(op) is not operators.preserve_marker()
     return False
+
+
+# Of those, the ones whose kernel emits the operator itself (on the unwrapped tensor,
+# recording its output as a view of its input): a retrace's program holds them
+# wherever the table does not rewrite them otherwise (``reshape`` of a non-contiguous
+# tensor under a table without torch's ``_unsafe_view`` entry, ONNX's).
+EMITTED_AS_ITSELF = frozenset((torch.ops.aten._unsafe_view.default,))
+
+
+def left_behind(op: Any, tables: Tables) -> bool:
+    """Whether a functionalized trace with ``tables`` that emits the operator overload
+    ``op`` left it where the retrace would go on to rewrite it: :func:`rewrites`, less
+    the operators functionalization emits as themselves when nothing else rewrites
+    them (:data:`EMITTED_AS_ITSELF`)."""
+    if op in EMITTED_AS_ITSELF and not (
+        op in tables.python or op.overloadpacket in tables.python or is_cia(op)
+    ):
+        return False
+    return rewrites(op, tables)
 
 
 def is_cia(op: Any) -> bool:

@@ -447,7 +447,7 @@ def _storable(template: tracing.Template, tables: table.Tables) -> bool:
             node.op == "call_function"
             and isinstance(target, operators.OpOverload)
             and target not in table.SIZE_OPS
-            and (table.is_cia(target) or table.rewrites(target, tables))
+            and (table.is_cia(target) or table.left_behind(target, tables))
         ):
             return False
     return True

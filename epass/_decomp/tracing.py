@@ -165,7 +165,12 @@ def check_template(graph: torch.fx.Graph, op: Any, tables: table.Tables) -> None
         if node.op == "call_function" and _operators.is_op_overload(node.target):
             if _operators.is_mutable_op(node.target):
                 raise Fallback(f"the decomposition of {op} leaves a mutating op")
-            if table.rewrites(node.target, tables):
+            if table.left_behind(node.target, tables) or (
+                # Written into, such an operator's output is a view functionalization
+                # writes back through; an op of the program the engine tracks as a
+                # view by its schema, which for these says none.
+                node.target in table.EMITTED_AS_ITSELF and op in table.FUNCTIONALIZED
+            ):
                 raise Fallback(f"the decomposition of {op} leaves {node.target} behind")
         elif node.op == "call_function" and not safety.is_plain_call(node.target):
             raise Fallback(f"the decomposition of {op} calls {node.target!r}")

@@ -241,7 +241,10 @@ class WriteBack:
         if not isinstance(written, torch.fx.Node) or written.op != "call_function":
             return None
         schema = _operators.op_schema(written.target)
-        if schema is None or not any(r.alias_info is not None for r in schema.returns):
+        if written.target not in table.EMITTED_AS_ITSELF and (
+            # functionalization records such an operator's output as a view
+            schema is None or not any(r.alias_info is not None for r in schema.returns)
+        ):
             return None
         refused = (
             f"a write ({node.target} at {node.name}) into a tensor its decomposition "

@@ -300,3 +300,62 @@ def test_a_filled_cache_serves_torchs_default_table_without_building_its_split(c
     assert again.notes["method"] == "incremental"
     assert Decompose()._tables().cia.split.built is None
     assert first_difference(again.program, first.program) is None
+
+
+_RESHAPE_SCRIPT = """
+import json, torch
+from epass import Decompose
+from epass._decomp import tracing
+from epass._decomp.check import first_difference
+aten = torch.ops.aten
+
+class M(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(2, -1) * 2
+
+# A table without torch's _unsafe_view entry, as the ONNX exporter's.
+table = {aten.hardtanh.default: torch._decomp.decomposition_table[aten.hardtanh.default]}
+ep = torch.export.export(M(), (torch.randn(4, 3).t(),))
+traced = []
+real = tracing.trace
+tracing.trace = lambda op, *a, **k: traced.append(str(op)) or real(op, *a, **k)
+result = Decompose(table)(ep)
+print(json.dumps({
+    "method": result.method,
+    "traced": traced,
+    "same": first_difference(result.program, ep.run_decompositions(table)) is None,
+    "targets": [str(n.target) for n in result.program.graph.nodes if n.op == "call_function"],
+}))
+"""
+
+
+def test_a_reshape_left_as_unsafe_view_splices_and_a_new_process_reads_it_from_disk(cache):
+    """``reshape`` of a non-contiguous tensor decomposes to ``clone`` and
+    ``_unsafe_view``, which functionalization emits as itself: under a table without
+    torch's ``_unsafe_view`` entry (the ONNX exporter's) that is the retrace's program,
+    spliced, not refused; kept on disk, a new process traces nothing."""
+    first = run_script(_RESHAPE_SCRIPT, cache)
+    assert first["method"] == "incremental"
+    assert first["traced"] == ["aten.reshape.default"]
+    assert "aten._unsafe_view.default" in first["targets"]
+    assert first["same"]
+    assert entry_paths(cache)
+    again = run_script(_RESHAPE_SCRIPT, cache)
+    assert again == {**first, "traced": []}
+
+
+def test_a_write_through_a_reshape_made_as_unsafe_view_keeps_the_retrace(cache):
+    """Written through, an ``_unsafe_view`` is a view functionalization writes back
+    into what it views; the engine does not mirror that, and says so."""
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            y = x.reshape(2, -1)
+            y[0].add_(1)
+            return y
+
+    table = {aten.hardtanh.default: torch._decomp.decomposition_table[aten.hardtanh.default]}
+    ep = torch.export.export(M(), (torch.randn(4, 3).t(),))
+    result = Decompose(table, check=True)(ep)
+    assert result.method == "retrace"
+    assert "_unsafe_view" in (result.fallback or "")
