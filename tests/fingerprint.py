@@ -23,6 +23,7 @@ def _tensor_digest(t: torch.Tensor) -> str:
 def _tensor(t: torch.Tensor) -> tuple[Any, ...]:
     """A tensor the user holds: its identity, kind, layout, flags, version and bytes."""
     return (
+        "tensor",
         id(t),
         type(t).__name__,
         t.dtype,
@@ -154,6 +155,8 @@ def fingerprint(ep: ExportedProgram) -> dict[str, Any]:
     alive.objects.extend(fields.values())
     return {
         "fields": sorted((key, id(value)) for key, value in fields.items()),
+        "code": ep.graph_module.code,
+        "graph": str(ep.graph),
         "graphs": _graphs(ep, alive),
         "signature": (id(ep.graph_signature), str(ep.graph_signature)),
         "range_constraints": sorted((str(k), str(v)) for k, v in ep.range_constraints.items()),
@@ -165,6 +168,18 @@ def fingerprint(ep: ExportedProgram) -> dict[str, Any]:
         "constants": (id(ep.constants), _entries(ep.constants, alive)),
         "alive": alive,
     }
+
+
+def without_versions(value: Any) -> Any:
+    """A fingerprint with the tensors' version counters left out: for a consumer that
+    bumps them (LiteRT) without writing into the tensors, whose bytes still count."""
+    if isinstance(value, tuple) and value[:1] == ("tensor",):
+        return (*value[:8], None, *value[9:])
+    if isinstance(value, dict):
+        return {k: without_versions(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(without_versions(v) for v in value)
+    return value
 
 
 def node_meta_fingerprint(ep: ExportedProgram) -> list[Any]:
