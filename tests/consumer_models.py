@@ -4,7 +4,11 @@ and an MLP whose forward computes on state alone (so folding adds constants)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import hf_models
@@ -128,11 +132,39 @@ def tvm_run(mod: Any, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
     return torch.from_numpy(out[0].numpy())
 
 
+@contextlib.contextmanager
+def _diagnostics() -> Iterator[list[str]]:
+    """What the block's native code printed to the standard error (where IREE's
+    compiler prints its diagnostics), given back to it after the block."""
+    printed: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as file:
+        os.dup2(file.fileno(), 2)
+        try:
+            yield printed
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            file.seek(0)
+            printed.append(file.read().decode(errors="replace"))
+            sys.stderr.write(printed[0])
+
+
 def iree_run(output: Any, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Compile an iree-turbine export for ``llvm-cpu`` and run its ``main`` on ``args``."""
+    """Compile an iree-turbine export for ``llvm-cpu`` and run its ``main`` on ``args``.
+    A failed compile raises with the diagnostics IREE printed, which say what failed."""
     import iree.runtime as rt
 
-    binary = output.compile(save_to=None, target_backends="llvm-cpu")
+    with _diagnostics() as printed:
+        try:
+            binary = output.compile(save_to=None, target_backends="llvm-cpu")
+        except RuntimeError as exc:
+            failure = exc
+        else:
+            failure = None
+    if failure is not None:
+        raise RuntimeError(f"{failure}:\n{printed[0]}") from failure
     context = rt.SystemContext(config=rt.Config("local-task"))
     context.add_vm_module(rt.VmModule.copy_buffer(context.instance, binary.map_memory()))
     out = context.modules.module["main"](*[a.numpy() for a in args])

@@ -774,3 +774,70 @@ def test_constant_fold_leaves_state_written_through_an_unbind_item_alone():
     module, eager = out.module(), UnbindWrite()
     for _ in range(3):
         torch.testing.assert_close(module(torch.zeros(4)), eager(torch.zeros(4)))
+
+
+# --- marks and declarations: checked, or not used ---
+
+
+class TwoRelus(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.a(x)) + torch.relu(self.b(x))
+
+
+def relu_to_a_python_callable(ep):
+    """Retargets every relu at ``torch.relu``, which torch's verifier refuses in an
+    ATen program (not an operator), in place."""
+    for node in ep.graph.nodes:
+        if node.target is aten.relu.default:
+            node.target = torch.relu
+    ep.graph_module.recompile()
+
+
+def test_a_program_edited_after_it_was_validated_is_validated_again():
+    # epass keeps a mark on each program it built that passed validate(); an edit
+    # made since (here by the caller) voids it, so verify_program runs validate().
+    ep = torch.export.export(TwoRelus(), (torch.randn(2, 4),))
+    out = PassManager([Decompose()]).run(ep)
+    verify_program(out)
+    relu_to_a_python_callable(out)
+    with pytest.raises(ProgramError, match="relu"):
+        verify_program(out)
+
+
+def test_a_pass_that_edits_in_place_and_says_unmodified_is_verified():
+    # A pass that is not epass's own edits the program it gets in place and returns
+    # modified=False: the edit counts as a modification, is verified, and the
+    # verifier's refusal names the pass; the user's program is as it was.
+    ep = torch.export.export(TwoRelus(), (torch.randn(2, 4),))
+    before = fingerprint(ep)
+
+    def liar(view):
+        relu_to_a_python_callable(view)
+        return PassResult(view, False)
+
+    passes = [Decompose(), liar, DeadCodeElimination()]
+    with pytest.raises(VerificationError, match="'liar'"):
+        PassManager(passes, verify=True).run(ep)
+    assert fingerprint(ep) == before
+
+
+def test_nested_meta_edits_after_an_incremental_decompose_do_not_reach_the_input():
+    # The incremental path builds the decomposed graph from the user's nodes; the
+    # pass after it edits the meta containers of the program it gets.
+    _, ep, args = models.export("mlp")
+    before = fingerprint(ep)
+
+    def clear_stacks(view):
+        clear_module_stacks(view.graph_module)
+        return view
+
+    result = PassManager([Decompose(), clear_stacks])(ep)
+    assert result.records[0].notes["method"] == "incremental"
+    assert fingerprint(ep) == before
+    unflat = torch.export.unflatten(ep)
+    torch.testing.assert_close(unflat(*args), ep.module()(*args))

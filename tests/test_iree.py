@@ -9,7 +9,9 @@ import consumer_models as cm
 import models
 import pytest
 import torch
+import upstream
 from fingerprint import fingerprint
+from upstream import upstream_bug
 
 import epass
 from epass.passes import FuseConvBN, presets
@@ -39,9 +41,9 @@ def _cells() -> list[Any]:
         for pipeline in cm.PIPELINES:
             marks: list[Any] = [pytest.mark.slow] if model == "llama" else []
             if model == "convbn" and pipeline in ("decompose", "lower"):
-                marks.append(pytest.mark.xfail(strict=True, reason=IREE_BATCH_NORM))
+                marks.append(upstream_bug(IREE_BATCH_NORM, *upstream.IREE_BATCH_NORM))
             if model == "llama" and pipeline in ("raw", "cleanup"):
-                marks.append(pytest.mark.xfail(strict=True, reason=IREE_DIFF))
+                marks.append(upstream_bug(IREE_DIFF, *upstream.IREE_DIFF))
             cells.append(pytest.param(model, pipeline, marks=marks, id=f"{model}-{pipeline}"))
     return cells
 
@@ -55,7 +57,7 @@ def test_iree_matches_eager_and_leaves_the_user_alone(model: str, pipeline: str)
     s.check_untouched()
 
 
-@pytest.mark.xfail(strict=True, reason=IREE_BATCH_NORM)
+@upstream_bug(IREE_BATCH_NORM, *upstream.IREE_BATCH_NORM)
 def test_iree_batch_norm_control() -> None:
     # The control for the xfail cells: torch's own decomposition, without epass.
     s = cm.subject("convbn")

@@ -55,13 +55,18 @@ def _copies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 class Keep(epass.Instrument):
-    """Keeps every program the passes return, with its code when it was returned."""
+    """Keeps every program it is shown, with its fingerprint when it was shown: each
+    pass's input (``before``) and output (``kept``)."""
 
     def __init__(self) -> None:
-        self.kept: list[tuple[ExportedProgram, str]] = []
+        self.before: list[tuple[ExportedProgram, dict[str, Any]]] = []
+        self.kept: list[tuple[ExportedProgram, dict[str, Any]]] = []
+
+    def before_pass(self, info: Any, program: ExportedProgram) -> None:
+        self.before.append((program, fingerprint(program)))
 
     def after_pass(self, info: Any, program: ExportedProgram, record: Any) -> None:
-        self.kept.append((program, program.graph_module.code))
+        self.kept.append((program, fingerprint(program)))
 
 
 def _same(a: ExportedProgram, b: ExportedProgram) -> None:
@@ -98,8 +103,10 @@ def test_no_program_an_instrument_was_shown_changes_afterwards():
     keep = Keep()
     presets.lower(instruments=[keep])(ep)
     assert len(keep.kept) == 5
-    for program, code in keep.kept:
-        assert program.graph_module.code == code
+    # Graph, meta, signature, dicts: not only the code, which an edit of the graph
+    # without recompile() leaves as it was.
+    for program, shown in keep.before + keep.kept:
+        assert fingerprint(program) == shown
 
 
 class Returns:
@@ -481,3 +488,44 @@ def test_an_unverified_edit_in_place_is_not_taken_as_validated_by_a_pass_after_i
     with pytest.raises(epass.PassError, match=r"(?s)'cse'.*missing val.*drops-a-value"):
         epass.PassManager(passes, verify=False).run(ep)
     assert fingerprint(ep) == before
+
+
+# --- programs that left the run: a pass's memo, a nested pipeline's instrument ---
+
+
+def _relu_to_sigmoid() -> ReplaceOps:
+    return ReplaceOps(ops={aten.relu.default: aten.sigmoid.default})
+
+
+def test_a_program_a_pass_memoized_is_never_edited_by_the_passes_after_it():
+    # The memo returns the program it was first given, in this run and the next: a
+    # program the run did not make, which the passes after it must copy.
+    ep = torch.export.export(_TwoReluSum(), (torch.randn(2, 3),))
+    x = torch.randn(2, 3)
+    memo: dict[str, ExportedProgram] = {}
+
+    def memoized(view: ExportedProgram) -> PassResult:
+        memo.setdefault("program", view)
+        return PassResult(memo["program"], True)
+
+    epass.PassManager([Decompose(), memoized, _relu_to_sigmoid(), CSE()])(ep)
+    shown = fingerprint(memo["program"])
+    again = epass.PassManager([Decompose(), memoized]).run(ep)
+    assert fingerprint(memo["program"]) == shown
+    torch.testing.assert_close(again.module()(x), ep.module()(x))
+
+
+def test_no_program_a_nested_pipelines_instrument_was_shown_changes_afterwards():
+    # The inner pipeline's instrument sees the outer run's programs; the passes after
+    # the inner pipeline must not edit them in place.
+    ep = torch.export.export(_TwoReluSum(), (torch.randn(2, 3),))
+    keep = Keep()
+
+    def identity(view: ExportedProgram) -> ExportedProgram:
+        return view
+
+    inner = epass.PassManager([identity], instruments=[keep])
+    epass.PassManager([Decompose(), inner, _relu_to_sigmoid(), CSE()])(ep)
+    assert keep.before and keep.kept
+    for program, shown in keep.before + keep.kept:
+        assert fingerprint(program) == shown

@@ -6,7 +6,7 @@ from __future__ import annotations
 import consumer_models as cm
 import pytest
 import torch
-from fingerprint import fingerprint
+from fingerprint import fingerprint, without_versions
 
 from epass.passes import presets
 
@@ -22,9 +22,4 @@ def test_litert_converts_the_output_module() -> None:
     torch.testing.assert_close(actual, s.expected, atol=1e-4, rtol=1e-4)
     # LiteRT bumps the version counters of the state tensors it is given; the
     # user's program and the bytes of its tensors stay as they were.
-    now, before = fingerprint(s.ep), s.pristine
-    assert now["code"] == before["code"] and now["signature"] == before["signature"]
-    for field in ("state_dict", "constants"):
-        assert [(k, i, t, d) for k, i, t, _, d in now[field]] == [
-            (k, i, t, d) for k, i, t, _, d in before[field]
-        ]
+    assert without_versions(fingerprint(s.ep)) == without_versions(s.pristine)

@@ -20,6 +20,7 @@ from torch import nn
 from torch.export import ExportedProgram
 
 from epass import PassManager, PassResult
+from epass.errors import PassError
 from epass.passes import CSE, ConstantFold, DeadCodeElimination
 
 aten = torch.ops.aten
@@ -113,6 +114,22 @@ def _program() -> tuple[nn.Module, ExportedProgram, tuple[Any, ...]]:
     return _CACHE["case"]  # type: ignore[no-any-return]
 
 
+def _assert_fails_at_its_failing_pass(spec: list[tuple[str, int]], error: Exception | None) -> None:
+    """A pipeline with a failing pass raises the PassError naming the first of them,
+    caused by what it raised; every other pipeline raises nothing."""
+    kinds = [kind for kind, _ in spec]
+    if "fail" not in kinds:
+        if error is not None:
+            raise AssertionError(f"pipeline {spec} failed") from error
+        return
+    first = kinds.index("fail")
+    assert isinstance(error, PassError), f"pipeline {spec} raised {error!r}"
+    assert type(error) is PassError, f"pipeline {spec} raised {error!r}"
+    assert error.index == first, f"{error} (expected position {first})"
+    cause = error.__cause__
+    assert type(cause) is RuntimeError and str(cause) == f"failure {spec[first][1]}", repr(cause)
+
+
 @settings(
     max_examples=60,
     deadline=None,
@@ -125,14 +142,14 @@ def test_random_in_place_passes_in_threads_keep_the_users_program(drawn):
     expected = eager(*args)
     before = fingerprint(ep)
     outputs: dict[int, ExportedProgram] = {}
-    failed: set[int] = set()
+    errors: dict[int, Exception] = {}
 
     def worker(i: int, spec: list[tuple[str, int]]) -> None:
         passes = [MAKERS[kind](ep, tag) for kind, tag in spec]
         try:
             outputs[i] = PassManager(passes).run(ep)
-        except Exception:
-            failed.add(i)
+        except Exception as exc:  # checked below, in the main thread
+            errors[i] = exc
 
     threads = [threading.Thread(target=worker, args=(i, spec)) for i, spec in enumerate(drawn)]
     for t in threads:
@@ -140,7 +157,8 @@ def test_random_in_place_passes_in_threads_keep_the_users_program(drawn):
     for t in threads:
         t.join()
 
-    assert failed == {i for i, spec in enumerate(drawn) if any(k == "fail" for k, _ in spec)}
+    for i, spec in enumerate(drawn):
+        _assert_fails_at_its_failing_pass(spec, errors.get(i))
     assert fingerprint(ep) == before
     for out in outputs.values():
         torch.testing.assert_close(out.module()(*args), expected)

@@ -386,8 +386,28 @@ def _contiguity_without_a_guard() -> None:
 def _shape_env_snapshot_and_forget() -> None:
     import sympy
 
-    env = keys.detected_fake_mode(_dynamic()).shape_env
-    assert shapes.snapshot(env) == shapes.snapshot(env)
+    # A program of its own: its shape environment learns below.
+    ep = _dynamic.__wrapped__()
+    env = keys.detected_fake_mode(ep).shape_env
+    batch = ep.graph.find_nodes(op="placeholder")[0].meta["val"].shape[0]
+    # Each field of the environment the snapshot reads shows what it learnt, as the
+    # check mode reports it (shapes.difference), one kind of knowledge at a time.
+    lessons = [
+        (lambda: bool(batch > 2), ["guards s", "range of s"]),
+        (lambda: torch._check(batch % 3 == 0), ["divisible Mod("]),
+        (lambda: env.create_unbacked_symint(), ["unbacked symbols 0 -> 1"]),
+        (lambda: torch._check(env.create_unbacked_symint() != 5), ["runtime assertions Ne(u1, 5)"]),
+        (lambda: bool(batch == 3), ["replacement of s"]),
+    ]
+    before = shapes.snapshot(env)
+    assert shapes.difference(before, shapes.snapshot(env)) == "nothing"
+    for learn, said in lessons:
+        learn()
+        after = shapes.snapshot(env)
+        assert after != before
+        learnt = shapes.difference(before, after)
+        assert all(words in learnt for words in said), learnt
+        before = after
     (symbol, *_) = env.var_to_range
     env._maybe_evaluate_static(sympy.Lt(symbol, 16))  # undecided: a cached None
     assert env._maybe_evaluate_static.cache_info().currsize > 0
@@ -395,12 +415,50 @@ def _shape_env_snapshot_and_forget() -> None:
     assert env._maybe_evaluate_static.cache_info().currsize == 0
 
 
-def _runtime_asserts_rebind_sizes() -> None:
-    ep = _dynamic()
+def _size_of_an_intermediate(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
+    """A copy of ``ep``'s graph whose output is viewed by the batch read from an
+    intermediate (as a decomposition reads it): a size query the retrace binds to
+    the input instead."""
     gm = _program.copy_graph_module(ep.graph_module)
+    graph = gm.graph
+    pool = next(n for n in graph.nodes if n.op == "call_function")
+    output = graph.output_node()
+    (flat,) = output.args[0]
+    with graph.inserting_before(output):
+        size = graph.call_function(aten.sym_size.int, (pool, 0))
+        view = graph.call_function(aten.view.default, (flat, [size, -1]))
+    size.meta["val"] = pool.meta["val"].shape[0]
+    with keys.detected_fake_mode(ep):
+        view.meta["val"] = flat.meta["val"].view(size.meta["val"], -1)
+    output.args = ((view,),)
+    gm.recompile()
+    return gm
+
+
+def _runtime_asserts_rebind_sizes() -> None:
+    import torch._dynamo.config
+
+    from epass._decomp.safety import Fallback
+
+    ep = _dynamic()
+    gm = _size_of_an_intermediate(ep)
     sizes.rebind_sizes(gm, keys.detected_fake_mode(ep))
-    queries = [n for n in gm.graph.nodes if n.target is aten.sym_size.int]
-    assert len(queries) <= 1 and gm.code
+    # The size is read from the input, right after it, with the retrace's stack trace
+    # (set by the node metadata hook); the view reads that node.
+    (size,) = [n for n in gm.graph.nodes if n.target is aten.sym_size.int]
+    (x,) = gm.graph.find_nodes(op="placeholder")
+    assert size.args == (x, 0) and size.prev is x
+    assert size.meta["stack_trace"] == sizes.RUNTIME_ASSERT_TRACE
+    assert str(size.meta["val"]) == str(x.meta["val"].shape[0])
+    (view,) = [n for n in gm.graph.nodes if n.target is aten.view.default]
+    assert view.args[1][0] is size
+    # Where torch's switch turns the pass off, it runs nothing, and the engine steps aside.
+    with torch._dynamo.config.patch(do_not_emit_runtime_asserts=True):
+        off = _size_of_an_intermediate(ep)
+        code = off.code
+        with pytest.raises(Fallback, match="without a shape environment"):
+            sizes.rebind_sizes(off, keys.detected_fake_mode(ep))
+    assert off.code == code
 
 
 def _private_field(name: str) -> Callable[[], None]:

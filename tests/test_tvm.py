@@ -9,6 +9,7 @@ from typing import Any
 import consumer_models as cm
 import pytest
 import torch
+import upstream
 from torch.export import ExportedProgram
 
 import epass
@@ -33,7 +34,7 @@ def _cells() -> list[Any]:
             if model == "llama":
                 marks = [
                     pytest.mark.slow,
-                    pytest.mark.xfail(strict=True, reason=TVM_CUMSUM_BOOL),
+                    upstream.upstream_bug(TVM_CUMSUM_BOOL, *upstream.TVM_CUMSUM_BOOL),
                 ]
             cells.append(pytest.param(model, pipeline, marks=marks, id=f"{model}-{pipeline}"))
     return cells

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from fast_path import incremental_path_errors
 
 from epass import Decompose
 from epass._decomp import disk
@@ -39,8 +41,31 @@ def run_script(script: str, cache: Path, *args: str, env: Mapping[str, str] = {}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def assert_same_as_torch(ep: Any, **options: Any) -> DecomposeResult:
-    """Decompose(check=True) runs both paths and raises on the first difference."""
-    result = Decompose(check=True, **options)(ep)
+Expect = Literal["incremental", "retrace", "either"]
+
+
+def assert_same_as_torch(
+    ep: Any, *, expect: Expect = "incremental", because: str | None = None, **options: Any
+) -> DecomposeResult:
+    """``Decompose(check=True, **options)`` on ``ep``, asserting which path gave it.
+
+    ``expect="incremental"``: the incremental path ran and check mode found its
+    program node for node torch's (it raises on the first difference). ``"retrace"``:
+    the incremental path declined the program, for a reason that contains
+    ``because``, and torch's retrace is the result. ``"either"`` (random programs):
+    one of the two. In every case the incremental path never raised: torch's retrace
+    in place of a crash is a fault the result would otherwise hide.
+    """
+    with incremental_path_errors() as raised:
+        result = Decompose(check=True, **options)(ep)
     assert isinstance(result, DecomposeResult)
+    assert not raised, f"the incremental path raised {raised[0]!r}; Decompose retraced"
+    if result.method == "incremental":
+        assert expect != "retrace", f"expected a retrace ({because}); the incremental path ran"
+        assert result.checked, "check mode did not compare the incremental path with torch's"
+    else:
+        assert expect != "incremental", f"expected the incremental path; {result.fallback}"
+        assert result.fallback, "a retrace in check mode that names no reason"
+        if because is not None:
+            assert because in result.fallback, result.fallback
     return result

@@ -84,7 +84,7 @@ def test_a_region_is_inlined_as_the_retrace_inlines_it(module, region, dynamic):
 
 def test_the_bodys_nodes_carry_the_frames_the_retrace_records():
     ep = _exported(_Autocast(enabled=False), dynamic=False)
-    out = Decompose()(ep).program
+    out = Decompose(method="incremental")(ep).program  # the retrace records them itself
     inside = [
         n for n in out.graph.nodes if n.meta.get("torch_fn", ("",))[0] == "wrap_with_autocast"
     ]

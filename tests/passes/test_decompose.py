@@ -188,6 +188,7 @@ def test_only_a_retrace_the_incremental_path_could_not_avoid_is_a_fallback():
 
     _, ep, _ = models.export("seed")  # writes into a buffer: the incremental path refuses it
     fell_back = Decompose()(ep)
+    assert fell_back.fallback == "a write into input b_count (aten.add_.Tensor at add_)"
     assert fell_back.notices == (Notice("fallback", f"retraced: {fell_back.fallback}"),)
     assert Decompose(method="retrace")(ep).notices == ()  # asked for
     # Auto's choice of the cheaper path repeats its decision as the fallback: no notice.
