@@ -255,6 +255,7 @@ _REGIONS = "tests/decomp/test_regions.py::"
 _WRITES = "tests/decomp/test_writes_random.py::"
 _GPU = "tests/test_gpu.py::"
 _LEASE = "tests/test_lease.py::"
+_OWNERSHIP = "tests/test_properties_ownership.py::"
 _GUARANTEES = "tests/test_guarantees.py::"
 _PROGRAM = "tests/test_program.py::"
 _PROPERTIES = "tests/test_properties_guarantees.py::"
@@ -302,12 +303,14 @@ FAULTS: dict[str, Fault] = {
             _LEASE + "test_no_program_a_nested_pipelines_instrument_was_shown_changes_afterwards",
             _GUARANTEES + "test_in_place_pass_after_a_memoized_program_leaves_that_program_alone",
             _PROPERTIES + "test_random_in_place_passes_in_threads_keep_the_users_program",
+            _OWNERSHIP + "test_hostile_pipelines_never_edit_what_user_code_has_seen",
+            _OWNERSHIP + "test_a_memoized_result_is_never_edited_by_the_passes_after_it",
         ),
     ),
     "mark-trusted-after-an-edit": Fault(
         _mark_always_holds,
         (
-            _GUARANTEES + "test_a_program_edited_after_it_was_validated_is_validated_again",
+            _GUARANTEES + "test_a_pass_that_edits_in_place_and_says_unmodified_is_verified",
             _PROGRAM + "test_a_program_new_program_built_counts_as_validated_until_it_changes",
             _PROGRAM + "test_a_program_relabelled_to_another_dialect_is_validated_again",
         ),
