@@ -63,7 +63,7 @@ def _argument_values(value: Any) -> Any:
     fx's argument lists can still be edited through ``list.__setitem__``, so the
     snapshot keeps their values, not the lists."""
     kind = type(value)
-    if kind in (list, tuple) or isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)):
         return (kind, tuple(_argument_values(v) for v in value))
     if isinstance(value, dict):
         return (kind, tuple((k, _argument_values(v)) for k, v in value.items()))
