@@ -750,6 +750,42 @@ def test_saving_over_a_large_file_replaces_it_and_keeps_no_descriptor(tmp_path: 
     assert len(os.listdir("/proc/self/fd")) == before
 
 
+@pytest.mark.parametrize("swap", [True, False], ids=["swapped", "renamed"])
+def test_save_over_a_file_swaps_it_in_and_names_the_archive_as_torch_does(
+    swap: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Linux an existing output is swapped with the new file (no flush at the
+    rename); where the swap is not available, a rename does the same. Either way the
+    archive's root folder is named after the output, as torch.export.save names it,
+    and nothing is left beside it."""
+    from epass import io as epass_io
+
+    calls: list[bytes] = []
+    found = epass_io._renameat2()
+    if swap and found is None:
+        pytest.skip("renameat2 is not available here")
+
+    def counted(*args: Any) -> int:
+        calls.append(args[3])
+        return found(*args)  # type: ignore[misc]
+
+    monkeypatch.setattr(epass_io, "_renameat2", lambda: counted if swap else None)
+    ep = torch.export.export(Small(), (torch.randn(3, 4),))
+    target = tmp_path / "model.pt2"
+    target.write_bytes(b"previous contents")
+    with open(target, "rb") as reader:
+        epass.save(ep, target)
+        assert reader.read() == b"previous contents"  # a reader keeps the old file
+    assert calls == ([os.fsencode(target)] if swap else [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt2"]
+    with zipfile.ZipFile(target) as z:
+        assert {name.split("/")[0] for name in z.namelist()} == {"model"}
+    assert sorted(epass.load(target).state_dict) == sorted(ep.state_dict)
+    epass.save(ep, tmp_path / "new.pt2")  # nothing to swap with: a plain rename
+    assert calls == ([os.fsencode(target)] if swap else [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt2", "new.pt2"]
+
+
 def test_save_checks_the_path_first(tmp_path: Path) -> None:
     ep = torch.export.export(Small(), (torch.randn(3, 4),))
     with pytest.raises(SaveError, match=r"must end in \.pt2"):
