@@ -4,6 +4,7 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
 from typing import NoReturn
 
 try:
@@ -16,15 +17,25 @@ except KeyboardInterrupt:  # Ctrl-C while the command itself is imported
 def console() -> NoReturn:
     """The ``epass`` script and ``python -m epass``: :func:`main`, then exit with its code.
 
-    After Ctrl-C or SIGTERM the process ends at once. The command has cleaned up by
-    then (no temporary file is left, the report is written), and the interpreter's
-    own teardown, which frees every object torch and the program made one by one,
-    takes seconds. Exit handlers still run and output is flushed.
+    Once the command returns, the process ends at once: every file it writes is
+    written and closed by then (no temporary file is left, the report is written),
+    and the interpreter's own teardown, which frees every object torch and the
+    program made one by one, takes seconds (a second after lowering a 768 MiB
+    Llama-shaped checkpoint). Exit handlers still run and output is flushed. A
+    thread that is not a daemon, which a ``--import`` module may have started, is
+    waited for as Python would: the process then exits the ordinary way (after
+    Ctrl-C or SIGTERM it does not wait).
     """
     code = main()
-    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED) or _only_thread():
         _exit_now(code)
     sys.exit(code)
+
+
+def _only_thread() -> bool:
+    """Whether no thread but this one would keep the interpreter from exiting."""
+    main_thread = threading.main_thread()
+    return all(t is main_thread or t.daemon or not t.is_alive() for t in threading.enumerate())
 
 
 def _exit_now(code: int) -> NoReturn:

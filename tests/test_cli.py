@@ -773,6 +773,75 @@ def _epass(*argv: str, path: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+EXIT_WORK = """\
+import atexit, os, threading, time
+
+def _mark(name):
+    with open(os.environ["EPASS_TEST_MARK"], "a") as f:
+        f.write(name + "\\n")
+
+atexit.register(_mark, "exit handler")
+
+def _late():
+    output = os.environ["EPASS_TEST_OUTPUT"]
+    while not os.path.exists(output):  # the command has written its output
+        time.sleep(0.05)
+    time.sleep(0.5)
+    _mark("thread")
+
+threading.Thread(target=_late).start()  # not a daemon: the process waits for it
+"""
+
+
+EXIT_QUICK = """\
+import atexit, os
+
+def _mark(name):
+    with open(os.environ["EPASS_TEST_MARK"], "a") as f:
+        f.write(name + "\\n")
+
+atexit.register(_mark, "exit handler")
+
+_fd = os.open(os.environ["EPASS_TEST_MARK"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+class _Finalized:
+    def __del__(self, write=os.write, fd=_fd):  # bound now: teardown clears modules
+        write(fd, b"teardown\\n")
+
+kept = _Finalized()
+"""
+
+
+def test_the_command_exits_as_python_would_with_its_handlers_and_threads(
+    tmp_path: Path, files: dict[str, Path]
+) -> None:
+    """The process ends without the interpreter's teardown, but exit handlers run,
+    output is whole, and a thread that is not a daemon is waited for first."""
+    (tmp_path / "exit_work.py").write_text(EXIT_WORK)
+    mark = tmp_path / "mark"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "epass", "--plain", "run", str(files["mlp"]), "-p", "dce",
+         "-o", str(tmp_path / "out.pt2"), "--import", "exit_work"],
+        capture_output=True, text=True, timeout=300,
+        env={**env, "EPASS_TEST_MARK": str(mark), "EPASS_TEST_OUTPUT": str(tmp_path / "out.pt2")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith(f"wrote {tmp_path / 'out.pt2'}")
+    assert mark.read_text().splitlines() == ["thread", "exit handler"]
+    # With no such thread the interpreter is not torn down: a module's objects are
+    # never finalized one by one (here, one that would say so).
+    (tmp_path / "exit_quick.py").write_text(EXIT_QUICK)
+    mark.unlink()
+    alone = subprocess.run(
+        [sys.executable, "-m", "epass", "--plain", "inspect", str(files["mlp"]),
+         "--import", "exit_quick"],
+        capture_output=True, text=True, timeout=300, env={**env, "EPASS_TEST_MARK": str(mark)},
+    )  # fmt: skip
+    assert alone.returncode == 0 and "nodes" in alone.stdout, alone.stderr
+    assert mark.read_text().splitlines() == ["exit handler"]
+
+
 def test_import_option_registers_custom_ops_before_loading(
     custom_op_program: tuple[Path, Path],
 ) -> None:
