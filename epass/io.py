@@ -229,7 +229,7 @@ def _phases(progress: ProgressCallback | None, what: str) -> Callable[[str], Non
 def _load_screened(f: Any, name: str, say: Callable[[str], None]) -> ExportedProgram:
     say("screening")
     view = ReadOnce(f, name) if ReadOnce.usable(f) else None
-    if view is not None and readers_agree(typing.cast(IO[bytes], view)):
+    if view is not None and _agree(view):
         screen(typing.cast(IO[bytes], view), name=name)
         view.seal()
         say("loading")
@@ -238,6 +238,13 @@ def _load_screened(f: Any, name: str, say: Callable[[str], None]) -> ExportedPro
         screen(copy, name=name)
         say("loading")
         return _pt2.read_program(copy)
+
+
+def _agree(view: ReadOnce) -> bool:
+    """Whether torch's zip reader and Python's agree on ``view``; the tensor data that
+    torch's reader may read whole to tell a record's size is not kept by the view."""
+    with view.tensor_data_unkept():
+        return readers_agree(typing.cast(IO[bytes], view))
 
 
 # --- saving ------------------------------------------------------------------------

@@ -550,6 +550,37 @@ def test_bytes_rewritten_after_screening_are_not_what_torch_reads(
     assert all(wiped) or all(screened), (wiped, screened)
 
 
+def test_the_view_keeps_no_tensor_data_where_torch_reads_records_to_size_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before torch 2.13 its zip reader tells a record's size only by reading it; the
+    readers' agreement check then reads every tensor, and the view must not keep
+    those bytes (a second copy of the weights in memory). Simulated on any release."""
+    from epass._screen import read_once
+    from epass._torch import archives
+
+    def read_whole(reader: Any, name: str) -> int:
+        return len(reader.get_record(name))
+
+    monkeypatch.setattr(archives, "record_size", read_whole)
+    views: list[read_once.ReadOnce] = []
+
+    class Recorded(read_once.ReadOnce):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            views.append(self)
+
+    monkeypatch.setattr(epass.io, "ReadOnce", Recorded)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+    torch.export.save(torch.export.export(model, (torch.randn(2, 512),)), tmp_path / "m.pt2")
+    ep = epass.load(tmp_path / "m.pt2")
+    weights = sum(t.nbytes for t in ep.state_dict.values())
+    kept = sum(len(chunk) for chunk in views[0]._chunks)
+    assert weights > 2 << 20 and kept < weights // 20, (kept, weights)
+    reference = torch.export.load(tmp_path / "m.pt2")
+    assert all(torch.equal(v, reference.state_dict[k]) for k, v in ep.state_dict.items())
+
+
 def test_screen_refuses_members_torch_finds_elsewhere(program_file: Path, tmp_path: Path) -> None:
     """Loading canonicalizes such a file (above); screening it as it is refuses it."""
     evil = _central_directory_elsewhere(program_file, tmp_path / "evil.pt2", tmp_path / "m")

@@ -3,6 +3,7 @@ program, payload configs, pickles), and :func:`screen`, which checks a whole arc
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -19,6 +20,7 @@ from epass._screen.archive import (
     member_kind,
     zip_size,
 )
+from epass._screen.read_once import ReadOnce
 from epass._screen.refusal import Refusal, first_line, unsafe_error
 from epass._screen.schema import screen_program
 from epass._screen.text import TEXT_LIMIT, is_plain
@@ -69,8 +71,12 @@ def screen(file: IO[bytes], *, name: str = "<archive>") -> None:
     # torch's own zip reader must find exactly the members screened above, each at
     # the place Python's reader found it: then every byte torch reads of a member is
     # a byte screened as that member.
+    # Before torch 2.13 its reader reads a record whole to tell its size: a view
+    # then keeps no tensor data (the members screened above are kept already).
+    unkept = file.tensor_data_unkept() if isinstance(file, ReadOnce) else contextlib.nullcontext()
     try:
-        odd = disagreement(file, name)
+        with unkept:
+            odd = disagreement(file, name)
     except Refusal as refused:
         raise unsafe_error(name, refused) from None
     if odd is not None:

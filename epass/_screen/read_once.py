@@ -4,15 +4,18 @@ the screen and torch's loader read one such view, so torch reads what was screen
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import io
 import os
 import stat
 import typing
 import zipfile
+from collections.abc import Iterator
 from typing import IO, Any
 
 from epass._screen.archive import data_span, member_kind
+from epass._screen.refusal import Refusal
 
 __all__ = ["ReadOnce"]
 
@@ -79,6 +82,32 @@ class ReadOnce(io.RawIOBase):
 
     def seal(self) -> None:
         """Mark the screen done: raw tensor data is read straight through from now on."""
+        self._raw = self._tensor_data()
+        self.seek(0)
+
+    @contextlib.contextmanager
+    def tensor_data_unkept(self) -> Iterator[None]:
+        """Within the block, reads inside raw tensor data (as Python's zip reader finds
+        it in the bytes kept so far) are not kept; afterwards they are again, until
+        :meth:`seal`.
+
+        For a look at the archive's structure that reads whole members, such as
+        torch's zip reader telling a record's size before torch 2.13 (it reads the
+        record): the view would otherwise keep every tensor's bytes, a second copy
+        of the weights in memory. A block on an archive Python cannot read keeps
+        everything, as outside it.
+        """
+        try:
+            self._raw = self._tensor_data()
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, Refusal):
+            self._raw = []
+        try:
+            yield
+        finally:
+            self._raw = []
+            self.seek(0)
+
+    def _tensor_data(self) -> list[tuple[int, int]]:
         raw = []
         file = typing.cast(IO[bytes], self)
         with zipfile.ZipFile(file) as archive:
@@ -86,8 +115,7 @@ class ReadOnce(io.RawIOBase):
                 if member_kind(info.filename.split("/", 1)[1]) == "tensor" and info.file_size:
                     start, size = data_span(file, info)
                     raw.append((start, start + size))
-        self._raw = sorted(raw)
-        self.seek(0)
+        return sorted(raw)
 
     def _is_raw(self, start: int, end: int) -> bool:
         i = bisect.bisect_right(self._raw, (start, float("inf"))) - 1
