@@ -11,6 +11,8 @@ One concept a module, each importing only from those listed before it
 - ``table``: a table split the way ``run_decompositions`` splits it, and
   ``rewrites``, the one answer to "does this table rewrite op X".
 - ``made``: who made a function: whether it is torch's code and holds nothing else.
+- ``kernels``: the Python kernels registered through ``torch.library``, and which
+  no cache key can name.
 - ``identity``: the names of decomposition functions and tables in cache keys.
 - ``safety``: what the incremental path can take (``unsafe_reason``, ``Fallback``).
 - ``shapes``: the program's shape environment: the context fake values are computed

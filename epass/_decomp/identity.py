@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import attrs
 import torch
 
-from epass._decomp import disk, made, state
+from epass._decomp import disk, kernels, made, state
 from epass._decomp.table import DefaultSide, Tables
 from epass._torch import operators
 
@@ -179,30 +178,12 @@ def name_table(entries: Iterable[tuple[str, Any, Callable[..., Any]]]) -> list[t
     return sorted(names)
 
 
-_LIBRARY: list[Any] = [-1, []]
-# Per registration key: whether a file outside torch registered it.
-_FOREIGN: dict[str, bool] = {}
-
-
 def library_kernels() -> list[str]:
-    """Kernels registered from Python through ``torch.library`` for ATen or prims
-    operators from outside torch's own files (``"aten::gelu/CompositeImplicitAutograd"``):
-    arbitrary Python behind an operator every decomposition may call. torch registers
-    hundreds itself (meta kernels, the prims), from its own files. Read again whenever
-    the registrations (which libraries add and remove) change in number."""
-    impls = operators.library_impls()
-    with _LOCK:
-        if _LIBRARY[0] != len(impls):
-            keys = [k for k in list(impls) if k.startswith(("aten/", "prims/"))]
-            own = os.path.dirname(torch.__file__) + os.sep
-            for gone in _FOREIGN.keys() - set(keys):  # removed: asked again if it comes back
-                del _FOREIGN[gone]
-            for key in keys:  # each registration is asked once: ~30 us a question
-                if key not in _FOREIGN:
-                    _FOREIGN[key] = not operators.registered_from(key).startswith(own)
-            found = sorted(k.replace("/", "::", 1) for k in keys if _FOREIGN[k])
-            _LIBRARY[:] = [len(impls), found]
-        return list(_LIBRARY[1])
+    """The kernels registered from Python through ``torch.library`` for ATen or prims
+    operators that are not torch's own (``"aten::gelu/CompositeImplicitAutograd"``):
+    arbitrary Python behind an operator every decomposition may call (see
+    :mod:`epass._decomp.kernels`, which reads them again at every registration)."""
+    return list(kernels.registered().foreign)
 
 
 def settings() -> tuple[tuple[str, Any], ...]:
@@ -245,11 +226,29 @@ class CacheName:
             on disk for another).
         why_not: why the table has no name (None when it has one).
         settings: the process-wide settings torch's decompositions read.
+        unkept: operators (``"mylib::foo"``, as ``OpOverload.name()`` spells them)
+            whose decomposition runs a CompositeImplicitAutograd kernel registered
+            from Python that nothing names: their templates are traced for this
+            decomposition alone, whatever the table's name.
+        unkept_why: why, for each of ``unkept``.
     """
 
     table: str | None
     why_not: str | None
     settings: tuple[tuple[str, Any], ...]
+    unkept: frozenset[str] = frozenset()
+    unkept_why: tuple[tuple[str, str], ...] = ()
+
+    def keeps(self, op: Any) -> bool:
+        """Whether templates of the operator ``op`` are kept for later decompositions
+        (in memory, and on disk where their key allows)."""
+        if self.table is None:
+            return False
+        return (
+            not self.unkept
+            or not isinstance(op, operators.OpOverload)
+            or (op.name() not in self.unkept)
+        )
 
 
 # Per table: the names of torch's own entries (fixed for the process), and the other
@@ -259,17 +258,20 @@ NAMED: collections.OrderedDict[Any, tuple[str, list[Any]]] = collections.Ordered
 
 def cache_name(tables: Tables) -> CacheName:
     """The name of ``tables`` for this decomposition's template keys (see
-    :class:`CacheName`). torch's own decompositions are named by identity; a user's
-    only through the ``cache_key`` it declares (:func:`name_of`)."""
+    :class:`CacheName`). torch's own decompositions are named by identity, a user's
+    only through the ``cache_key`` it declares (:func:`name_of`); Python kernels
+    registered through ``torch.library`` by :mod:`epass._decomp.kernels`."""
     read = settings()
-    library = library_kernels()
+    registered = kernels.registered()
+    library = registered.foreign
+    unkept = frozenset(op for op, _ in registered.unkept)
     if library:
         more = f" and {len(library) - 2} more" if len(library) > 2 else ""
         why = (
             f"Python kernels registered through torch.library for {', '.join(library[:2])}"
             f"{more} cannot be named"
         )
-        return CacheName(None, why, read)
+        return CacheName(None, why, read, unkept, registered.unkept)
     with state.LOCK:
         known = NAMED.get(tables.token)
     if known is None:
@@ -280,12 +282,12 @@ def cache_name(tables: Tables) -> CacheName:
                 NAMED.popitem(last=False)
     fixed, others = known
     if not others:
-        return CacheName(fixed, None, read)
+        return CacheName(fixed, None, read, unkept, registered.unkept)
     try:
         names = name_table(others)
     except Unnamed as exc:
-        return CacheName(None, exc.reason, read)
-    return CacheName(disk.digest([fixed, names])[1], None, read)
+        return CacheName(None, exc.reason, read, unkept, registered.unkept)
+    return CacheName(disk.digest([fixed, names])[1], None, read, unkept, registered.unkept)
 
 
 def _name_entries(tables: Tables) -> tuple[str, list[Any]]:

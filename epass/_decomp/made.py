@@ -16,7 +16,7 @@ import torch
 
 from epass._torch import operators
 
-__all__ = ["torch_made"]
+__all__ = ["label", "torch_made"]
 
 
 _LOCK = threading.Lock()
@@ -128,3 +128,12 @@ def torch_made(obj: Any) -> bool:
     with _LOCK:
         _VERDICTS[id(obj)] = (obj, verdict)
     return verdict
+
+
+def label(obj: Any) -> str:
+    """``module.qualname`` of a function (``partial(...)`` of a partial's)."""
+    if isinstance(obj, functools.partial):
+        return f"partial({label(obj.func)})"
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return f"{module}.{name}"
