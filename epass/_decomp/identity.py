@@ -1,10 +1,14 @@
 """Names of decomposition functions for cache keys: torch's own by identity, a user's
-only through the identity it declares; anything else has no name and is never cached.
+only through the identity it declares, an installed library's by its version, file
+and what it reads; anything else has no name and is never cached.
 
 A cache may only answer what it can name completely. No fingerprint of arbitrary
 Python sees every value a function may read (a module attribute, an environment
 variable, a list it closes over), so a user's function takes part only through a
-declared ``cache_key`` (Inductor's rule for custom passes, ``uuid()``).
+declared ``cache_key`` (Inductor's rule for custom passes, ``uuid()``). A library's
+function is named only when its code is the file its installed version put there
+and everything it reads is torch's, that library's, or a constant
+(:mod:`epass._decomp.made`).
 """
 
 from __future__ import annotations
@@ -141,10 +145,12 @@ def declared_key(fn: Any) -> str | None:
 
 def name_of(fn: Any, op: Any) -> str:
     """A name of the decomposition ``fn`` (the table's entry for ``op``) that is the
-    same in every process running the same code and the same declarations.
+    same in every process running the same code and the same declarations: torch's
+    own by identity, a user's by the identity it declares, and an installed
+    library's by its version, file and what it reads (:func:`made.library_name`).
 
     Raises:
-        Unnamed: ``fn`` is not torch's own and declares no identity.
+        Unnamed: ``fn`` is none of these.
     """
     own = torch_name(fn, op)
     if own is not None:
@@ -153,10 +159,16 @@ def name_of(fn: Any, op: Any) -> str:
         declared = declared_key(fn)
     except TypeError as exc:
         raise Unnamed(str(exc)) from None
-    if declared is None:
-        raise Unnamed(f"{_label(fn)} ({op}) declares no cache identity ({CACHE_KEY})")
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    return f"user:{module}.{_label(fn)}:{declared}"
+    if declared is not None:
+        module = getattr(fn, "__module__", None) or type(fn).__module__
+        return f"user:{module}.{_label(fn)}:{declared}"
+    try:
+        return made.library_name(fn)
+    except made.NotMade as exc:
+        raise Unnamed(
+            f"{_label(fn)} ({op}) declares no cache identity ({CACHE_KEY}), and is not a "
+            f"library's own code: {exc.reason}"
+        ) from None
 
 
 def name_table(entries: Iterable[tuple[str, Any, Callable[..., Any]]]) -> list[tuple[str, ...]]:
@@ -259,8 +271,9 @@ NAMED: collections.OrderedDict[Any, tuple[str, list[Any]]] = collections.Ordered
 def cache_name(tables: Tables) -> CacheName:
     """The name of ``tables`` for this decomposition's template keys (see
     :class:`CacheName`). torch's own decompositions are named by identity, a user's
-    only through the ``cache_key`` it declares (:func:`name_of`); Python kernels
-    registered through ``torch.library`` by :mod:`epass._decomp.kernels`."""
+    only through the ``cache_key`` it declares, an installed library's by what it
+    is (:func:`name_of`); Python kernels registered through ``torch.library`` by
+    :mod:`epass._decomp.kernels`."""
     read = settings()
     registered = kernels.registered()
     library = registered.foreign
