@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import collections
 import functools
+import gc
 import io
 import os
 import tempfile
@@ -325,6 +326,36 @@ def _library_registration_is_seen() -> None:
     finally:
         lib._destroy()
     assert isinstance(identity.library_kernels(), list)
+
+
+def _library_key_sets_follow_libraries() -> None:
+    before = operators.library_key_sets()
+    lib = torch.library.Library("epass_internals", "FRAGMENT")
+    lib.define("thrice(Tensor x) -> Tensor")
+    try:
+        (made,) = [s for s in operators.library_key_sets() if all(s is not b for b in before)]
+        assert made == set()
+        lib.impl("thrice", lambda x: x * 3, "CompositeImplicitAutograd")
+        assert made == {"epass_internals/thrice/CompositeImplicitAutograd"}
+    finally:
+        lib._destroy()
+    del lib
+    gc.collect()  # the finalizer runs when the library is freed
+    assert all(s is not made for s in operators.library_key_sets())
+
+
+def _custom_op_functions_are_read() -> None:
+    name = "epass_internals::cube"
+    if operators.custom_op_functions(name) is None:
+
+        @torch.library.custom_op(name, mutates_args=())
+        def cube(x: torch.Tensor) -> torch.Tensor:
+            return x**3
+
+    parts = operators.custom_op_functions(name)
+    assert parts is not None and getattr(parts[0], "__name__", None) == "cube"
+    assert parts == operators.custom_op_functions(name)  # the same objects again
+    assert operators.custom_op_functions("aten::silu") is None
 
 
 def _fake_rules_are_put_back() -> None:
@@ -688,6 +719,8 @@ CALLS: dict[str, Callable[[], None]] = {
     ),
     "torch.library._impls": _library_registration_is_seen,
     "torch._C._dispatch_dump": _library_registration_is_seen,
+    "torch.library._del_library": _library_key_sets_follow_libraries,
+    "torch._library.custom_ops.OPDEFS": _custom_op_functions_are_read,
     "torch._subclasses.fake_impls.op_implementations_dict": _fake_rules_are_put_back,
     "torch._subclasses.fake_impls.op_implementations_checks": _fake_rules_are_put_back,
     f"{_UTILS}._compiling_state_context": _trace_ran_under_export_stack,

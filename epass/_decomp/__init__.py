@@ -10,6 +10,12 @@ One concept a module, each importing only from those listed before it
   ``run_decompositions`` as epass calls it.
 - ``table``: a table split the way ``run_decompositions`` splits it, and
   ``rewrites``, the one answer to "does this table rewrite op X".
+- ``installed``: the distribution whose wheel installed a source file, checked
+  against its RECORD (it imports nothing of torch).
+- ``made``: who made a function: torch's build, or one installed library's files, and
+  its name when all it reads is theirs or a constant.
+- ``kernels``: the Python kernels registered through ``torch.library``, and which
+  no cache key can name.
 - ``identity``: the names of decomposition functions and tables in cache keys.
 - ``safety``: what the incremental path can take (``unsafe_reason``, ``Fallback``).
 - ``shapes``: the program's shape environment: the context fake values are computed

@@ -1,28 +1,28 @@
 """Names of decomposition functions for cache keys: torch's own by identity, a user's
-only through the identity it declares; anything else has no name and is never cached.
+only through the identity it declares, an installed library's by its version, file
+and what it reads; anything else has no name and is never cached.
 
 A cache may only answer what it can name completely. No fingerprint of arbitrary
 Python sees every value a function may read (a module attribute, an environment
 variable, a list it closes over), so a user's function takes part only through a
-declared ``cache_key`` (Inductor's rule for custom passes, ``uuid()``).
+declared ``cache_key`` (Inductor's rule for custom passes, ``uuid()``). A library's
+function is named only when its code is the file its installed version put there
+and everything it reads is torch's, that library's, or a constant
+(:mod:`epass._decomp.made`).
 """
 
 from __future__ import annotations
 
 import collections
-import enum
 import functools
-import inspect
-import os
 import threading
-import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
 import torch
 
-from epass._decomp import disk, state
+from epass._decomp import disk, kernels, made, state
 from epass._decomp.table import DefaultSide, Tables
 from epass._torch import operators
 
@@ -37,7 +37,6 @@ __all__ = [
     "name_of",
     "name_table",
     "settings",
-    "torch_made",
     "torch_name",
 ]
 
@@ -55,111 +54,6 @@ class Unnamed(Exception):
 
 
 _LOCK = threading.Lock()
-# Verdicts on torch's own objects, keyed by the objects themselves (kept alive with
-# the verdict, so that an address is never reused for another function).
-_VERDICTS: dict[int, tuple[Any, bool]] = {}
-
-
-@functools.cache
-def _torch_root() -> str:
-    return str(os.path.realpath(os.path.dirname(str(torch.__file__)))) + os.sep
-
-
-def _torch_module(name: Any) -> bool:
-    return isinstance(name, str) and (name == "torch" or name.startswith("torch."))
-
-
-# Per code file: whether it lies in torch's installed package. Resolving a path is
-# most of judging a function, and torch's decompositions share a handful of files.
-_FILES: dict[str, bool] = {}
-
-
-def _in_torch(code: types.CodeType) -> bool:
-    name = code.co_filename
-    found = _FILES.get(name)
-    if found is None:
-        try:
-            found = os.path.realpath(name).startswith(_torch_root())
-        except (OSError, ValueError, TypeError):
-            found = False
-        _FILES[name] = found
-    return found
-
-
-_DATA = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))
-_TORCH_VALUES = (
-    operators.OpOverload,
-    operators.OpOverloadPacket,
-    operators.HigherOrderOperator,
-    torch.dtype,
-    torch.layout,
-    torch.memory_format,
-    torch.device,
-    operators.DispatchKey,
-)
-
-
-def _torch_made(obj: Any, seen: set[int], depth: int) -> bool:
-    """Whether ``obj`` is code of the torch build, and holds nothing but torch's code
-    and plain data: a function whose code object lies in torch's installed package
-    (``functools.wraps`` copies names, never code), with its closure, defaults and
-    wrapped objects checked the same way."""
-    if depth > 64:
-        return False
-    if isinstance(obj, (*_DATA, *_TORCH_VALUES)):
-        return True
-    if id(obj) in seen:
-        return True  # a cycle: judged where it started
-    seen.add(id(obj))
-    step = depth + 1
-    if isinstance(obj, (tuple, list, frozenset, set)):
-        return all(_torch_made(x, seen, step) for x in obj)
-    if isinstance(obj, dict):
-        return all(_torch_made(item, seen, step) for item in obj.items())
-    if isinstance(obj, types.ModuleType):
-        return _torch_module(obj.__name__)
-    if isinstance(obj, type):
-        return _torch_module(obj.__module__) or obj.__module__ == "builtins"
-    if isinstance(obj, enum.Enum):
-        return _torch_made(type(obj), seen, step)
-    if isinstance(obj, inspect.Signature):  # annotations are types; defaults are values
-        defaults = [p.default for p in obj.parameters.values() if p.default is not p.empty]
-        return _torch_made(defaults, seen, step)
-    if isinstance(obj, functools.partial):
-        return all(_torch_made(p, seen, step) for p in (obj.func, obj.args, obj.keywords))
-    if isinstance(obj, types.MethodType):
-        return _torch_made(obj.__func__, seen, step) and _torch_made(obj.__self__, seen, step)
-    if isinstance(obj, types.BuiltinFunctionType):
-        return _torch_module(getattr(obj, "__module__", None))
-    if isinstance(obj, types.FunctionType):
-        cells = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
-        parts = [cells, obj.__defaults__, obj.__kwdefaults__, getattr(obj, "__wrapped__", None)]
-        return _in_torch(obj.__code__) and all(_torch_made(p, seen, step) for p in parts)
-    kind = type(obj)
-    if _torch_module(kind.__module__) and hasattr(obj, "__dict__"):
-        # torch's decorator objects (a type-promotion wrapper) and their fields
-        return _torch_made(kind, seen, step) and _torch_made(vars(obj), seen, step)
-    return False
-
-
-def _filled(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018
-    except ValueError:
-        return False
-    return True
-
-
-def torch_made(obj: Any) -> bool:
-    """:func:`_torch_made`, cached per object."""
-    with _LOCK:
-        hit = _VERDICTS.get(id(obj))
-        if hit is not None and hit[0] is obj:
-            return hit[1]
-    verdict = _torch_made(obj, set(), 0)
-    with _LOCK:
-        _VERDICTS[id(obj)] = (obj, verdict)
-    return verdict
 
 
 def _registered() -> dict[int, tuple[Any, str]]:
@@ -206,10 +100,10 @@ def torch_name(fn: Any, op: Any) -> str | None:
         return f"torch:cia:{fn.keywords['kernel']}"
     if isinstance(op, operators.OpOverload):
         kernel = operators.python_kernels(op).get(operators.CIA_KEY)
-        if kernel is fn and torch_made(fn):
+        if kernel is fn and made.torch_made(fn):
             return f"torch:py_kernel:{op}"
     registered = _registry_name(fn, op)
-    if registered is not None and torch_made(fn):
+    if registered is not None and made.torch_made(fn):
         return f"torch:{registered}"
     return None
 
@@ -251,10 +145,12 @@ def declared_key(fn: Any) -> str | None:
 
 def name_of(fn: Any, op: Any) -> str:
     """A name of the decomposition ``fn`` (the table's entry for ``op``) that is the
-    same in every process running the same code and the same declarations.
+    same in every process running the same code and the same declarations: torch's
+    own by identity, a user's by the identity it declares, and an installed
+    library's by its version, file and what it reads (:func:`made.library_name`).
 
     Raises:
-        Unnamed: ``fn`` is not torch's own and declares no identity.
+        Unnamed: ``fn`` is none of these.
     """
     own = torch_name(fn, op)
     if own is not None:
@@ -263,10 +159,16 @@ def name_of(fn: Any, op: Any) -> str:
         declared = declared_key(fn)
     except TypeError as exc:
         raise Unnamed(str(exc)) from None
-    if declared is None:
-        raise Unnamed(f"{_label(fn)} ({op}) declares no cache identity ({CACHE_KEY})")
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    return f"user:{module}.{_label(fn)}:{declared}"
+    if declared is not None:
+        module = getattr(fn, "__module__", None) or type(fn).__module__
+        return f"user:{module}.{_label(fn)}:{declared}"
+    try:
+        return made.library_name(fn)
+    except made.NotMade as exc:
+        raise Unnamed(
+            f"{_label(fn)} ({op}) declares no cache identity ({CACHE_KEY}), and is not a "
+            f"library's own code: {exc.reason}"
+        ) from None
 
 
 def name_table(entries: Iterable[tuple[str, Any, Callable[..., Any]]]) -> list[tuple[str, ...]]:
@@ -288,30 +190,12 @@ def name_table(entries: Iterable[tuple[str, Any, Callable[..., Any]]]) -> list[t
     return sorted(names)
 
 
-_LIBRARY: list[Any] = [-1, []]
-# Per registration key: whether a file outside torch registered it.
-_FOREIGN: dict[str, bool] = {}
-
-
 def library_kernels() -> list[str]:
-    """Kernels registered from Python through ``torch.library`` for ATen or prims
-    operators from outside torch's own files (``"aten::gelu/CompositeImplicitAutograd"``):
-    arbitrary Python behind an operator every decomposition may call. torch registers
-    hundreds itself (meta kernels, the prims), from its own files. Read again whenever
-    the registrations (which libraries add and remove) change in number."""
-    impls = operators.library_impls()
-    with _LOCK:
-        if _LIBRARY[0] != len(impls):
-            keys = [k for k in list(impls) if k.startswith(("aten/", "prims/"))]
-            own = os.path.dirname(torch.__file__) + os.sep
-            for gone in _FOREIGN.keys() - set(keys):  # removed: asked again if it comes back
-                del _FOREIGN[gone]
-            for key in keys:  # each registration is asked once: ~30 us a question
-                if key not in _FOREIGN:
-                    _FOREIGN[key] = not operators.registered_from(key).startswith(own)
-            found = sorted(k.replace("/", "::", 1) for k in keys if _FOREIGN[k])
-            _LIBRARY[:] = [len(impls), found]
-        return list(_LIBRARY[1])
+    """The kernels registered from Python through ``torch.library`` for ATen or prims
+    operators that are not torch's own (``"aten::gelu/CompositeImplicitAutograd"``):
+    arbitrary Python behind an operator every decomposition may call (see
+    :mod:`epass._decomp.kernels`, which reads them again at every registration)."""
+    return list(kernels.registered().foreign)
 
 
 def settings() -> tuple[tuple[str, Any], ...]:
@@ -354,11 +238,29 @@ class CacheName:
             on disk for another).
         why_not: why the table has no name (None when it has one).
         settings: the process-wide settings torch's decompositions read.
+        unkept: operators (``"mylib::foo"``, as ``OpOverload.name()`` spells them)
+            whose decomposition runs a CompositeImplicitAutograd kernel registered
+            from Python that nothing names: their templates are traced for this
+            decomposition alone, whatever the table's name.
+        unkept_why: why, for each of ``unkept``.
     """
 
     table: str | None
     why_not: str | None
     settings: tuple[tuple[str, Any], ...]
+    unkept: frozenset[str] = frozenset()
+    unkept_why: tuple[tuple[str, str], ...] = ()
+
+    def keeps(self, op: Any) -> bool:
+        """Whether templates of the operator ``op`` are kept for later decompositions
+        (in memory, and on disk where their key allows)."""
+        if self.table is None:
+            return False
+        return (
+            not self.unkept
+            or not isinstance(op, operators.OpOverload)
+            or (op.name() not in self.unkept)
+        )
 
 
 # Per table: the names of torch's own entries (fixed for the process), and the other
@@ -368,17 +270,21 @@ NAMED: collections.OrderedDict[Any, tuple[str, list[Any]]] = collections.Ordered
 
 def cache_name(tables: Tables) -> CacheName:
     """The name of ``tables`` for this decomposition's template keys (see
-    :class:`CacheName`). torch's own decompositions are named by identity; a user's
-    only through the ``cache_key`` it declares (:func:`name_of`)."""
+    :class:`CacheName`). torch's own decompositions are named by identity, a user's
+    only through the ``cache_key`` it declares, an installed library's by what it
+    is (:func:`name_of`); Python kernels registered through ``torch.library`` by
+    :mod:`epass._decomp.kernels`."""
     read = settings()
-    library = library_kernels()
+    registered = kernels.registered()
+    library = registered.foreign
+    unkept = frozenset(op for op, _ in registered.unkept)
     if library:
         more = f" and {len(library) - 2} more" if len(library) > 2 else ""
         why = (
             f"Python kernels registered through torch.library for {', '.join(library[:2])}"
             f"{more} cannot be named"
         )
-        return CacheName(None, why, read)
+        return CacheName(None, why, read, unkept, registered.unkept)
     with state.LOCK:
         known = NAMED.get(tables.token)
     if known is None:
@@ -389,12 +295,12 @@ def cache_name(tables: Tables) -> CacheName:
                 NAMED.popitem(last=False)
     fixed, others = known
     if not others:
-        return CacheName(fixed, None, read)
+        return CacheName(fixed, None, read, unkept, registered.unkept)
     try:
         names = name_table(others)
     except Unnamed as exc:
-        return CacheName(None, exc.reason, read)
-    return CacheName(disk.digest([fixed, names])[1], None, read)
+        return CacheName(None, exc.reason, read, unkept, registered.unkept)
+    return CacheName(disk.digest([fixed, names])[1], None, read, unkept, registered.unkept)
 
 
 def _name_entries(tables: Tables) -> tuple[str, list[Any]]:

@@ -126,11 +126,12 @@ class Session:
         return self.watch
 
     def cache(
-        self,
+        self, op: Any
     ) -> collections.OrderedDict[Any, tracing.Template] | dict[Any, tracing.Template]:
-        """Where this decomposition keeps its templates: the process's cache when the
-        table has a name, else its own."""
-        return _CACHE if self.name.table is not None else self.local
+        """Where this decomposition keeps its templates of ``op``: the process's cache
+        when the table has a name and the operator's kernels have one too
+        (:meth:`identity.CacheName.keeps`), else its own."""
+        return _CACHE if self.name.keeps(op) else self.local
 
     @contextlib.contextmanager
     def overrides(self) -> Iterator[None]:
@@ -163,7 +164,6 @@ def pending_calls(
         raise Fallback(reason)  # the incremental path says so, and no estimate is due
     fake_mode = keys.detected_fake_mode(ep)
     grads = safety.retrace_grads(ep)
-    cache = session.cache()
     seen: set[Any] = set()
     pending: list[batch.Pending] = []
     unkeyed = 0
@@ -187,7 +187,7 @@ def pending_calls(
             continue
         seen.add(key)
         with state.LOCK:
-            if key in cache:
+            if key in session.cache(node.target):
                 continue
         disk_key = _disk_key(node.target, spec, parts, session.name, fake_mode)
         if disk_key is None or not disk.exists(disk_key.data):
@@ -239,7 +239,8 @@ def fill(ep: ExportedProgram, tables: table.Tables, limit: int | None = None) ->
                 continue
             if call.disk_key is not None:
                 _store(call.disk_key, template, tables)
-            _keep(_CACHE, call.key, template)
+            if session.name.keeps(call.op):
+                _keep(_CACHE, call.key, template)
         return len(templates)
 
 
@@ -277,7 +278,7 @@ def find(
     spec, parts, inputs, flags = keys.template_key(op, args, kwargs, session.grads)
     values = [a.meta["val"] for a in inputs]
     key = keys.memory_key(op, spec, parts, session.name, fake_mode)
-    cache = session.cache()
+    cache = session.cache(op)
     hit = _hit(cache, key)
     if hit is not None:
         return hit, inputs
@@ -298,7 +299,7 @@ def find(
         session.traced += 1
         if disk_key is not None:
             _store(disk_key, template, tables)
-        elif session.name.table is None:
+        elif not session.name.keeps(op):
             disk.count("bypassed")
     with state.LOCK:
         _keep(cache, key, template)
@@ -333,7 +334,7 @@ def region(
         targets = tuple(t for b in bodies if b for t in b[1])
         key = (keys.memory_key(op, spec, parts, session.name, fake_mode), targets)
     inputs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.fx.Node)]
-    cache = session.cache()
+    cache = session.cache(op)
     hit = None if key is None else _hit(cache, key)
     if hit is not None:
         return hit, inputs
@@ -410,7 +411,7 @@ def template_work(ep: ExportedProgram, tables: table.Tables) -> tuple[int, int, 
 def _disk_key(
     op: Any, spec: str, parts: tuple[Any, ...], name: identity.CacheName, fake_mode: Any
 ) -> keys.DiskKey | None:
-    if name.table is None or not isinstance(op, operators.OpOverload):
+    if not name.keeps(op) or not isinstance(op, operators.OpOverload):
         return None
     if disk.directory() is None:
         return None

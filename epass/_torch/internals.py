@@ -64,6 +64,8 @@ INTERNALS = (
     f"{_UTILS}._compiling_state_context",
     "torch._decomp.global_decomposition_table",  # torch's own decompositions (identity)
     "torch.library._impls",  # the Python registrations of ATen kernels (identity)
+    "torch.library._del_library",  # each live library's finalizer, over its own keys
+    "torch._library.custom_ops.OPDEFS",  # a custom_op operator's Python functions
     "torch._C._dispatch_dump",  # where each was registered from (identity)
     "torch._subclasses.fake_impls.op_implementations_dict",
     "torch._subclasses.fake_impls.op_implementations_checks",

@@ -40,7 +40,9 @@ __all__ = [
     "preserved_aten_cia_ops",
     "decomposition_registry",
     "library_impls",
+    "library_key_sets",
     "registered_from",
+    "custom_op_functions",
     "fake_rules",
 ]
 
@@ -168,6 +170,24 @@ def library_impls() -> Collection[str]:
     return library._impls  # type: ignore[no-any-return]
 
 
+def library_key_sets() -> list[Collection[str]]:
+    """The kernels each live ``torch.library.Library`` registered, one set of
+    :func:`library_impls` keys a library, in the order they were made. A set is the
+    library's own: it grows with each key the library registers, and the list loses
+    it when the library is destroyed. torch keeps no list of its libraries; each one
+    leaves a finalizer (``_del_library`` over its sets) in ``weakref.finalize``'s
+    registry, read here."""
+    import weakref
+
+    from torch import library
+
+    found = []
+    for info in list(weakref.finalize._registry.values()):  # type: ignore[attr-defined]
+        if info.func is library._del_library:
+            found.append(info.args[1])  # (_impls, its own keys, _defs, its own defs, ...)
+    return found
+
+
 def registered_from(key: str) -> str:
     """The file that registered a :func:`library_impls` kernel, as the dispatcher
     recorded it (``"aten/gelu/Meta"``: torch's ``_meta_registrations.py``); ""
@@ -179,6 +199,43 @@ def registered_from(key: str) -> str:
         if found and head.split("[")[0] == dispatch_key:
             return where.split(" :: ")[0].rpartition(":")[0]
     return ""
+
+
+# The Python functions a torch.library.custom_op operator runs, each set by a public
+# call (register_kernel, register_fake, register_autograd, register_torch_dispatch,
+# register_vmap, register_autocast), which need not register anything anew.
+_CUSTOM_OP_FIELDS = (
+    "_init_fn",
+    "_backend_fns",
+    "_abstract_fn",
+    "_setup_context_fn",
+    "_backward_fn",
+    "_torch_dispatch_fns",
+    "_vmap_fn",
+    "_autocast_dtype",
+)
+
+
+def custom_op_functions(qualname: str) -> tuple[Any, ...] | None:
+    """What the ``torch.library.custom_op`` operator ``qualname`` (``"prims::abs"``)
+    runs from Python: its functions field by field, a dict's keys and values in
+    turn, the very objects torch holds (compared by identity, a call finds a change
+    cheaply); None when it is no such operator (its kernels are registered from
+    ``torch/_library/custom_ops.py``)."""
+    from torch._library import custom_ops
+
+    definition = custom_ops.OPDEFS.get(qualname)
+    if definition is None:
+        return None
+    found: list[Any] = []
+    for field in _CUSTOM_OP_FIELDS:
+        value = getattr(definition, field, None)
+        if isinstance(value, dict):
+            for item in value.items():
+                found += item
+        else:
+            found.append(value)
+    return tuple(found)
 
 
 def fake_rules() -> tuple[dict[Any, Any], list[Any]]:

@@ -444,9 +444,7 @@ class Decompose:
         )
         cache = None
         if method == "incremental":
-            why_not = identity.cache_name(self._tables()).why_not
-            if why_not is not None:
-                cache = f"templates traced for this run only, kept nowhere: {why_not}"
+            cache = _cache_note(identity.cache_name(self._tables()), ep)
         return DecomposeResult(
             out if modified else ep,
             modified,
@@ -623,3 +621,21 @@ def _trace_estimate(batched: int) -> float:
     if not batched:
         return 0.0
     return _SESSION_SECONDS + _BATCH_SECONDS + batched * _BATCH_TEMPLATE_SECONDS
+
+
+def _cache_note(name: identity.CacheName, ep: ExportedProgram) -> str | None:
+    """Why templates of this decomposition were kept nowhere, if any were: the table
+    has no name, or an operator of the program runs a kernel nothing names."""
+    if name.why_not is not None:
+        return f"templates traced for this run only, kept nowhere: {name.why_not}"
+    if not name.unkept:
+        return None
+    targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
+    held = {t.name() for t in targets if not name.keeps(t)}
+    why = [f"{op} ({reason})" for op, reason in name.unkept_why if op in held]
+    if not why:
+        return None
+    return (
+        "templates of operators whose CompositeImplicitAutograd kernel nothing names "
+        f"traced for this run only, kept nowhere: {'; '.join(why)}"
+    )

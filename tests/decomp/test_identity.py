@@ -15,7 +15,7 @@ from decomp_helpers import run_script
 from torch import nn
 
 from epass import Decompose
-from epass._decomp import identity
+from epass._decomp import identity, made
 from epass._decomp.check import first_difference
 from epass._decomp.table import split_table
 from epass._torch import operators
@@ -267,8 +267,8 @@ def test_naming_torchs_table_resolves_each_code_file_once(monkeypatch):
     before = identity.cache_name(tables)
     assert before.table is not None
     monkeypatch.setattr(identity, "NAMED", collections.OrderedDict())
-    monkeypatch.setattr(identity, "_VERDICTS", {})
-    monkeypatch.setattr(identity, "_FILES", {})
+    monkeypatch.setattr(made, "_VERDICTS", {})
+    monkeypatch.setattr(made, "_FILES", {})
     resolved = []
     realpath = os.path.realpath
 
@@ -278,6 +278,6 @@ def test_naming_torchs_table_resolves_each_code_file_once(monkeypatch):
 
     monkeypatch.setattr(os.path, "realpath", spy)
     assert identity.cache_name(tables) == before
-    judged = len(identity._VERDICTS)
+    judged = len(made._VERDICTS)
     assert judged > 200 and resolved
     assert len(resolved) == len(set(resolved)) < judged / 10

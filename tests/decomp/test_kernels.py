@@ -1,0 +1,155 @@
+"""``epass._decomp.kernels``: the Python kernels registered through ``torch.library``
+that a template may run, read again at every registration (a new kernel for a key
+torch already holds included), and the ones no cache key can name."""
+
+from __future__ import annotations
+
+import textwrap
+
+import torch
+from decomp_helpers import run_script
+from torch import nn
+
+from epass import Decompose
+from epass._decomp import identity
+from epass._decomp.check import first_difference
+from epass._decomp.table import split_table
+from epass._torch import operators
+
+aten = torch.ops.aten
+
+
+def _times_two(x):
+    return x * 2
+
+
+def test_a_kernel_registered_in_place_of_another_with_the_same_count_is_seen():
+    # A registration elsewhere, named with the table, then gone; a kernel for silu in
+    # its place: torch.library holds as many registrations as before.
+    other = torch.library.Library("epass_kernels_test", "FRAGMENT")
+    other.define("noop(Tensor x) -> Tensor")
+    other.impl("noop", lambda x: x, "CPU")
+    assert identity.cache_name(split_table(None)).table is not None
+    count = len(operators.library_impls())
+    other._destroy()
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("silu", _times_two, "CompositeImplicitAutograd")
+    try:
+        assert len(operators.library_impls()) == count
+        assert identity.library_kernels() == ["aten::silu/CompositeImplicitAutograd"]
+        name = identity.cache_name(split_table(None))
+        assert name.table is None and "aten::silu/CompositeImplicitAutograd" in name.why_not
+    finally:
+        lib._destroy()
+    assert identity.library_kernels() == []
+
+
+def test_a_kernel_overriding_one_of_torchs_own_is_seen():
+    # torch registers silu's meta kernel from its own files; a kernel from here
+    # replaces it under the same key (torch.library overrides by default).
+    key = "aten/silu/Meta"
+    assert key in operators.library_impls()
+    assert identity.cache_name(split_table(None)).table is not None
+    count = len(operators.library_impls())
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("silu", lambda x: torch.empty_like(x), "Meta")
+    try:
+        assert len(operators.library_impls()) == count
+        assert identity.library_kernels() == ["aten::silu/Meta"]
+        assert identity.cache_name(split_table(None)).table is None
+    finally:
+        lib._destroy()
+    assert identity.library_kernels() == []
+
+
+def test_a_kernel_registered_through_torch_library_impl_is_not_torchs_own():
+    # torch.library.impl without a library makes one in torch's own file: where the
+    # dispatcher says the kernel came from is no evidence of whose it is.
+    kept = list(torch.library._keep_alive)
+    torch.library.impl("aten::silu", "CompositeImplicitAutograd", func=_times_two)
+    (made,) = [lib for lib in torch.library._keep_alive if lib not in kept]
+    try:
+        where = operators.registered_from("aten/silu/CompositeImplicitAutograd")
+        assert where == torch.library.__file__
+        assert identity.library_kernels() == ["aten::silu/CompositeImplicitAutograd"]
+        assert identity.cache_name(split_table(None)).table is None
+    finally:
+        made._destroy()
+        torch.library._keep_alive.remove(made)
+    assert identity.library_kernels() == []
+
+
+# --- a custom op's CompositeImplicitAutograd kernel from Python -----------------------
+
+
+class _Scaled(nn.Module):
+    def forward(self, x):
+        return torch.ops.epass_kernels_test.scaled(x) + 1
+
+
+def test_a_custom_ops_kernel_replaced_in_process_gets_torchs_graph():
+    definition = torch.library.Library("epass_kernels_test", "FRAGMENT")
+    definition.define("scaled(Tensor x) -> Tensor")
+    definition.impl("scaled", _times_two, "CompositeImplicitAutograd")
+    replaced = torch.library.Library("epass_kernels_test", "IMPL")
+    try:
+        ep = torch.export.export(_Scaled(), (torch.ones(2),))
+        first = Decompose(method="incremental")(ep)
+        assert first_difference(first.program, ep.run_decompositions()) is None
+        # Another kernel for the same key: torch.library holds as many keys as before.
+        replaced.impl("scaled", lambda x: x * 3, "CompositeImplicitAutograd")
+        second = Decompose(method="incremental")(ep)
+        ref = ep.run_decompositions()
+        assert first_difference(second.program, ref) is None
+        x = torch.ones(2)
+        assert second.program.module()(x).tolist() == ref.module()(x).tolist() == [4.0, 4.0]
+        for result in (first, second):
+            assert "epass_kernels_test::scaled (registered from" in result.notes["cache"]
+    finally:
+        replaced._destroy()
+        definition._destroy()
+
+
+# Decomposes a program calling a custom op whose kernel multiplies by EPASS_TEST_SCALE
+# with torch's default table; prints the output, torch's, and the disk counters.
+_CUSTOM_OP = textwrap.dedent(
+    """
+    import json, os
+    import torch
+    from epass import Decompose
+    from epass._decomp import disk
+
+    lib = torch.library.Library("epass_kernels_test", "FRAGMENT")
+    lib.define("scaled(Tensor x) -> Tensor")
+    SCALE = float(os.environ["EPASS_TEST_SCALE"])
+    lib.impl("scaled", lambda x: x * SCALE, "CompositeImplicitAutograd")
+
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.silu(torch.ops.epass_kernels_test.scaled(x))
+
+
+    ep = torch.export.export(Scaled(), (torch.ones(2),))
+    result = Decompose(method="incremental")(ep)
+    x = torch.ones(2)
+    print(json.dumps({
+        "ours": result.program.module()(x).tolist(),
+        "torch": ep.run_decompositions().module()(x).tolist(),
+        "note": result.notes.get("cache"),
+        "disk": disk.info(),
+    }))
+    """
+)
+
+
+def test_a_custom_ops_kernel_changed_between_processes_gets_torchs_numbers(tmp_path):
+    runs = [
+        run_script(_CUSTOM_OP, tmp_path / "cache", env={"EPASS_TEST_SCALE": scale})
+        for scale in ("2.0", "3.0")
+    ]
+    assert [run["ours"] for run in runs] == [run["torch"] for run in runs]
+    assert runs[0]["ours"] != runs[1]["ours"]
+    assert all("epass_kernels_test::scaled" in run["note"] for run in runs)
+    # silu's template, whose trace runs no such kernel, is still kept on disk.
+    assert runs[0]["disk"]["writes"] >= 1 and runs[1]["disk"]["hits"] >= 1
