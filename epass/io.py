@@ -168,9 +168,10 @@ def load(
     that a file rewritten on disk meanwhile cannot slip torch bytes the screen did
     not see. An archive in which torch's zip reader and Python's find different
     members is first rewritten by Python's zipfile into a temporary file that has
-    no name, and that copy is screened and loaded instead. Nothing process-global changes, so
-    other threads' ``torch.load`` calls are unaffected; loads through epass in
-    several threads are safe (torch's deserializer itself runs one at a time).
+    no name, and that copy is screened and loaded instead. Other threads'
+    ``torch.load`` calls are unaffected; loads through epass in several threads are
+    safe (torch's deserializer itself runs one at a time). While torch deserializes,
+    Python's cycle collector waits, as it does during a pass.
     With ``trust`` this is ``torch.export.load``.
 
     Args:
@@ -189,16 +190,10 @@ def load(
     p = Path(path)
     check_exists(p)
     try:
-        # Not waiting on a FIFO for a writer: a program is a regular file (its reader
-        # seeks, and the screen and torch must read the same bytes).
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise LoadError(f"{p}: not a regular file", path=str(p))
         # torch's deserializer makes about a million containers, nearly all of which
         # outlive it: the cycle collector would walk them a thousand times (0.8 s of
         # a 768 MiB Llama-shaped checkpoint's 2.5 s load). So it waits, as in a pass.
-        with open(fd, "rb") as f, _heap.collector_paused():
+        with open(_open_regular(p), "rb") as f, _heap.collector_paused():
             say = _phases(progress, f"{p.name} ({_size_text(os.fstat(f.fileno()).st_size)})")
             if trust:
                 say("loading")
@@ -216,6 +211,19 @@ def load(
     if not isinstance(ep, ExportedProgram):
         raise LoadError(f"{p}: did not hold an ExportedProgram", path=str(p))
     return ep
+
+
+def _open_regular(p: Path) -> int:
+    """A descriptor of ``p``, open for reading; LoadError unless it is a regular file.
+
+    Not waiting on a FIFO for a writer: a program is a regular file (its reader
+    seeks, and the screen and torch must read the same bytes).
+    """
+    fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LoadError(f"{p}: not a regular file", path=str(p))
+    return fd
 
 
 def _phases(progress: ProgressCallback | None, what: str) -> Callable[[str], None]:

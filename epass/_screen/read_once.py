@@ -112,7 +112,7 @@ class ReadOnce(io.RawIOBase):
         file = typing.cast(IO[bytes], self)
         with zipfile.ZipFile(file) as archive:
             for info in archive.infolist():
-                if member_kind(info.filename.split("/", 1)[1]) == "tensor" and info.file_size:
+                if member_kind(info.filename.partition("/")[2]) == "tensor" and info.file_size:
                     start, size = data_span(file, info)
                     raw.append((start, start + size))
         return sorted(raw)
