@@ -3,6 +3,8 @@ calls are served by epass, and what they make is what they make without it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import models
 import pytest
 import torch
@@ -149,9 +151,18 @@ def test_tvm_hand_off_serves_its_decomposition():
 # --- OpenVINO (no hand-off: the switch alone) ------------------------------------------------
 
 
-def test_openvino_convert_model_under_the_switch_matches_the_plain_one():
+@pytest.mark.parametrize("loaded", [False, True], ids=["exported", "loaded"])
+def test_openvino_convert_model_under_the_switch_matches_the_plain_one(
+    loaded: bool, tmp_path: Path
+) -> None:
+    """OpenVINO reads the input types of a program's nodes from their ``tensor_meta``,
+    which a program loaded from a file does not hold: the served program has it, as
+    torch's retrace gives it."""
     ov = pytest.importorskip("openvino")
     _, ep, args = models.export("mixed")
+    if loaded:
+        torch.export.save(ep, tmp_path / "mixed.pt2")
+        ep = torch.export.load(tmp_path / "mixed.pt2")
     before, keys = fingerprint(ep), _keys(ep)
     inputs = [a.numpy() for a in args]
     plain = ov.Core().compile_model(ov.convert_model(ep), "CPU")(inputs)[0]

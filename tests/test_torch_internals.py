@@ -414,6 +414,28 @@ def _contiguity_without_a_guard() -> None:
     assert len(env.guards) == guards
 
 
+def _tensor_meta_as_the_tracer_makes_it() -> None:
+    """The metadata a retrace gives a node, for a plain and a symbolic value, without
+    a guard."""
+    meta = fakes.tensor_metadata(torch.randn(2, 3).t())
+    assert (tuple(meta.shape), meta.dtype, meta.stride, meta.memory_format) == (
+        (3, 2), torch.float32, (1, 3), None,
+    )  # fmt: skip
+    ep = torch.export.export(
+        torch.nn.Conv2d(3, 4, 3),
+        (torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last),),
+        dynamic_shapes=({0: torch.export.Dim.AUTO},),
+    )
+    conv = next(n for n in ep.graph.nodes if n.op == "call_function")
+    env = keys.detected_fake_mode(ep).shape_env
+    guards = len(env.guards)
+    meta = fakes.tensor_metadata(conv.meta["val"])
+    assert meta.memory_format == torch.channels_last and len(env.guards) == guards
+    assert meta == ep.run_decompositions().graph.find_nodes(op="call_function")[0].meta[
+        "tensor_meta"
+    ]
+
+
 def _shape_env_snapshot_and_forget() -> None:
     import sympy
 
@@ -743,6 +765,7 @@ CALLS: dict[str, Callable[[], None]] = {
     "torch._guards.detect_fake_mode": _fake_mode_found,
     "torch._subclasses.fake_tensor.disable_fake_tensor_cache": _fake_cache_off,
     "torch._prims_common.is_contiguous_for_memory_format_or_false": _contiguity_without_a_guard,
+    "torch.fx.passes.shape_prop._extract_tensor_metadata": _tensor_meta_as_the_tracer_makes_it,
     "torch.fx.experimental.symbolic_shapes.ShapeEnv": _shape_env_snapshot_and_forget,
     "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static": (
         _shape_env_snapshot_and_forget

@@ -36,6 +36,11 @@ def _code_file(stack_trace: Any) -> Any:
     return stack_trace
 
 
+def _tensor_meta_text(meta: Any) -> str | None:
+    """A node's ``tensor_meta`` as text (its shape's symbols by name), None if it has none."""
+    return None if meta is None else repr(meta)
+
+
 def _plain_name(name: str) -> str:
     return _SUFFIX.sub("", name)
 
@@ -51,8 +56,8 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
     """The first way ``fast`` differs from torch's ``ref`` (None: equivalent).
 
     Compares the op sequence and arguments (node references by position), each
-    node's value shape, strides and dtype, the meta in ``COMPARED_META``, the
-    signature modulo numeric name suffixes, range constraints, the guards torch
+    node's value shape, strides and dtype, its ``tensor_meta``, the meta in
+    ``COMPARED_META``, the signature modulo numeric name suffixes, range constraints, the guards torch
     carries (``_guards_code``) and the module call graph's structure.
     """
     a_nodes, b_nodes = list(fast.graph.nodes), list(ref.graph.nodes)
@@ -72,6 +77,12 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
             va, vb = keys.describe_val(a.meta.get("val")), keys.describe_val(b.meta.get("val"))
             if va != vb:
                 return f"{where}: value {va} / torch: {vb}"
+            ta, tb = a.meta.get("tensor_meta"), b.meta.get("tensor_meta")
+            if _tensor_meta_text(ta) != _tensor_meta_text(tb):
+                return (
+                    f"{where}: meta 'tensor_meta' {_tensor_meta_text(ta)} "
+                    f"/ torch: {_tensor_meta_text(tb)}"
+                )
         if a.op == "call_function":
             for key in COMPARED_META:
                 ma, mb = a.meta.get(key) or None, b.meta.get(key) or None

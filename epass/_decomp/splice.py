@@ -30,7 +30,7 @@ from epass._decomp import (
     writeback,
 )
 from epass._decomp.safety import Fallback
-from epass._torch import programs, quiet
+from epass._torch import fakes, programs, quiet
 
 __all__ = ["decompose"]
 
@@ -554,6 +554,7 @@ def _decompose(
     if builder.new_sizes:
         with builder.watch.retrace("the runtime-assertion pass"):
             sizes.rebind_sizes(gm, fake_mode)
+    _set_tensor_meta(graph, {builder.env[placeholders[name]] for name in session.grads})
     new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
     module_call_graph = programs.updated_module_call_graph(ep, gm, new_signature)
     # A retrace's program: a new state_dict over the same tensors, the constants
@@ -569,6 +570,23 @@ def _decompose(
     )
     builder.settled.finish()
     return out, builder.decomposed
+
+
+def _set_tensor_meta(graph: torch.fx.Graph, grads: set[torch.fx.Node]) -> None:
+    """Give every node whose value is a tensor the ``tensor_meta`` the retrace's tracer
+    gives it, from its value as it is now, and no other node any (a program loaded
+    from a file has none; consumers read it: OpenVINO takes input types from it).
+
+    The retrace traces under ``no_grad``: only the placeholders in ``grads`` require
+    grad there, whatever the values copied from the program say.
+    """
+    for node in graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and not value.is_sparse:
+            meta = fakes.tensor_metadata(value)
+            node.meta["tensor_meta"] = meta._replace(requires_grad=node in grads)
+        else:
+            node.meta.pop("tensor_meta", None)
 
 
 def _walk(builder: _Builder, old_graph: torch.fx.Graph) -> None:

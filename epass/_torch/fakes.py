@@ -15,6 +15,7 @@ __all__ = [
     "is_contiguous_or_false",
     "forget_static_evaluations",
     "insert_runtime_asserts",
+    "tensor_metadata",
 ]
 
 
@@ -57,3 +58,12 @@ def insert_runtime_asserts(gm: torch.fx.GraphModule, shape_env: Any, stack_trace
     with hooks._set_node_metadata_hook(gm, hook):
         insert_deferred_runtime_asserts(gm, shape_env, "decomposed program", export=True)
     return True
+
+
+def tensor_metadata(value: torch.Tensor) -> Any:
+    """The ``tensor_meta`` torch's tracer gives a node whose value is ``value``
+    (shape, dtype, strides, memory format, quantization): a retrace sets it on every
+    node whose value is a tensor, and consumers read it (OpenVINO's input types)."""
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    return _extract_tensor_metadata(value)

@@ -84,6 +84,7 @@ INTERNALS = (
     "torch.fx.proxy._COPY_META_FIELDS",
     # fake values and the shape environment
     "torch._prims_common.is_contiguous_for_memory_format_or_false",
+    "torch.fx.passes.shape_prop._extract_tensor_metadata",  # the tracer's tensor_meta
     "torch._subclasses.fake_tensor.disable_fake_tensor_cache",  # sets cache_enabled
     # its guards, var_to_range, replacements, deferred_runtime_asserts, unbacked_symint_counter,
     # divisible, backed_var_to_val, settings, suppress_guards
