@@ -538,17 +538,18 @@ def run_cell(
     consumer: str, program: Program, repeats: int, env: dict[str, str], fresh: bool
 ) -> Cell:
     """Alternate the paths, one fresh process each, the order reversed every other
-    round. A path that failed is not run again, nor is any once the plain path
-    failed (no ratio is left to measure)."""
+    round. A path that failed is not run again, nor is any once the plain path or
+    every epass path failed (no ratio is left to measure)."""
     paths = PATHS[consumer]
     stem = program.files[0].with_suffix("")
     outputs = {path: Path(f"{stem}.{consumer}.{path}.out.pt") for path in paths}
     runs: dict[str, list[dict[str, Any]]] = {path: [] for path in paths}
     for turn in range(repeats):
-        if turn and "error" in runs["plain"][-1]:
+        failed = {path for path in paths if runs[path] and "error" in runs[path][-1]}
+        if "plain" in failed or failed.issuperset(paths[1:]):
             break
         for path in paths if turn % 2 == 0 else paths[::-1]:
-            if runs[path] and "error" in runs[path][-1]:
+            if path in failed:
                 continue
             spec = program.spec(fresh) | {
                 "consumer": consumer,
