@@ -57,8 +57,9 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
 
     Compares the op sequence and arguments (node references by position), each
     node's value shape, strides and dtype, its ``tensor_meta``, the meta in
-    ``COMPARED_META``, the signature modulo numeric name suffixes, range constraints, the guards torch
-    carries (``_guards_code``) and the module call graph's structure.
+    ``COMPARED_META``, the signature modulo numeric name suffixes, range
+    constraints, the guards torch carries (``_guards_code``) and the module call
+    graph's structure.
     """
     a_nodes, b_nodes = list(fast.graph.nodes), list(ref.graph.nodes)
     a_pos = {n: i for i, n in enumerate(a_nodes)}
