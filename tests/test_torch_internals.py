@@ -431,9 +431,8 @@ def _tensor_meta_as_the_tracer_makes_it() -> None:
     guards = len(env.guards)
     meta = fakes.tensor_metadata(conv.meta["val"])
     assert meta.memory_format == torch.channels_last and len(env.guards) == guards
-    assert (
-        meta == ep.run_decompositions().graph.find_nodes(op="call_function")[0].meta["tensor_meta"]
-    )
+    retraced = ep.run_decompositions().graph.nodes
+    assert meta == next(n for n in retraced if n.op == "call_function").meta["tensor_meta"]
 
 
 def _shape_env_snapshot_and_forget() -> None:

@@ -36,6 +36,28 @@ def _code_file(stack_trace: Any) -> Any:
     return stack_trace
 
 
+def _meta_difference(a: torch.fx.Node, b: torch.fx.Node) -> str | None:
+    """How node ``a``'s value and compared meta differ from torch's node ``b``'s."""
+    if a.op != "output":
+        va, vb = keys.describe_val(a.meta.get("val")), keys.describe_val(b.meta.get("val"))
+        if va != vb:
+            return f"value {va} / torch: {vb}"
+        ta = _tensor_meta_text(a.meta.get("tensor_meta"))
+        tb = _tensor_meta_text(b.meta.get("tensor_meta"))
+        if ta != tb:
+            return f"meta 'tensor_meta' {ta} / torch: {tb}"
+    if a.op == "call_function":
+        for key in COMPARED_META:
+            ma, mb = a.meta.get(key) or None, b.meta.get(key) or None
+            if key == "original_aten":
+                ma, mb = str(ma) if ma else None, str(mb) if mb else None
+            elif key == "stack_trace":
+                ma, mb = _code_file(ma), _code_file(mb)
+            if ma != mb:
+                return f"meta {key!r} {ma!r:.200} / torch: {mb!r:.200}"
+    return None
+
+
 def _tensor_meta_text(meta: Any) -> str | None:
     """A node's ``tensor_meta`` as text (its shape's symbols by name), None if it has none."""
     return None if meta is None else repr(meta)
@@ -74,25 +96,9 @@ def first_difference(fast: ExportedProgram, ref: ExportedProgram) -> str | None:
             return f"{where}: {a.op} {a.target} / torch: {b.op} {b.target}"
         if repr(args_of(a, a_pos)) != repr(args_of(b, b_pos)):
             return f"{where}: arguments {args_of(a, a_pos)} / torch: {args_of(b, b_pos)}"
-        if a.op != "output":
-            va, vb = keys.describe_val(a.meta.get("val")), keys.describe_val(b.meta.get("val"))
-            if va != vb:
-                return f"{where}: value {va} / torch: {vb}"
-            ta, tb = a.meta.get("tensor_meta"), b.meta.get("tensor_meta")
-            if _tensor_meta_text(ta) != _tensor_meta_text(tb):
-                return (
-                    f"{where}: meta 'tensor_meta' {_tensor_meta_text(ta)} "
-                    f"/ torch: {_tensor_meta_text(tb)}"
-                )
-        if a.op == "call_function":
-            for key in COMPARED_META:
-                ma, mb = a.meta.get(key) or None, b.meta.get(key) or None
-                if key == "original_aten":
-                    ma, mb = str(ma) if ma else None, str(mb) if mb else None
-                elif key == "stack_trace":
-                    ma, mb = _code_file(ma), _code_file(mb)
-                if ma != mb:
-                    return f"{where}: meta {key!r} {ma!r:.200} / torch: {mb!r:.200}"
+        difference = _meta_difference(a, b)
+        if difference is not None:
+            return f"{where}: {difference}"
     if len(a_nodes) != len(b_nodes):
         return f"{len(a_nodes)} nodes / torch: {len(b_nodes)} nodes"
     sa, sb = fast.graph_signature, ref.graph_signature

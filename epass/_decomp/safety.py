@@ -33,6 +33,7 @@ __all__ = [
     "retrace_grads",
     "returns_a_view_of_an_input",
     "returns_its_input",
+    "state_tensors",
     "unsafe_reason",
     "written_argument",
 ]
@@ -485,7 +486,7 @@ def _state_problem(ep: ExportedProgram) -> str | None:
         if node.op != "placeholder":
             break
         vals[node.name] = node.meta.get("val")
-    for name, tensor in _state_tensors(ep).items():
+    for name, tensor in state_tensors(ep).items():
         if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
             return f"a state tensor of type {type(tensor).__name__} ({name})"
         val = vals.get(name)
@@ -512,7 +513,7 @@ def retrace_grads(ep: ExportedProgram) -> frozenset[str]:
     """The placeholders whose value requires grad in the retrace: it traces the user's
     inputs as the program recorded them and fakes of the state tensors themselves,
     under ``no_grad`` (so no value computed in the graph requires grad)."""
-    state = _state_tensors(ep)
+    state = state_tensors(ep)
     grads = set()
     for node in ep.graph.nodes:
         if node.op != "placeholder":
@@ -523,7 +524,7 @@ def retrace_grads(ep: ExportedProgram) -> frozenset[str]:
     return frozenset(grads)
 
 
-def _state_tensors(ep: ExportedProgram) -> dict[str, Any]:
+def state_tensors(ep: ExportedProgram) -> dict[str, Any]:
     """The tensors the retrace fakes for the parameter and buffer placeholders."""
     found = {}
     for spec in ep.graph_signature.input_specs:

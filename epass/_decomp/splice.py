@@ -554,7 +554,8 @@ def _decompose(
     if builder.new_sizes:
         with builder.watch.retrace("the runtime-assertion pass"):
             sizes.rebind_sizes(gm, fake_mode)
-    _set_tensor_meta(graph, {builder.env[placeholders[name]] for name in session.grads})
+    traced = {builder.env[placeholders[name]]: t for name, t in safety.state_tensors(ep).items()}
+    _set_tensor_meta(graph, {builder.env[placeholders[name]] for name in session.grads}, traced)
     new_signature = signature.retrace_signature([new for _, new in inputs], ep.graph_signature, gm)
     module_call_graph = programs.updated_module_call_graph(ep, gm, new_signature)
     # A retrace's program: a new state_dict over the same tensors, the constants
@@ -572,16 +573,23 @@ def _decompose(
     return out, builder.decomposed
 
 
-def _set_tensor_meta(graph: torch.fx.Graph, grads: set[torch.fx.Node]) -> None:
+def _set_tensor_meta(
+    graph: torch.fx.Graph, grads: set[torch.fx.Node], traced: dict[torch.fx.Node, torch.Tensor]
+) -> None:
     """Give every node whose value is a tensor the ``tensor_meta`` the retrace's tracer
-    gives it, from its value as it is now, and no other node any (a program loaded
-    from a file has none; consumers read it: OpenVINO takes input types from it).
+    gives it, and no other node any (a program loaded from a file has none; consumers
+    read it: OpenVINO takes input types from it).
 
-    The retrace traces under ``no_grad``: only the placeholders in ``grads`` require
-    grad there, whatever the values copied from the program say.
+    The retrace traces fakes of the state tensors themselves (``traced``), and the
+    other values as they are now, under ``no_grad``: only the placeholders in
+    ``grads`` require grad there. Then it puts back on each parameter and buffer
+    placeholder the meta the program recorded for it, ``tensor_meta`` included
+    where it had one: that one is kept as copied.
     """
     for node in graph.nodes:
-        value = node.meta.get("val")
+        if node in traced and "tensor_meta" in node.meta:
+            continue
+        value = traced.get(node, node.meta.get("val"))
         if isinstance(value, torch.Tensor) and not value.is_sparse:
             meta = fakes.tensor_metadata(value)
             node.meta["tensor_meta"] = meta._replace(requires_grad=node in grads)
