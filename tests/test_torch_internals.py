@@ -358,6 +358,14 @@ def _custom_op_functions_are_read() -> None:
     assert operators.custom_op_functions("aten::silu") is None
 
 
+def _dispatch_module_is_a_librarys_handle() -> None:
+    lib = torch.library.Library("epass_internals_handle", "FRAGMENT")
+    try:
+        assert isinstance(lib.m, operators.DispatchModule)
+    finally:
+        lib._destroy()
+
+
 def _fake_rules_are_put_back() -> None:
     rules, checks = operators.fake_rules()
     assert isinstance(rules, dict) and isinstance(checks, list)
@@ -742,6 +750,7 @@ CALLS: dict[str, Callable[[], None]] = {
     "torch._C._dispatch_dump": _library_registration_is_seen,
     "torch.library._del_library": _library_key_sets_follow_libraries,
     "torch._library.custom_ops.OPDEFS": _custom_op_functions_are_read,
+    "torch._C._DispatchModule": _dispatch_module_is_a_librarys_handle,
     "torch._subclasses.fake_impls.op_implementations_dict": _fake_rules_are_put_back,
     "torch._subclasses.fake_impls.op_implementations_checks": _fake_rules_are_put_back,
     f"{_UTILS}._compiling_state_context": _trace_ran_under_export_stack,

@@ -84,21 +84,26 @@ _TORCH_VALUES = (
     torch.memory_format,
     torch.device,
     operators.DispatchKey,
+    # A torch.library.Library's handle on the dispatcher: the kernels it registered
+    # are judged by the file that made it (:mod:`epass._decomp.kernels`).
+    operators.DispatchModule,
 )
 
 
-def _torch_made(obj: Any, seen: set[int], depth: int) -> bool:
+def _torch_made(obj: Any, seen: dict[int, Any], depth: int) -> bool:
     """Whether ``obj`` is code of the torch build, and holds nothing but torch's code
     and plain data: a function whose code object lies in torch's installed package
     (``functools.wraps`` copies names, never code), with its closure, defaults and
-    wrapped objects checked the same way."""
+    wrapped objects checked the same way. ``seen`` holds every object met, by
+    address, and keeps it alive: a temporary freed in the walk would leave its
+    address to the next one, which would pass unjudged."""
     if depth > 64:
         return False
     if isinstance(obj, (*_DATA, *_TORCH_VALUES)):
         return True
     if id(obj) in seen:
         return True  # a cycle: judged where it started
-    seen.add(id(obj))
+    seen[id(obj)] = obj
     known = _VERDICTS.get(id(obj))  # judged whole before (torch's decompositions share parts)
     if known is not None and known[0] is obj:
         return known[1]
@@ -147,15 +152,28 @@ def _filled(cell: types.CellType) -> bool:
     return True
 
 
+# The kinds whose verdict is kept by identity: functions and their bindings, as
+# torch's registries hold them. A container's contents may change; these are read
+# from their fields as they are when judged, as the top-level verdicts always were.
+_KEPT_KINDS = (types.FunctionType, functools.partial, types.MethodType, type)
+
+
 def torch_made(obj: Any) -> bool:
-    """:func:`_torch_made`, cached per object."""
+    """:func:`_torch_made`, cached per object. A walk that finds everything torch's
+    also settles every function it met on the way (each reaches only objects the
+    walk judged), so the functions torch's decompositions share are walked once."""
     with _LOCK:
         hit = _VERDICTS.get(id(obj))
         if hit is not None and hit[0] is obj:
             return hit[1]
-    verdict = _torch_made(obj, set(), 0)
+    seen: dict[int, Any] = {}
+    verdict = _torch_made(obj, seen, 0)
     with _LOCK:
         _VERDICTS[id(obj)] = (obj, verdict)
+        if verdict:
+            for address, met in seen.items():
+                if isinstance(met, _KEPT_KINDS):
+                    _VERDICTS.setdefault(address, (met, True))
     return verdict
 
 

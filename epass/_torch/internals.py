@@ -67,6 +67,7 @@ INTERNALS = (
     "torch.library._del_library",  # each live library's finalizer, over its own keys
     "torch._library.custom_ops.OPDEFS",  # a custom_op operator's Python functions
     "torch._C._dispatch_dump",  # where each was registered from (identity)
+    "torch._C._DispatchModule",  # a library's handle, read as torch's own (identity)
     "torch._subclasses.fake_impls.op_implementations_dict",
     "torch._subclasses.fake_impls.op_implementations_checks",
     # tracing a template as the retrace traces

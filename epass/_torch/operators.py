@@ -11,12 +11,14 @@ from typing import Any
 
 import torch
 from torch._C import DispatchKey
+from torch._C import _DispatchModule as DispatchModule
 from torch._ops import HigherOrderOperator, OperatorBase, OpOverload, OpOverloadPacket
 from torch._ops import _OpNamespace as OpNamespace
 
 __all__ = [
     "CIA_KEY",
     "DispatchKey",
+    "DispatchModule",
     "HigherOrderOperator",
     "OpNamespace",
     "OpOverload",

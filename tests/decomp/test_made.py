@@ -131,3 +131,43 @@ def test_a_second_process_takes_a_librarys_decomposition_from_disk(tmp_path: Pat
     first, second = (run[2] for run in runs)
     assert first["writes"] == 1 and first["hits"] == 0
     assert second["hits"] == 1 and second["misses"] == 0 and second["bypassed"] == 0
+
+
+def _torch_coded(value):
+    """A function with the code of one of torch's closures, closing over ``value``:
+    torch's code in every respect but what it reads."""
+    from torch._prims_common import wrappers
+
+    code = wrappers.out_wrapper()(lambda x: x).__code__
+    cells = tuple(type((lambda: value).__closure__[0])(value) for _ in code.co_freevars)
+    return type(_torch_coded)(code, wrappers.__dict__, "coded", None, cells)
+
+
+def test_a_function_met_after_freed_temporaries_is_still_judged():
+    # Walking each function makes short-lived lists; a later one reusing a freed
+    # one's address must not pass as met before.
+    for goods in range(6):
+        judged = (*[_torch_coded(1) for _ in range(goods)], _torch_coded(_Scale()))
+        assert not made.torch_made(judged), goods
+    assert made.torch_made(tuple(_torch_coded(1) for _ in range(6)))
+
+
+def test_a_function_met_in_a_walk_that_found_torchs_alone_is_settled_with_it():
+    inner, outer = _torch_coded(2), _torch_coded(None)
+    assert made.torch_made((outer, inner))
+    assert made._VERDICTS[id(inner)] == (inner, True)
+    stranger = _torch_coded(_Scale())
+    assert not made.torch_made((stranger, _torch_coded(3)))
+    assert made._VERDICTS.get(id(stranger)) is None  # a walk that failed settles nothing
+
+
+def test_torchs_own_custom_ops_run_torchs_code_alone():
+    # The prims torch defines through torch.library.custom_op: their kernels hold
+    # their CustomOpDef, and with it its library's handle on the dispatcher.
+    from torch._library import custom_ops
+
+    prims = [q for q in custom_ops.OPDEFS if q.startswith("prims::")]
+    assert prims
+    for qualname in prims:
+        definition = custom_ops.OPDEFS[qualname]
+        assert made.torch_made(definition), qualname
