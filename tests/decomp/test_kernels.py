@@ -153,3 +153,33 @@ def test_a_custom_ops_kernel_changed_between_processes_gets_torchs_numbers(tmp_p
     assert all("epass_kernels_test::scaled" in run["note"] for run in runs)
     # silu's template, whose trace runs no such kernel, is still kept on disk.
     assert runs[0]["disk"]["writes"] >= 1 and runs[1]["disk"]["hits"] >= 1
+
+
+def test_every_kernel_of_a_library_is_registered_from_the_file_that_made_it():
+    # The kernel walk asks the dispatcher once a library: torch.library hands the
+    # library's birthplace to the dispatcher, and each kernel carries it.
+    lib = _made_elsewhere()
+    lib.impl("silu", _times_two, "CompositeImplicitAutograd")
+    lib.impl("gelu", _times_two, "CompositeImplicitAutograd")
+    try:
+        for key_set in operators.library_key_sets():
+            files = {operators.registered_from(k) for k in list(key_set)}
+            assert len(files) <= 1, (sorted(key_set)[:3], files)
+        assert operators.registered_from("aten/gelu/CompositeImplicitAutograd") == (
+            textwrap.__file__
+        )
+        assert identity.library_kernels() == [
+            "aten::gelu/CompositeImplicitAutograd",
+            "aten::silu/CompositeImplicitAutograd",
+        ]
+    finally:
+        lib._destroy()
+    assert identity.library_kernels() == []
+
+
+def _made_elsewhere():
+    """An ``aten`` library made by code of another file (the standard library's)."""
+    made_in = {"torch": torch}
+    code = compile("lib = torch.library.Library('aten', 'IMPL')", textwrap.__file__, "exec")
+    exec(code, made_in)
+    return made_in["lib"]
