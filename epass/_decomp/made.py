@@ -88,6 +88,8 @@ _TORCH_VALUES = (
     # are judged by the file that made it (:mod:`epass._decomp.kernels`).
     operators.DispatchModule,
 )
+_PLAIN = (*_DATA, *_TORCH_VALUES)
+_DATA_TYPES = frozenset(_DATA)  # by exact type: most of what a walk meets
 
 
 def _torch_made(obj: Any, seen: dict[int, Any], depth: int) -> bool:
@@ -99,7 +101,7 @@ def _torch_made(obj: Any, seen: dict[int, Any], depth: int) -> bool:
     address to the next one, which would pass unjudged."""
     if depth > 64:
         return False
-    if isinstance(obj, (*_DATA, *_TORCH_VALUES)):
+    if type(obj) in _DATA_TYPES or isinstance(obj, _PLAIN):
         return True
     if id(obj) in seen:
         return True  # a cycle: judged where it started
@@ -108,10 +110,18 @@ def _torch_made(obj: Any, seen: dict[int, Any], depth: int) -> bool:
     if known is not None and known[0] is obj:
         return known[1]
     step = depth + 1
+    if isinstance(obj, types.FunctionType):
+        cells = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
+        parts = (obj.__defaults__, obj.__kwdefaults__, getattr(obj, "__wrapped__", None))
+        return (
+            _in_torch(obj.__code__)
+            and _all_made(cells, seen, step)
+            and _all_made(parts, seen, step)
+        )
     if isinstance(obj, (tuple, list, frozenset, set)):
-        return all(_torch_made(x, seen, step) for x in obj)
+        return _all_made(obj, seen, step)
     if isinstance(obj, dict):
-        return all(_torch_made(item, seen, step) for item in obj.items())
+        return _all_made(obj.keys(), seen, step) and _all_made(obj.values(), seen, step)
     if isinstance(obj, types.ModuleType):
         return _torch_module(obj.__name__)
     if isinstance(obj, type):
@@ -122,20 +132,21 @@ def _torch_made(obj: Any, seen: dict[int, Any], depth: int) -> bool:
         defaults = [p.default for p in obj.parameters.values() if p.default is not p.empty]
         return _torch_made(defaults, seen, step)
     if isinstance(obj, functools.partial):
-        return all(_torch_made(p, seen, step) for p in (obj.func, obj.args, obj.keywords))
+        return _all_made((obj.func, obj.args, obj.keywords), seen, step)
     if isinstance(obj, types.MethodType):
         return _torch_made(obj.__func__, seen, step) and _torch_made(obj.__self__, seen, step)
     if isinstance(obj, types.BuiltinFunctionType):
         return _torch_module(getattr(obj, "__module__", None))
-    if isinstance(obj, types.FunctionType):
-        cells = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
-        parts = [cells, obj.__defaults__, obj.__kwdefaults__, getattr(obj, "__wrapped__", None)]
-        return _in_torch(obj.__code__) and all(_torch_made(p, seen, step) for p in parts)
     kind = type(obj)
     if _torch_module(kind.__module__) and hasattr(obj, "__dict__"):
         # torch's decorator objects (a type-promotion wrapper) and their fields
         return _torch_made(kind, seen, step) and _torch_made(vars(obj), seen, step)
     return False
+
+
+def _all_made(items: Any, seen: dict[int, Any], step: int) -> bool:
+    # Plain data is judged here: most of what torch's functions hold is names and None.
+    return all(type(x) in _DATA_TYPES or _torch_made(x, seen, step) for x in items)
 
 
 @functools.lru_cache(maxsize=1024)
