@@ -604,3 +604,46 @@ def test_the_shape_environments_static_evaluation_cache_can_be_cleared():
     assert env._maybe_evaluate_static.cache_info().currsize > 0
     env._maybe_evaluate_static.cache_clear()
     assert env._maybe_evaluate_static.cache_info().currsize == 0
+
+
+def _explicit_tables(cia_op):
+    """Tables as callers hand them over: torch's default less a few (a custom
+    operator deleted), a short one, one with a custom operator, a packet key and an
+    operator object torch's walk never meets, an empty one and the ONNX exporter's."""
+    full = dict(torch.export.default_decompositions().materialize())
+    less = {k: v for k, v in full.items() if k not in (aten.linear.default, cia_op)}
+    short = {op: full[op] for op in (aten.hardswish.default, aten.linear.default)}
+    custom = {**short, cia_op: lambda x: x * 3, aten.silu: full[aten.silu.default]}
+    custom[getattr(cia_op._overloadpacket, "")] = lambda x: x * 4  # the walk misses it
+    yield "default less linear and the custom op", less
+    yield "short", short
+    yield "custom and a packet", custom
+    yield "empty", {}
+    from torch.onnx._internal.exporter import _decomp, _registration
+
+    registry = _registration.ONNXRegistry.from_torchlib()
+    yield "onnx", _decomp.create_onnx_friendly_decomposition_table(set(registry.functions))
+
+
+def test_an_explicit_tables_split_is_torchs_split(cia_op):
+    from epass._decomp.table import _split_explicit
+
+    for label, table in _explicit_tables(cia_op):
+        ours = _split_explicit(dict(table))
+        theirs = operators.split_decomp_table(dict(table))
+        for side, mine, torchs in zip(("cia", "python"), ours, theirs, strict=True):
+            assert mine.keys() == torchs.keys(), (label, side, mine.keys() ^ torchs.keys())
+            differ = [op for op in torchs if mine[op] is not torchs[op]]
+            assert not differ, (label, side, differ[:5])
+
+
+def test_an_aten_operator_one_walk_misses_hands_the_split_to_torch(monkeypatch):
+    # Cannot happen while both walks agree (pinned above); torch's split then decides.
+    from epass._decomp.table import _split_explicit
+
+    table = {aten.linear.default: lambda *a: None}
+    theirs = operators.split_decomp_table(dict(table))
+    monkeypatch.setattr(state, "patchable_ops", lambda: frozenset())
+    cia, python = _split_explicit(dict(table))
+    assert (cia.keys(), python.keys()) == (theirs[0].keys(), theirs[1].keys())
+    assert cia[aten.linear.default] is table[aten.linear.default]
