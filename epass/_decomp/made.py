@@ -86,7 +86,7 @@ _TORCH_VALUES = (
     operators.DispatchKey,
     # A torch.library.Library's handle on the dispatcher: the kernels it registered
     # are judged by the file that made it (:mod:`epass._decomp.kernels`).
-    operators.DispatchModule,
+    *(() if operators.DispatchModule is None else (operators.DispatchModule,)),
 )
 _PLAIN = (*_DATA, *_TORCH_VALUES)
 _DATA_TYPES = frozenset(_DATA)  # by exact type: most of what a walk meets

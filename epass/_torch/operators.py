@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from torch._C import DispatchKey
-from torch._C import _DispatchModule as DispatchModule
 from torch._ops import HigherOrderOperator, OperatorBase, OpOverload, OpOverloadPacket
 from torch._ops import _OpNamespace as OpNamespace
 
@@ -49,6 +48,10 @@ __all__ = [
 ]
 
 CIA_KEY = DispatchKey.CompositeImplicitAutograd
+
+# A torch.library.Library's handle on the dispatcher; None on a release without it
+# (a custom op's kernels, which reach it, then have no name, nor the table with them).
+DispatchModule: type | None = getattr(torch._C, "_DispatchModule", None)
 
 
 def op_overloads(packet: Any, *, names: bool = False) -> list[Any]:
