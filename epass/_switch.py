@@ -26,6 +26,7 @@ import attrs
 from torch.export import ExportedProgram
 
 from epass import _program
+from epass._decomp.table import as_dict
 from epass._torch import fakes, internals
 from epass.errors import DecompositionError, DecompositionMismatchError, EpassError
 from epass.passes.decompose import Decompose, DecomposeResult
@@ -365,9 +366,9 @@ def _serve(
 
 
 def _describe(table: Any) -> str:
-    try:
-        return f"{len(table)} entries"
-    except TypeError:
+    try:  # a CustomDecompTable is materialized here, from epass's walk
+        return f"{len(as_dict(table))} entries"
+    except (TypeError, ValueError):
         return type(table).__name__
 
 

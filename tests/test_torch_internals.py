@@ -315,6 +315,16 @@ def _patchable_ops_walk_as_torch() -> None:
     assert state.patchable_ops() == _collect_all_valid_cia_ops()
 
 
+def _custom_table_read_as_torch_reads_it() -> None:
+    table = torch.export.default_decompositions()
+    table.pop(aten.linear.default)
+    made = operators.materialized_table(table, state.patchable_ops)
+    assert made is not None and aten.linear.default not in made
+    assert table.has_materialized and table.deleted_custom_ops == set()
+    assert made.keys() == dict(torch.export.default_decompositions()).keys() - {aten.linear.default}
+    assert operators.materialized_table({}, state.patchable_ops) is None
+
+
 def _library_registration_is_seen() -> None:
     lib = torch.library.Library("epass_internals", "FRAGMENT")
     lib.define("twice(Tensor x) -> Tensor")
@@ -746,6 +756,7 @@ CALLS: dict[str, Callable[[], None]] = {
     "torch._decomp.global_decomposition_table": lambda: _assert(
         "post_autograd" in operators.decomposition_registry()
     ),
+    "torch.export.decomp_utils.CustomDecompTable": _custom_table_read_as_torch_reads_it,
     "torch.library._impls": _library_registration_is_seen,
     "torch._C._dispatch_dump": _library_registration_is_seen,
     "torch.library._del_library": _library_key_sets_follow_libraries,

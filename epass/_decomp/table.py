@@ -15,6 +15,7 @@ from epass._decomp import state
 from epass._torch import operators
 
 __all__ = [
+    "as_dict",
     "DefaultSide",
     "DefaultSplit",
     "EMITTED_AS_ITSELF",
@@ -255,6 +256,14 @@ def split_table(
         while len(SPLITS) > 32:
             SPLITS.popitem(last=False)
     return tables
+
+
+def as_dict(table: Mapping[Any, Callable[..., Any]]) -> dict[Any, Any]:
+    """``dict(table)``. torch's ``CustomDecompTable`` (ExecuTorch's and OpenVINO's
+    tables) materializes on reading, walking every namespace's C++ registrations;
+    here from the one walk (:func:`state.patchable_ops`), to the same entries."""
+    made = operators.materialized_table(table, state.patchable_ops)
+    return dict(table) if made is None else made
 
 
 def _split_explicit(table: dict[Any, Any]) -> tuple[dict[Any, Any], dict[Any, Any]]:

@@ -61,6 +61,9 @@ INTERNALS = (
     f"{_UTILS}._materialize_cpp_cia_ops",
     "torch._decomp._core_aten_decompositions_post_autograd",
     "torch.export.decomp_utils.PRESERVED_ATEN_CIA_OPS",
+    # a consumer's table (ExecuTorch's, OpenVINO's), materialized as reading it does:
+    # its decomp_table, deleted_custom_ops and has_materialized
+    "torch.export.decomp_utils.CustomDecompTable",
     f"{_UTILS}._compiling_state_context",
     "torch._decomp.global_decomposition_table",  # torch's own decompositions (identity)
     "torch.library._impls",  # the Python registrations of ATen kernels (identity)

@@ -140,6 +140,30 @@ def split_decomp_table(table: dict[Any, Any]) -> tuple[dict[Any, Any], dict[Any,
     return _split_decomp_table_to_cia_and_python_decomp(table)  # type: ignore[no-any-return]
 
 
+def materialized_table(table: Any, cia_ops: Callable[[], Collection[Any]]) -> dict[Any, Any] | None:
+    """``dict(table)`` for torch's ``CustomDecompTable`` (None for any other mapping).
+
+    Reading that table materializes it: every CompositeImplicitAutograd operator
+    outside ATen that torch's walk (``_collect_all_valid_cia_ops``) finds, the table
+    neither holds nor had deleted, gains its own decomposition. torch's walk loads
+    every C++ registration once per namespace (about 40 ms); ``cia_ops`` is the same
+    set from one walk. The table is left materialized, as reading it leaves it. A
+    test compares the result with torch's on tables with custom operators, kept and
+    deleted."""
+    from torch.export.decomp_utils import CustomDecompTable
+
+    if type(table) is not CustomDecompTable:
+        return None
+    if not table.has_materialized:
+        entries, deleted = table.decomp_table, table.deleted_custom_ops
+        for op in cia_ops():
+            if op.name().split("::")[0] != "aten" and op not in entries and op not in deleted:
+                entries[op] = decomp_for_cia(op)
+        table.has_materialized = True
+        table.deleted_custom_ops = set()
+    return dict(table.decomp_table)
+
+
 def override_cia(cia: Any) -> contextlib.AbstractContextManager[Any]:
     """torch's override of every CompositeImplicitAutograd kernel, for the whole process."""
     from torch.export.exported_program import _override_composite_implicit_decomp

@@ -18,7 +18,7 @@ from torch.export import ExportedProgram
 from epass import _operators, _program
 from epass._decomp import identity, keys, safety, shapes, splice, state, templates
 from epass._decomp.check import example_difference, first_difference
-from epass._decomp.table import REGIONS, Tables, rewrites, splices, split_table
+from epass._decomp.table import REGIONS, Tables, as_dict, rewrites, splices, split_table
 from epass._torch import internals
 from epass.errors import (
     ArgumentTypeError,
@@ -70,7 +70,7 @@ def _table(value: Mapping[Any, Callable[..., Any]] | None) -> dict[Any, Any] | N
     if isinstance(value, (str, bytes)):
         raise not_a_table
     try:
-        table = dict(value)
+        table = as_dict(value)
     except (TypeError, ValueError):
         raise not_a_table from None
     for op in table:

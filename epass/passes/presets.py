@@ -18,9 +18,10 @@ def lower(**options: object) -> PassManager:
 
     The default lowering pipeline, a manager named ``"lower"``: Decompose ->
     RemoveAssertions -> ConstantFold -> CSE -> DCE. The result is a core-ATen
-    program without runtime assertions in which every computation on state alone
-    (such as the ``permute`` of each linear weight) is a pre-computed constant,
-    duplicates are merged and unused inputs are gone.
+    program without runtime assertions in which every computation on state alone is
+    a pre-computed constant (a chain that only re-views a parameter, such as the
+    ``permute`` of each linear weight, stays, as :class:`ConstantFold` leaves it by
+    default), duplicates are merged and unused inputs are gone.
     State: the output shares the user's ``state_dict``; when something was folded
     it holds a ``constants`` dict of its own (the user's tensor objects plus the
     folded values), and the user's dicts gain nothing. ``options`` go to

@@ -3,6 +3,7 @@ fails loudly when torch renames, moves or reshapes one of them."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 
@@ -650,3 +651,58 @@ def test_an_aten_operator_one_walk_misses_hands_the_split_to_torch(monkeypatch):
     cia, python = _split_explicit(dict(table))
     assert (cia.keys(), python.keys()) == (theirs[0].keys(), theirs[1].keys())
     assert cia[aten.linear.default] is table[aten.linear.default]
+
+
+def _same_entry(a, b):
+    """One entry, or the same binding: torch binds each CIA decomposition anew, a
+    partial of a new closure."""
+    if a is b:
+        return True
+    return (
+        isinstance(a, functools.partial)
+        and isinstance(b, functools.partial)
+        and a.func.__code__ is b.func.__code__ is operators.cia_binding_code()
+        and (a.args, a.keywords) == (b.args, b.keywords)
+    )
+
+
+def _custom_tables(cia_op):
+    """torch's CustomDecompTable as consumers hand it over: untouched (the custom
+    operator gains its own decomposition on reading), with the custom operator deleted
+    before reading, given a decomposition of the caller's, read once already, and
+    deleted after reading."""
+    yield "untouched", torch.export.default_decompositions()
+    deleted = torch.export.default_decompositions()
+    deleted.pop(cia_op)
+    deleted.pop(aten.linear.default)
+    yield "custom deleted", deleted
+    given = torch.export.default_decompositions()
+    given[cia_op] = lambda x: x * 3
+    yield "custom given", given
+    read = torch.export.default_decompositions()
+    read.materialize()
+    yield "read before", read
+    later = torch.export.default_decompositions()
+    later.materialize()
+    later.pop(cia_op)
+    yield "deleted after reading", later
+
+
+def test_a_custom_tables_reading_is_torchs(cia_op):
+    from epass._decomp.table import as_dict
+
+    for label, table in _custom_tables(cia_op):
+        twin = table.copy()
+        ours, theirs = as_dict(table), dict(twin)
+        assert type(theirs) is dict and ours.keys() == theirs.keys(), (
+            label,
+            ours.keys() ^ theirs.keys(),
+        )
+        differ = [op for op in theirs if not _same_entry(ours[op], theirs[op])]
+        assert not differ, (label, differ[:5])
+        assert (cia_op in ours) == (label in ("untouched", "custom given", "read before"))
+        # left as reading leaves it: materialized, the same deletions pending
+        assert table.has_materialized and twin.has_materialized, label
+        assert table.deleted_custom_ops == twin.deleted_custom_ops, label
+        assert table.decomp_table.keys() == twin.decomp_table.keys(), label
+    assert as_dict({aten.linear.default: None}) == {aten.linear.default: None}
