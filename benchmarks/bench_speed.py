@@ -990,7 +990,40 @@ def bench_patchable_walk(repeats: int) -> list[Row]:
     return [
         ("  the walk before each retrace / torch's _collect_all_valid_cia_ops (same set)",
          e / t, 1.0, f"{e * 1e3:.1f} ms / {t * 1e3:.1f} ms, warm"),
+        *bench_consumer_tables(repeats),
     ]  # fmt: skip
+
+
+def bench_consumer_tables(repeats: int) -> list[Row]:
+    """What a served call spends on a consumer's table before any decomposition:
+    reading a ``default_decompositions()`` table (ExecuTorch and OpenVINO pass one; the
+    read materializes it) and splitting the table read, epass's against torch's, each
+    on a table of its own made beforehand."""
+    from epass._decomp import table
+    from epass._torch import operators
+
+    def fresh() -> Any:
+        made = torch.export.default_decompositions()
+        made.pop(torch.ops.aten.linear.default)
+        return made
+
+    unread = [fresh() for _ in range(2 * repeats + 2)]
+    read = {"epass": lambda: table.as_dict(unread.pop()), "torch": lambda: dict(unread.pop())}
+    reading = interleaved(read, repeats)
+    whole = dict(fresh())
+    split = {
+        "epass": lambda: table._split_explicit(dict(whole)),
+        "torch": lambda: operators.split_decomp_table(dict(whole)),
+    }
+    splitting = interleaved(split, repeats)
+    rows = []
+    for label, times in (("reading", reading), ("splitting", splitting)):
+        e, t = statistics.median(times["epass"]), statistics.median(times["torch"])
+        rows.append(
+            (f"  {label} a default_decompositions() table, epass / torch (the same entries)",
+             e / t, 1.0, f"{e * 1e3:.1f} ms / {t * 1e3:.1f} ms, warm")
+        )  # fmt: skip
+    return rows
 
 
 def bench_guards(repeats: int) -> list[Row]:
