@@ -239,9 +239,10 @@ class CacheName:
         why_not: why the table has no name (None when it has one).
         settings: the process-wide settings torch's decompositions read.
         unkept: operators (``"mylib::foo"``, as ``OpOverload.name()`` spells them)
-            whose decomposition runs a CompositeImplicitAutograd kernel registered
-            from Python that nothing names: their templates are traced for this
-            decomposition alone, whatever the table's name.
+            whose decomposition runs a CompositeImplicitAutograd kernel that nothing
+            names (registered from Python, or in C++ outside torch's source tree):
+            their templates are traced for this decomposition alone, whatever the
+            table's name.
         unkept_why: why, for each of ``unkept``.
     """
 

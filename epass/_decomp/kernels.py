@@ -18,6 +18,14 @@ The answer is read again whenever a library is made, destroyed or registers a ke
 it did not hold (:func:`operators.library_key_sets`), and a custom op's functions at
 every call. A library registering a second kernel for a key it already holds
 changes nothing Python can see; the first one was judged by the same file.
+
+A CompositeImplicitAutograd kernel registered in C++ for an operator outside ATen
+and prims (a C++ extension's custom op) is judged the same way, by where the
+dispatcher says it was registered: torch's own lie in the source tree torch was
+built from (where ATen's own kernels were registered); any other, or one whose place
+the dispatcher does not say, leaves that operator's templates traced for each run.
+These are read again whenever the set of CompositeImplicitAutograd registrations
+changes, as it does when a library defines an operator.
 """
 
 from __future__ import annotations
@@ -100,7 +108,48 @@ def registered() -> Kernels:
             why = _custom_op(qualname)
             if why is not None:
                 _place(keys, why, foreign, unkept)
+        for name, why in _compiled(impls).items():
+            unkept.setdefault(name, why)
     return Kernels(tuple(sorted(foreign)), tuple(sorted(unkept.items())))
+
+
+_COMPILED: dict[frozenset[str], dict[str, str]] = {}
+
+
+def _compiled(impls: Collection[str]) -> dict[str, str]:
+    """The operators outside ATen and prims whose CompositeImplicitAutograd kernel
+    was registered in C++ outside the source tree torch was built from, each with
+    where (read again when the set of such registrations changes). Called under
+    :data:`_LOCK`."""
+    registrations = operators.cia_registrations()
+    known = _COMPILED.get(registrations)
+    if known is not None:
+        return known
+    root = _build_root()
+    found: dict[str, str] = {}
+    for name in registrations:
+        namespace, _, op = name.partition("::")
+        if namespace in ("aten", "prims") or f"{namespace}/{op}/{_CIA}" in impls:
+            continue  # ATen's and prims' are torch's build; Python's are judged above
+        where = operators.registered_from(f"{namespace}/{op}/{_CIA}").replace("\\", "/")
+        if not where:
+            found[name] = f"{name} runs a C++ kernel the dispatcher does not say the place of"
+        elif root is None or not where.startswith(root):
+            found[name] = f"{name} runs a C++ kernel registered at {where}, not torch's own"
+    _COMPILED.clear()
+    _COMPILED[registrations] = found
+    return found
+
+
+def _build_root() -> str | None:
+    """The source tree torch was built from (``/pytorch/``), read off where ATen's own
+    CompositeImplicitAutograd kernels were registered; None when the dispatcher does
+    not say."""
+    where = operators.registered_from(f"aten/linear/{_CIA}").replace("\\", "/")
+    head, found, _ = where.partition("/aten/src/ATen/")
+    if not found:
+        return None
+    return head.removesuffix("/build") + "/"
 
 
 def _read_again(impls: Collection[str], changed: set[str], key_sets: list[Collection[str]]) -> None:

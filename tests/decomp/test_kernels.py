@@ -4,8 +4,10 @@ torch already holds included), and the ones no cache key can name."""
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 
+import pytest
 import torch
 from decomp_helpers import run_script
 from torch import nn
@@ -153,6 +155,91 @@ def test_a_custom_ops_kernel_changed_between_processes_gets_torchs_numbers(tmp_p
     assert all("epass_kernels_test::scaled" in run["note"] for run in runs)
     # silu's template, whose trace runs no such kernel, is still kept on disk.
     assert runs[0]["disk"]["writes"] >= 1 and runs[1]["disk"]["hits"] >= 1
+
+
+# --- a custom op's CompositeImplicitAutograd kernel from C++ --------------------------
+
+_CXX_SOURCE = """
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+static at::Tensor scaled(const at::Tensor& x) { return x * SCALE; }
+
+TORCH_LIBRARY(epass_cxx_test, m) {
+  m.def("scaled(Tensor x) -> Tensor");
+  m.impl("scaled", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(scaled));
+}
+"""
+
+# Builds and loads a C++ extension whose custom op's CompositeImplicitAutograd kernel
+# multiplies by EPASS_TEST_SCALE (compiled in), then as _CUSTOM_OP.
+_CXX_OP = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    from torch.utils import cpp_extension
+    from epass import Decompose
+    from epass._decomp import disk
+
+    folder, scale = sys.argv[1], os.environ["EPASS_TEST_SCALE"]
+    cpp_extension.load(
+        name="epass_cxx_test_" + scale.replace(".", "_"),
+        sources=[os.path.join(folder, "ext.cpp")],
+        extra_cflags=["-DSCALE=" + scale, "-O0"],
+        is_python_module=False,
+        build_directory=folder,
+    )
+
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.silu(torch.ops.epass_cxx_test.scaled(x))
+
+
+    ep = torch.export.export(Scaled(), (torch.ones(2),))
+    result = Decompose(method="incremental")(ep)
+    x = torch.ones(2)
+    print(json.dumps({
+        "ours": result.program.module()(x).tolist(),
+        "torch": ep.run_decompositions().module()(x).tolist(),
+        "note": result.notes.get("cache"),
+        "disk": disk.info(),
+    }))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_cxx_custom_ops_kernel_changed_between_processes_gets_torchs_numbers(tmp_path):
+    # The kernel is C++, registered outside torch's source tree: the operator's name
+    # does not name it, and another build of the extension computes something else.
+    if shutil.which("c++") is None or shutil.which("ninja") is None:
+        pytest.skip("building a C++ extension needs a C++ compiler and ninja")
+    runs = []
+    for scale in ("2.0", "3.0"):
+        folder = tmp_path / f"build-{scale}"
+        folder.mkdir()
+        (folder / "ext.cpp").write_text(_CXX_SOURCE)
+        env = {"EPASS_TEST_SCALE": scale}
+        runs.append(run_script(_CXX_OP, tmp_path / "cache", str(folder), env=env))
+    assert [run["ours"] for run in runs] == [run["torch"] for run in runs]
+    assert runs[0]["ours"] != runs[1]["ours"]
+    for run in runs:
+        assert "epass_cxx_test::scaled runs a C++ kernel registered at" in run["note"]
+    assert runs[0]["disk"]["writes"] >= 1 and runs[1]["disk"]["hits"] >= 1
+
+
+def test_torchs_own_cxx_kernels_are_torchs(tmp_path):
+    # Every C++ CompositeImplicitAutograd kernel of a torch without extensions lies in
+    # its source tree, but for its test operators, registered where nothing says.
+    script = (
+        "import json\n"
+        "from epass._decomp import kernels\n"
+        "print(json.dumps([kernels._build_root(), dict(kernels.registered().unkept)]))\n"
+    )
+    root, unkept = run_script(script, tmp_path / "cache")
+    assert root is not None
+    assert {name.partition("::")[0] for name in unkept} <= {"_test"}, unkept
 
 
 def test_every_kernel_of_a_library_is_registered_from_the_file_that_made_it():
