@@ -87,8 +87,10 @@ _KNOWN = _Known()
 
 
 def _considered(key: str) -> bool:
+    # A key without a dispatch key is a kernel registered with the library's own,
+    # none: torch.library registers it as CompositeImplicitAutograd.
     namespace, _, rest = key.partition("/")
-    return namespace in ("aten", "prims") or rest.endswith("/" + _CIA)
+    return namespace in ("aten", "prims") or rest.endswith(("/" + _CIA, "/"))
 
 
 def registered() -> Kernels:
@@ -113,7 +115,7 @@ def registered() -> Kernels:
     return Kernels(tuple(sorted(foreign)), tuple(sorted(unkept.items())))
 
 
-_COMPILED: dict[frozenset[str], dict[str, str]] = {}
+_COMPILED: dict[tuple[frozenset[str], frozenset[str]], dict[str, str]] = {}
 
 
 def _compiled(impls: Collection[str]) -> dict[str, str]:
@@ -122,22 +124,25 @@ def _compiled(impls: Collection[str]) -> dict[str, str]:
     where (read again when the set of such registrations changes). Called under
     :data:`_LOCK`."""
     registrations = operators.cia_registrations()
-    known = _COMPILED.get(registrations)
+    python = frozenset(k for k in list(impls) if _considered(k))  # judged above
+    known = _COMPILED.get((registrations, python))
     if known is not None:
         return known
     root = _build_root()
     found: dict[str, str] = {}
     for name in registrations:
         namespace, _, op = name.partition("::")
-        if namespace in ("aten", "prims") or f"{namespace}/{op}/{_CIA}" in impls:
-            continue  # ATen's and prims' are torch's build; Python's are judged above
+        if namespace in ("aten", "prims"):
+            continue  # torch's build's, or a Python kernel judged above
+        if f"{namespace}/{op}/{_CIA}" in python or f"{namespace}/{op}/" in python:
+            continue
         where = operators.registered_from(f"{namespace}/{op}/{_CIA}").replace("\\", "/")
         if not where:
             found[name] = f"{name} runs a C++ kernel the dispatcher does not say the place of"
         elif root is None or not where.startswith(root):
             found[name] = f"{name} runs a C++ kernel registered at {where}, not torch's own"
     _COMPILED.clear()
-    _COMPILED[registrations] = found
+    _COMPILED[(registrations, python)] = found
     return found
 
 

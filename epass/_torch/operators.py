@@ -223,6 +223,8 @@ def registered_from(key: str) -> str:
     when it does not say."""
     namespace, _, rest = key.partition("/")
     op, _, dispatch_key = rest.rpartition("/")
+    # torch.library registers a kernel given no dispatch key as CompositeImplicitAutograd
+    dispatch_key = dispatch_key or "CompositeImplicitAutograd"
     for line in str(torch._C._dispatch_dump(f"{namespace}::{op}")).splitlines():
         head, found, where = line.partition(": registered at ")
         if found and head.split("[")[0] == dispatch_key:

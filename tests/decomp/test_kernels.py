@@ -112,6 +112,31 @@ def test_a_custom_ops_kernel_replaced_in_process_gets_torchs_graph():
         definition._destroy()
 
 
+def test_a_custom_ops_kernel_registered_without_a_dispatch_key_is_judged():
+    # A library made without a dispatch key registers a kernel given none as
+    # CompositeImplicitAutograd; torch.library records it under an empty key.
+    from epass._decomp import kernels
+
+    lib = torch.library.Library("epass_kernels_test", "DEF")
+    lib.define("bare(Tensor x) -> Tensor")
+    lib.impl("bare", _times_two)
+    try:
+        assert "epass_kernels_test/bare/" in operators.library_impls()
+        why = dict(kernels.registered().unkept)["epass_kernels_test::bare"]
+        assert why == f"registered from {__file__}"
+        ep = torch.export.export(_Bare(), (torch.ones(2),))
+        result = Decompose(method="incremental")(ep)
+        assert "epass_kernels_test::bare (registered from" in result.notes["cache"]
+    finally:
+        lib._destroy()
+    assert "epass_kernels_test::bare" not in dict(kernels.registered().unkept)
+
+
+class _Bare(nn.Module):
+    def forward(self, x):
+        return torch.ops.epass_kernels_test.bare(x) + 1
+
+
 # Decomposes a program calling a custom op whose kernel multiplies by EPASS_TEST_SCALE
 # with torch's default table; prints the output, torch's, and the disk counters.
 _CUSTOM_OP = textwrap.dedent(
