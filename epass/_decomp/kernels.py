@@ -80,6 +80,10 @@ class _Known:
     unkept: dict[str, str] = attrs.Factory(dict)
     custom_keys: dict[str, list[str]] = attrs.Factory(dict)
     custom: dict[str, tuple[tuple[Any, ...], str | None]] = attrs.Factory(dict)
+    # C++ CompositeImplicitAutograd kernels outside torch's source tree, and the
+    # registrations they were read from
+    compiled: dict[str, str] = attrs.Factory(dict)
+    registrations: frozenset[str] = frozenset()
 
 
 _LOCK = threading.Lock()
@@ -102,32 +106,29 @@ def registered() -> Kernels:
         key_sets = operators.library_key_sets()
         libraries = {id(s): (s, len(s)) for s in key_sets}
         changed = _changed(_KNOWN.libraries, libraries)
-        if changed or _KNOWN.count != len(impls):
+        registrations = operators.cia_registrations()
+        python_changed = bool(changed) or _KNOWN.count != len(impls)
+        if python_changed:
             _read_again(impls, changed, key_sets)
             _KNOWN.count, _KNOWN.libraries = len(impls), libraries
+        if python_changed or registrations != _KNOWN.registrations:
+            _KNOWN.compiled = _compiled(impls, registrations)
+            _KNOWN.registrations = registrations
         foreign, unkept = list(_KNOWN.foreign), dict(_KNOWN.unkept)
         for qualname, keys in _KNOWN.custom_keys.items():
             why = _custom_op(qualname)
             if why is not None:
                 _place(keys, why, foreign, unkept)
-        for name, why in _compiled(impls).items():
+        for name, why in _KNOWN.compiled.items():
             unkept.setdefault(name, why)
     return Kernels(tuple(sorted(foreign)), tuple(sorted(unkept.items())))
 
 
-_COMPILED: dict[tuple[frozenset[str], frozenset[str]], dict[str, str]] = {}
-
-
-def _compiled(impls: Collection[str]) -> dict[str, str]:
+def _compiled(impls: Collection[str], registrations: frozenset[str]) -> dict[str, str]:
     """The operators outside ATen and prims whose CompositeImplicitAutograd kernel
     was registered in C++ outside the source tree torch was built from, each with
-    where (read again when the set of such registrations changes). Called under
-    :data:`_LOCK`."""
-    registrations = operators.cia_registrations()
-    python = frozenset(k for k in list(impls) if _considered(k))  # judged above
-    known = _COMPILED.get((registrations, python))
-    if known is not None:
-        return known
+    where. Read again whenever the registrations or the Python kernels change."""
+    python = {k for k in list(impls) if _considered(k)}  # judged by the file instead
     root = _build_root()
     found: dict[str, str] = {}
     for name in registrations:
@@ -141,8 +142,6 @@ def _compiled(impls: Collection[str]) -> dict[str, str]:
             found[name] = f"{name} runs a C++ kernel the dispatcher does not say the place of"
         elif root is None or not where.startswith(root):
             found[name] = f"{name} runs a C++ kernel registered at {where}, not torch's own"
-    _COMPILED.clear()
-    _COMPILED[(registrations, python)] = found
     return found
 
 
