@@ -35,7 +35,6 @@ from epass._torch import fakes, programs, quiet
 __all__ = ["decompose"]
 
 _CARRIED_META = writeback.CARRIED_META
-_VIEWS = writeback.VIEWS
 
 
 class _Builder(writeback.WriteBack):
@@ -330,7 +329,7 @@ class _Builder(writeback.WriteBack):
                     place = t.args[0].op == "placeholder"
                 else:
                     place = False
-                if t.target not in _VIEWS:
+                if not _operators.is_view_op(t.target):
                     for read in t.all_input_nodes:
                         if local[read] in stale:
                             made = self._regenerate(stale.pop(local[read]))

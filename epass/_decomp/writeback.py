@@ -341,10 +341,12 @@ class WriteBack:
         return new
 
     def _track_stale(self, new: torch.fx.Node, stale: dict[torch.fx.Node, Any]) -> None:
-        """A view a decomposition makes of a view written back (``_write_into_view``), or
-        of such a view: stale, as functionalization holds it. Its first read (by no
-        view) reads it made again from the new base (``_regenerate``)."""
-        if new.target not in VIEWS or not isinstance(new.args[0], torch.fx.Node):
+        """A view (any view operator) a decomposition makes of a view written back
+        (``_write_into_view``), or of such a view: stale, as functionalization holds
+        it. Its first read (by no view) reads it made again from the new base
+        (``_regenerate``); the views first made are left dead, as the trace leaves
+        them."""
+        if not _operators.is_view_op(new.target) or not isinstance(new.args[0], torch.fx.Node):
             return
         parent = new.args[0]
         if parent in self.written_back:

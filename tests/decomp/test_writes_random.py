@@ -400,6 +400,17 @@ def _check(
     read_before=False,
     dynamic=False,
 )
+# A write through the view a reshape of a transposed buffer makes (clone and view),
+# read by a decomposition that views it (matmul's unsqueeze): functionalization makes
+# that view of the stale alias, then makes both again from the new base where mm reads.
+@example(
+    producer="buffer",
+    chain=["transpose", "flatten"],
+    writes=[("add_", True)],
+    reads=["view_linear"],
+    read_before=False,
+    dynamic=False,
+)
 # A chunk of a conv's output written in place and returned: compared by value.
 @example(
     producer="conv",
