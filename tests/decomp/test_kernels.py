@@ -137,8 +137,39 @@ class _Bare(nn.Module):
         return torch.ops.epass_kernels_test.bare(x) + 1
 
 
-# Decomposes a program calling a custom op whose kernel multiplies by EPASS_TEST_SCALE
-# with torch's default table; prints the output, torch's, and the disk counters.
+# Decomposes silu of the custom op ``{namespace}::scaled`` (defined above it in the
+# script) with torch's default table; prints the output, torch's, the cache note and
+# the disk counters.
+_DECOMPOSE_SCALED = """
+
+class Scaled(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.silu(torch.ops.{namespace}.scaled(x))
+
+
+ep = torch.export.export(Scaled(), (torch.ones(2),))
+result = Decompose(method="incremental")(ep)
+x = torch.ones(2)
+print(json.dumps({{
+    "ours": result.program.module()(x).tolist(),
+    "torch": ep.run_decompositions().module()(x).tolist(),
+    "note": result.notes.get("cache"),
+    "disk": disk.info(),
+}}))
+"""
+
+
+def _assert_each_process_gets_torchs_numbers(runs: list[dict], op: str) -> None:
+    """Two processes, each with its own kernel for ``op``, sharing one disk cache."""
+    assert [run["ours"] for run in runs] == [run["torch"] for run in runs]
+    assert runs[0]["ours"] != runs[1]["ours"]
+    assert all(op in run["note"] for run in runs)
+    # silu's template, whose trace runs no such kernel, is still kept on disk.
+    assert runs[0]["disk"]["writes"] >= 1 and runs[1]["disk"]["hits"] >= 1
+
+
+# Defines a custom op whose Python kernel multiplies by EPASS_TEST_SCALE, then
+# decomposes as _DECOMPOSE_SCALED does.
 _CUSTOM_OP = textwrap.dedent(
     """
     import json, os
@@ -151,23 +182,8 @@ _CUSTOM_OP = textwrap.dedent(
     SCALE = float(os.environ["EPASS_TEST_SCALE"])
     lib.impl("scaled", lambda x: x * SCALE, "CompositeImplicitAutograd")
 
-
-    class Scaled(torch.nn.Module):
-        def forward(self, x):
-            return torch.nn.functional.silu(torch.ops.epass_kernels_test.scaled(x))
-
-
-    ep = torch.export.export(Scaled(), (torch.ones(2),))
-    result = Decompose(method="incremental")(ep)
-    x = torch.ones(2)
-    print(json.dumps({
-        "ours": result.program.module()(x).tolist(),
-        "torch": ep.run_decompositions().module()(x).tolist(),
-        "note": result.notes.get("cache"),
-        "disk": disk.info(),
-    }))
     """
-)
+) + _DECOMPOSE_SCALED.format(namespace="epass_kernels_test")
 
 
 def test_a_custom_ops_kernel_changed_between_processes_gets_torchs_numbers(tmp_path):
@@ -175,11 +191,7 @@ def test_a_custom_ops_kernel_changed_between_processes_gets_torchs_numbers(tmp_p
         run_script(_CUSTOM_OP, tmp_path / "cache", env={"EPASS_TEST_SCALE": scale})
         for scale in ("2.0", "3.0")
     ]
-    assert [run["ours"] for run in runs] == [run["torch"] for run in runs]
-    assert runs[0]["ours"] != runs[1]["ours"]
-    assert all("epass_kernels_test::scaled" in run["note"] for run in runs)
-    # silu's template, whose trace runs no such kernel, is still kept on disk.
-    assert runs[0]["disk"]["writes"] >= 1 and runs[1]["disk"]["hits"] >= 1
+    _assert_each_process_gets_torchs_numbers(runs, "epass_kernels_test::scaled")
 
 
 # --- a custom op's CompositeImplicitAutograd kernel from C++ --------------------------
@@ -197,7 +209,7 @@ TORCH_LIBRARY(epass_cxx_test, m) {
 """
 
 # Builds and loads a C++ extension whose custom op's CompositeImplicitAutograd kernel
-# multiplies by EPASS_TEST_SCALE (compiled in), then as _CUSTOM_OP.
+# multiplies by EPASS_TEST_SCALE (compiled in), then decomposes as _DECOMPOSE_SCALED does.
 _CXX_OP = textwrap.dedent(
     """
     import json, os, sys
@@ -215,23 +227,8 @@ _CXX_OP = textwrap.dedent(
         build_directory=folder,
     )
 
-
-    class Scaled(torch.nn.Module):
-        def forward(self, x):
-            return torch.nn.functional.silu(torch.ops.epass_cxx_test.scaled(x))
-
-
-    ep = torch.export.export(Scaled(), (torch.ones(2),))
-    result = Decompose(method="incremental")(ep)
-    x = torch.ones(2)
-    print(json.dumps({
-        "ours": result.program.module()(x).tolist(),
-        "torch": ep.run_decompositions().module()(x).tolist(),
-        "note": result.notes.get("cache"),
-        "disk": disk.info(),
-    }))
     """
-)
+) + _DECOMPOSE_SCALED.format(namespace="epass_cxx_test")
 
 
 @pytest.mark.slow
@@ -247,11 +244,9 @@ def test_a_cxx_custom_ops_kernel_changed_between_processes_gets_torchs_numbers(t
         (folder / "ext.cpp").write_text(_CXX_SOURCE)
         env = {"EPASS_TEST_SCALE": scale}
         runs.append(run_script(_CXX_OP, tmp_path / "cache", str(folder), env=env))
-    assert [run["ours"] for run in runs] == [run["torch"] for run in runs]
-    assert runs[0]["ours"] != runs[1]["ours"]
-    for run in runs:
-        assert "epass_cxx_test::scaled runs a C++ kernel registered at" in run["note"]
-    assert runs[0]["disk"]["writes"] >= 1 and runs[1]["disk"]["hits"] >= 1
+    _assert_each_process_gets_torchs_numbers(
+        runs, "epass_cxx_test::scaled runs a C++ kernel registered at"
+    )
 
 
 def test_torchs_own_cxx_kernels_are_torchs(tmp_path):
