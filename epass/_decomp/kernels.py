@@ -22,7 +22,7 @@ changes nothing Python can see; the first one was judged by the same file.
 A CompositeImplicitAutograd kernel registered in C++ for an operator outside ATen
 and prims (a C++ extension's custom op) is judged the same way, by where the
 dispatcher says it was registered: torch's own lie in the source tree torch was
-built from (where ATen's own kernels were registered); any other, or one whose place
+built from (read off the file torch's build generates to register ATen's own); any other, or one whose place
 the dispatcher does not say, leaves that operator's templates traced for each run.
 These are read again whenever the set of CompositeImplicitAutograd registrations
 changes, as it does when a library defines an operator.
@@ -146,11 +146,12 @@ def _compiled(impls: Collection[str], registrations: frozenset[str]) -> dict[str
 
 
 def _build_root() -> str | None:
-    """The source tree torch was built from (``/pytorch/``), read off where ATen's own
-    CompositeImplicitAutograd kernels were registered; None when the dispatcher does
-    not say."""
+    """The source tree torch was built from (``/pytorch/``), read off the file torch's
+    build generates to register ATen's CompositeImplicitAutograd kernels (``linear``'s);
+    None when the dispatcher names another file (an extension that replaced that
+    kernel) or none: then no C++ kernel outside ATen counts as torch's."""
     where = operators.registered_from(f"aten/linear/{_CIA}").replace("\\", "/")
-    head, found, _ = where.partition("/aten/src/ATen/")
+    head, found, _ = where.partition("/aten/src/ATen/RegisterCompositeImplicitAutograd")
     if not found:
         return None
     return head.removesuffix("/build") + "/"

@@ -262,6 +262,18 @@ def test_torchs_own_cxx_kernels_are_torchs(tmp_path):
     assert {name.partition("::")[0] for name in unkept} <= {"_test"}, unkept
 
 
+def test_the_build_root_is_read_only_off_torchs_generated_registrations(monkeypatch):
+    # An extension that replaced linear's kernel would otherwise name its own tree
+    # torch's, and its custom ops' kernels with it.
+    from epass._decomp import kernels
+
+    where = operators.registered_from("aten/linear/CompositeImplicitAutograd")
+    assert kernels._build_root() is not None and where.startswith(kernels._build_root())
+    for replaced in ("/ext/aten/src/ATen/native/linear.cpp", "/ext/linear.cpp", ""):
+        monkeypatch.setattr(operators, "registered_from", lambda key, w=replaced: w)
+        assert kernels._build_root() is None, replaced
+
+
 def test_every_kernel_of_a_library_is_registered_from_the_file_that_made_it():
     # The kernel walk asks the dispatcher once a library: torch.library hands the
     # library's birthplace to the dispatcher, and each kernel carries it.
