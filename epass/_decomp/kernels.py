@@ -22,8 +22,9 @@ changes nothing Python can see; the first one was judged by the same file.
 A CompositeImplicitAutograd kernel registered in C++ for an operator outside ATen
 and prims (a C++ extension's custom op) is judged the same way, by where the
 dispatcher says it was registered: torch's own lie in the source tree torch was
-built from (read off the file torch's build generates to register ATen's own); any other, or one whose place
-the dispatcher does not say, leaves that operator's templates traced for each run.
+built from (read off the file torch's build generates to register ATen's own); any
+other, or one whose place the dispatcher does not say, leaves that operator's
+templates traced for each run.
 These are read again whenever the set of CompositeImplicitAutograd registrations
 changes, as it does when a library defines an operator.
 """

@@ -367,10 +367,11 @@ class WriteBack:
             meta["original_aten"] = (
                 view.meta.get("original_aten", view.target) if view is chain[0] else view.target
             )
-            args = (value, *view.args[1:])
-            value = self._emit(view.target, args, {}, view.target.overloadpacket.__name__, meta)
+            args, kwargs = (value, *view.args[1:]), dict(view.kwargs)
+            value = self._emit(view.target, args, kwargs, view.target.overloadpacket.__name__, meta)
             value.meta["val"] = self._value(
-                value.name, lambda a=args, v=view: v.target(*keys.values_of(a))
+                value.name,
+                lambda a=args, k=kwargs, v=view: v.target(*keys.values_of(a), **keys.values_of(k)),
             )
             made.append(value)
         return made
