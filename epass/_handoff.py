@@ -1,12 +1,14 @@
 """The one shape of every hand-off to a consumer: run the pipeline, give the consumer
 a private program, serve its own ``run_decompositions`` calls through epass (the
 switch), check that it wrote nothing into the shared tensors, relink what it hands
-back."""
+back. A consumer whose decomposition is known to come first (the ONNX exporter) may
+have the pipeline run there instead, lowering to the consumer's own table."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -14,10 +16,12 @@ import attrs
 from torch.export import ExportedProgram
 
 from epass import _program, _switch
-from epass.errors import StateMutationError
+from epass.errors import EpassError, StateMutationError
 from epass.io import prune
 from epass.linker import LinkReport, StateLinker
-from epass.manager import PipelineResult, as_pipeline
+from epass.manager import PassManager, PipelineResult, as_pipeline
+from epass.passes.decompose import Decompose
+from epass.records import PassRecord
 from epass.watch import StoreWatch
 
 __all__ = ["HandOff", "private_program", "start"]
@@ -51,14 +55,18 @@ class HandOff:
         served: the consumer's ``run_decompositions`` calls, served by epass while
             :meth:`call` runs (None: the caller opted out, and torch's own method
             runs).
+        deferred: the pipelines that run at the consumer's first decomposition of
+            each private program instead of before the hand-off (see :func:`start`);
+            ``pipelines`` gets their results there.
     """
 
     consumer: str
     programs: Mapping[str, ExportedProgram]
-    pipelines: Mapping[str, PipelineResult]
+    pipelines: dict[str, PipelineResult]
     private: Mapping[str, ExportedProgram]
     sources: Mapping[str, ExportedProgram]
     served: _switch.DecompositionLog | None = None
+    deferred: _Deferred | None = None
 
     def call(self, convert: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``convert(*args, **kwargs)``, checked on every exit: a consumer that writes
@@ -75,14 +83,48 @@ class HandOff:
                 out = convert(*args, **kwargs)
         except BaseException as exc:
             self._check(watch, exc)
+            if self.deferred is not None and self.deferred.failure is not None:
+                # the pipeline's own error, not the consumer's wrapping of it
+                failure = self.deferred.failure
+                failure.__suppress_context__ = True
+                raise failure from failure.__cause__
             raise
         self._check(watch, None)
+        if self.deferred is not None and self.deferred.pending:
+            raise EpassError(
+                f"{self.consumer} returned without decomposing "
+                f"{', '.join(sorted(self.deferred.pending))}, so the pipeline given "
+                "for it never ran; pass serve_decompositions=False to run the "
+                "pipeline before the hand-off"
+            )
         return out
 
     def _serving(self) -> contextlib.AbstractContextManager[Any]:
         if self.served is None:
             return contextlib.nullcontext()
-        return _switch.switched(private=self.private.values(), log=self.served)
+        lowering = None if self.deferred is None else self._lower
+        return _switch.switched(private=self.private.values(), log=self.served, lowering=lowering)
+
+    def _lower(self, ep: ExportedProgram, table: Any, check: bool | None) -> _switch.Lowered | None:
+        """The deferred pipeline of the private program ``ep``, run at the consumer's
+        first decomposition of it with every table-less ``Decompose`` taking the
+        consumer's ``table``; where epass cannot take that table, the pipeline as
+        given, and the call is served on its output as any other."""
+        assert self.deferred is not None
+        name = next((n for n, p in self.private.items() if p is ep), None)
+        manager = None if name is None else self.deferred.take(name)
+        if name is None or manager is None:
+            return None
+        retabled = None if table is _switch.NOT_TAKEN else _taken(manager, table, check)
+        try:
+            result = (manager if retabled is None else retabled)(ep)
+        except BaseException as exc:
+            self.deferred.failure = exc
+            raise
+        self.pipelines[name] = result
+        if retabled is None:
+            return _switch.Lowered(result.program)
+        return _switch.Lowered(result.program, *_how(result.records), pipeline=manager.name)
 
     def _check(self, watch: StoreWatch, cause: BaseException | None) -> None:
         touched = watch.touched()
@@ -107,21 +149,117 @@ class HandOff:
         return report
 
 
+@attrs.define(eq=False)
+class _Deferred:
+    """The pipelines still to run at a consumer's decomposition, and the error one of
+    them raised there (which the consumer may have wrapped in its own)."""
+
+    pending: dict[str, PassManager]
+    failure: BaseException | None = None
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def take(self, name: str) -> PassManager | None:
+        with self.lock:
+            return self.pending.pop(name, None)
+
+
 def start(
-    sources: Mapping[str, ExportedProgram], pipeline: Any, consumer: str, *, serve: bool = True
+    sources: Mapping[str, ExportedProgram],
+    pipeline: Any,
+    consumer: str,
+    *,
+    serve: bool = True,
+    at_decomposition: bool = False,
 ) -> HandOff:
     """Run ``pipeline`` (see :func:`~epass.manager.as_pipeline`) on every program of
     ``sources`` and build the private programs the consumer gets; ``serve``: serve
-    the consumer's ``run_decompositions`` calls through epass."""
+    the consumer's ``run_decompositions`` calls through epass.
+
+    ``at_decomposition``: for a consumer that decomposes each program it is given
+    before it reads anything else of it, with a table of its own (the ONNX
+    exporter). Where the pipeline holds a ``Decompose`` without a table (torch's
+    default) and calls are served, the pipeline runs instead at the consumer's first
+    ``run_decompositions`` call on each private program, that ``Decompose`` taking
+    the consumer's table: the consumer gets the program its own decomposition makes,
+    cleaned up by the rest of the pipeline, rather than a core-ATen program
+    decomposed again."""
     manager = as_pipeline(pipeline)
+    deferred = (
+        serve
+        and at_decomposition
+        and manager is not None
+        and _retabled(manager, {}, None) is not None
+    )
     pipelines: dict[str, PipelineResult] = {}
     programs: dict[str, ExportedProgram] = {}
     for name, ep in sources.items():
-        if manager is not None:
+        if manager is not None and not deferred:
             pipelines[name] = manager(ep)
             programs[name] = pipelines[name].program
         else:
             programs[name] = ep
     private = {name: private_program(p) for name, p in programs.items()}
     served = _switch.DecompositionLog() if serve else None
-    return HandOff(consumer, programs, pipelines, private, dict(sources), served)
+    later = _Deferred({name: manager for name in sources}) if deferred and manager else None
+    return HandOff(consumer, programs, pipelines, private, dict(sources), served, later)
+
+
+def _retabled(manager: PassManager, table: Any, check: bool | None) -> PassManager | None:
+    """``manager`` with every ``Decompose`` that has no table, keeps nothing and has no
+    rewrite limit taking ``table`` instead (nested managers too), or None where it
+    holds none. Raises what ``Decompose`` raises for a table it does not take."""
+    passes: list[Any] = []
+    changed = False
+    for step in manager.passes:
+        if _table_less(step):
+            step = attrs.evolve(step, table=table, check=step.check if check is None else check)
+            changed = True
+        elif isinstance(step, PassManager):
+            inner = _retabled(step, table, check)
+            if inner is not None:
+                step, changed = inner, True
+        passes.append(step)
+    if not changed:
+        return None
+    return PassManager(
+        passes,
+        steps=manager.steps,
+        linker=manager.linker,
+        verify=manager.verify,
+        instruments=manager.instruments,
+        fingerprint=manager.fingerprint,
+        name=manager.name,
+    )
+
+
+def _table_less(step: Any) -> bool:
+    return (
+        isinstance(step, Decompose)
+        and step.table is None
+        and not step.keep
+        and step.max_rewrites is None
+    )
+
+
+def _taken(manager: PassManager, table: Any, check: bool | None) -> PassManager | None:
+    """:func:`_retabled`, or None where ``Decompose`` does not take the table."""
+    try:
+        return _retabled(manager, table, check)
+    except EpassError:
+        return None
+
+
+def _how(records: tuple[PassRecord, ...]) -> tuple[str, str | None, int | None]:
+    """How the last ``Decompose`` among ``records`` (nested ones too) made its
+    program, as the switch's log says it."""
+    found = [r for r in _flattened(records) if r.name == Decompose.name and "method" in r.notes]
+    if not found:  # the manager skipped it: nothing to decompose
+        return "no-op", None, 0
+    notes, modified = found[-1].notes, found[-1].modified
+    if notes["method"] == "incremental":
+        return ("incremental" if modified else "no-op"), None, notes.get("rewritten")
+    return "retrace", notes.get("fallback") or notes.get("decision"), None
+
+
+def _flattened(records: tuple[PassRecord, ...]) -> list[PassRecord]:
+    return [r for record in records for r in (record, *_flattened(record.children))]

@@ -34,6 +34,8 @@ from epass.passes.decompose import Decompose, DecomposeResult
 __all__ = [
     "HOW",
     "DecompositionLog",
+    "Lowered",
+    "Lowering",
     "ServedDecomposition",
     "fast_decompositions",
     "installed",
@@ -52,6 +54,28 @@ _NAME = "run_decompositions"
 
 
 @attrs.frozen
+class Lowered:
+    """What a scope's lowering made of a program at its first ``run_decompositions``
+    call: ``program``, and ``how``, ``reason`` and ``rewritten`` as in
+    :class:`ServedDecomposition` when the lowering decomposed it with the caller's
+    table (``how`` None: it did not, and the call is served on ``program``)."""
+
+    program: ExportedProgram
+    how: str | None = None
+    reason: str | None = None
+    rewritten: int | None = None
+    pipeline: str | None = None
+
+
+Lowering = Callable[[ExportedProgram, Any, "bool | None"], "Lowered | None"]
+"""A hand-off's lowering of its private programs: called with a program, the
+caller's table (:data:`NOT_TAKEN` where the engine cannot take the call) and the
+scope's check mode; None for a program it does not lower (or lowered already)."""
+
+NOT_TAKEN: Any = object()
+
+
+@attrs.frozen
 class ServedDecomposition:
     """One ``run_decompositions`` call made under the switch.
 
@@ -63,6 +87,8 @@ class ServedDecomposition:
         rewritten: nodes the engine rewrote (None unless ``how`` is ``incremental``
             or ``no-op``).
         table: ``"default"`` or ``"<n> entries"``: the table the caller gave.
+        pipeline: the name of the hand-off's pipeline that made the program, its
+            ``Decompose`` taking the caller's table (None: ``Decompose`` alone).
     """
 
     how: str
@@ -71,6 +97,7 @@ class ServedDecomposition:
     nodes: int
     rewritten: int | None = None
     table: str = "default"
+    pipeline: str | None = None
 
 
 class DecompositionLog:
@@ -145,6 +172,7 @@ class _Scope:
     private: tuple[dict[str, Any], ...]
     parent: _Scope | None
     running: bool = True
+    lowering: Lowering | None = None
 
     def record(self, entry: ServedDecomposition) -> None:
         scope: _Scope | None = self
@@ -156,6 +184,17 @@ class _Scope:
 
     def holds(self, store: dict[str, Any]) -> bool:
         return any(store is mine for mine in self.private)
+
+    def lower(self, ep: ExportedProgram, table: Any) -> Lowered | None:
+        """The lowering of ``ep`` by this scope or one it nests in, if one takes it."""
+        scope: _Scope | None = self
+        while scope is not None:
+            if scope.lowering is not None:
+                lowered = scope.lowering(ep, table, self.check)
+                if lowered is not None:
+                    return lowered
+            scope = scope.parent
+        return None
 
 
 _SCOPE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar(
@@ -227,16 +266,20 @@ def switched(
     check: bool | None = None,
     private: Iterable[ExportedProgram] = (),
     log: DecompositionLog | None = None,
+    lowering: Lowering | None = None,
 ) -> Iterator[DecompositionLog]:
     """Serve ``run_decompositions`` in this context while the block runs; yields the
     log (``log``, or a new one). ``private``: programs whose dicts a served result
     may hold (a hand-off's private programs, which the relink governs); a result of
-    any other program holds dicts of its own."""
+    any other program holds dicts of its own. ``lowering``: what makes the first
+    call on a hand-off's private program (its pipeline, decomposing with the
+    caller's table)."""
     outer = _SCOPE.get()
     stores = tuple(store for ep in private for store in (ep.state_dict, ep.constants))
     if outer is not None:
         stores += outer.private
     scope = _Scope(DecompositionLog() if log is None else log, check, stores, outer)
+    scope.lowering = lowering
     _install()
     try:
         token = _SCOPE.set(scope)
@@ -350,7 +393,14 @@ def _serve(
     try:
         reason = _refusal(ep, arguments)
         served: tuple[ExportedProgram, str, str | None, int | None] | None = None
-        if reason is None:
+        lowered = scope.lower(ep, table if reason is None else NOT_TAKEN)
+        pipeline = None if lowered is None else lowered.pipeline
+        if lowered is not None and lowered.how is not None:
+            out = _new(lowered.program, ep)
+            served = (_held(out, ep, scope), lowered.how, lowered.reason, lowered.rewritten)
+        elif lowered is not None:
+            ep = lowered.program
+        if served is None and reason is None:
             served, reason = _decompose(ep, table, scope)
         if served is None:
             # On a view with dicts of its own: its retrace may lift a constant into
@@ -361,7 +411,8 @@ def _serve(
         _SERVING.reset(token)
     out, how, why, rewritten = served
     seconds = time.perf_counter() - began
-    scope.record(ServedDecomposition(how, why, seconds, nodes, rewritten, described))
+    entry = ServedDecomposition(how, why, seconds, nodes, rewritten, described, pipeline)
+    scope.record(entry)
     return out
 
 
@@ -418,9 +469,14 @@ def _program_of(
     # Where the graph's code did not change, ``program`` is the input; ``made`` is
     # the program the path made, with the meta a retrace gives every node.
     out = result.made if result.made is not None else result.program
-    if out is view:  # pragma: no cover - every path of Decompose sets ``made``
-        out = _program.private_view(view, copy_graph=True, copy_state=False)
-    return _held(out, ep, scope)
+    return _held(_new(out, view), ep, scope)
+
+
+def _new(out: ExportedProgram, given: ExportedProgram) -> ExportedProgram:
+    """``out``, or a copy of it where it is the program the call was given."""
+    if out is given:
+        return _program.private_view(given, copy_graph=True, copy_state=False)
+    return out
 
 
 def _held(out: ExportedProgram, ep: ExportedProgram, scope: _Scope) -> ExportedProgram:

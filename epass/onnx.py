@@ -41,7 +41,12 @@ def export(
             ``torch.export.export`` (``dynamic_shapes``, ``kwargs`` and ``strict``
             from ``onnx_kwargs`` are used for that).
         args: example positional inputs.
-        pipeline: a PassManager, a list of passes, a single pass, or None.
+        pipeline: a PassManager, a list of passes, a single pass, or None. Where it
+            holds a ``Decompose()`` without a table (``presets.lower()`` does) and the
+            exporter's call is served, it runs at the exporter's decomposition, that
+            ``Decompose`` taking the exporter's table: the exporter translates what
+            its own decomposition makes, cleaned up by the rest of the pipeline
+            (``docs/onnx.md``, "Where the pipeline runs").
         serve_decompositions: serve the exporter's own ``run_decompositions`` call
             with epass's ``Decompose`` (:func:`epass.fast_decompositions`); False
             leaves it to torch. What was served is logged at DEBUG level and recorded
@@ -60,7 +65,11 @@ def export(
         raise ArgumentValueError("epass.onnx.export needs the dynamo exporter; drop dynamo=False")
     ep = _program_of(ep_or_module, args, onnx_kwargs)
     hand_off = _handoff.start(
-        {"forward": ep}, pipeline, "torch.onnx.export", serve=serve_decompositions
+        {"forward": ep},
+        pipeline,
+        "torch.onnx.export",
+        serve=serve_decompositions,
+        at_decomposition=True,
     )
     onnx_program = hand_off.call(
         torch.onnx.export, hand_off.private["forward"], tuple(args), dynamo=True, **onnx_kwargs

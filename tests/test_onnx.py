@@ -10,7 +10,12 @@ from fingerprint import fingerprint
 
 import epass
 import epass.onnx
-from epass import Decompose
+from epass import Decompose, FxPass
+from epass._handoff import start
+from epass.errors import EpassError, PassError
+from epass.passes import presets
+
+aten = torch.ops.aten
 
 pytest.importorskip("onnxscript")
 pytest.importorskip("onnxruntime")
@@ -80,6 +85,80 @@ def test_onnx_export_rejects_the_torchscript_exporter():
     _, ep, args = models.export("seed")
     with pytest.raises(ValueError, match="dynamo"):
         epass.onnx.export(ep, args, dynamo=False)
+
+
+def _targets(program: torch.export.ExportedProgram) -> set[object]:
+    return {n.target for n in program.graph.nodes if n.op == "call_function"}
+
+
+def test_a_handoffs_decompose_lowers_to_the_exporters_own_table():
+    # The exporter translates aten.linear whole; a core-ATen pipeline would hand it
+    # permute + addmm, and a larger ONNX graph. The pipeline runs at the exporter's
+    # decomposition, its Decompose taking the exporter's table.
+    _, ep, args = models.export("mlp")
+    before = fingerprint(ep)
+    with epass.fast_decompositions() as log:
+        onnx_program = epass.onnx.export(ep, args, pipeline=presets.lower(), **_quiet())
+    plain = torch.onnx.export(ep, args, dynamo=True, verbose=False)
+    exported = onnx_program.exported_program
+    assert aten.linear.default in _targets(exported)
+    assert _targets(exported) == _targets(plain.exported_program)
+    assert len(onnx_program.model.graph) == len(plain.model.graph)
+    (entry,) = log.served
+    assert (entry.how, entry.pipeline, entry.reason) == ("incremental", "lower", None)
+    assert entry.table != "default"
+    _assert_shares(exported, ep)
+    assert fingerprint(ep) == before
+    torch.testing.assert_close(onnx_program(*args)[0], plain(*args)[0], rtol=0, atol=0)
+
+
+def test_a_handoff_lowers_to_core_aten_where_told_to():
+    # Opted out, or a Decompose given its table: the pipeline runs before the
+    # exporter, as it is.
+    _, ep, args = models.export("mlp")
+    for pipeline, serve in (
+        (presets.lower(), False),
+        ([Decompose(table=torch.export.default_decompositions())], True),
+        ([Decompose(keep=[aten.relu.default])], True),
+    ):
+        onnx_program = epass.onnx.export(
+            ep, args, pipeline=pipeline, serve_decompositions=serve, **_quiet()
+        )
+        targets = _targets(onnx_program.exported_program)
+        assert aten.linear.default not in targets and aten.addmm.default in targets
+        _assert_shares(onnx_program.exported_program, ep)
+
+
+def test_a_pass_failing_at_the_exporters_decomposition_is_named_and_loses_nothing():
+    _, ep, args = models.export("mlp")
+    before = fingerprint(ep)
+    keys = (list(ep.state_dict), list(ep.constants))
+
+    def explode(gm: torch.fx.GraphModule) -> None:
+        raise RuntimeError("boom")
+
+    pipeline = [Decompose(), FxPass(explode, name="explode")]
+    with pytest.raises(PassError, match="explode") as caught:
+        epass.onnx.export(ep, args, pipeline=pipeline, **_quiet())
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert fingerprint(ep) == before
+    assert (list(ep.state_dict), list(ep.constants)) == keys
+
+
+def test_a_deferred_pipeline_the_consumer_never_reached_is_an_error():
+    _, ep, _ = models.export("mlp")
+    hand_off = start({"forward": ep}, presets.lower(), "consumer", at_decomposition=True)
+    assert hand_off.pipelines == {}
+    with pytest.raises(EpassError, match="returned without decomposing forward"):
+        hand_off.call(lambda program: program, hand_off.private["forward"])
+    # a consumer that decomposes it gets the pipeline's program, with its table
+    hand_off = start({"forward": ep}, presets.lower(), "consumer", at_decomposition=True)
+    table: dict[object, object] = {}  # decomposes nothing, so linear stays
+    out = hand_off.call(
+        lambda program: program.run_decompositions(table), hand_off.private["forward"]
+    )
+    assert aten.linear.default in _targets(out)
+    assert hand_off.pipelines["forward"].program.graph_module.code == out.graph_module.code
 
 
 ONNX_ZOO = ["bert", "gpt2", "llama", "resnet", "cond", "running_mean"]
