@@ -90,6 +90,9 @@ class HandOff:
                 raise failure from failure.__cause__
             raise
         self._check(watch, None)
+        if self.deferred is not None and self.deferred.failure is not None:
+            # the consumer went on without the program the pipeline failed to make
+            raise self.deferred.failure
         if self.deferred is not None and self.deferred.pending:
             raise EpassError(
                 f"{self.consumer} returned without decomposing "
@@ -208,13 +211,15 @@ def _retabled(manager: PassManager, table: Any, check: bool | None) -> PassManag
     """``manager`` with every ``Decompose`` that has no table, keeps nothing and has no
     rewrite limit taking ``table`` instead (nested managers too), or None where it
     holds none. Raises what ``Decompose`` raises for a table it does not take."""
+    if type(manager) is not PassManager:
+        return None
     passes: list[Any] = []
     changed = False
     for step in manager.passes:
         if _table_less(step):
             step = attrs.evolve(step, table=table, check=step.check if check is None else check)
             changed = True
-        elif isinstance(step, PassManager):
+        elif type(step) is PassManager:  # a subclass may run its passes otherwise
             inner = _retabled(step, table, check)
             if inner is not None:
                 step, changed = inner, True
@@ -234,7 +239,7 @@ def _retabled(manager: PassManager, table: Any, check: bool | None) -> PassManag
 
 def _table_less(step: Any) -> bool:
     return (
-        isinstance(step, Decompose)
+        type(step) is Decompose  # a subclass may read its table otherwise
         and step.table is None
         and not step.keep
         and step.max_rewrites is None

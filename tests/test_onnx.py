@@ -161,6 +161,24 @@ def test_a_deferred_pipeline_the_consumer_never_reached_is_an_error():
     assert hand_off.pipelines["forward"].program.graph_module.code == out.graph_module.code
 
 
+def test_a_deferred_pipelines_failure_a_consumer_swallowed_is_raised():
+    _, ep, _ = models.export("mlp")
+
+    def explode(gm: torch.fx.GraphModule) -> None:
+        raise RuntimeError("boom")
+
+    def forgiving(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+        try:
+            return program.run_decompositions({})
+        except PassError:
+            return program  # a consumer going on without the pipeline's program
+
+    pipeline = [Decompose(), FxPass(explode, name="explode")]
+    hand_off = start({"forward": ep}, pipeline, "consumer", at_decomposition=True)
+    with pytest.raises(PassError, match="explode"):
+        hand_off.call(forgiving, hand_off.private["forward"])
+
+
 ONNX_ZOO = ["bert", "gpt2", "llama", "resnet", "cond", "running_mean"]
 
 
