@@ -41,12 +41,9 @@ def export(
             ``torch.export.export`` (``dynamic_shapes``, ``kwargs`` and ``strict``
             from ``onnx_kwargs`` are used for that).
         args: example positional inputs.
-        pipeline: a PassManager, a list of passes, a single pass, or None. Where it
-            holds a ``Decompose()`` without a table (``presets.lower()`` does) and the
-            exporter's call is served, it runs at the exporter's decomposition, that
-            ``Decompose`` taking the exporter's table: the exporter translates what
-            its own decomposition makes, cleaned up by the rest of the pipeline
-            (``docs/onnx.md``, "Where the pipeline runs").
+        pipeline: a PassManager, a list of passes, a single pass, or None. With a
+            table-less ``Decompose`` it runs at the exporter's decomposition, with the
+            exporter's table (docs/onnx.md, "Where the pipeline runs").
         serve_decompositions: serve the exporter's own ``run_decompositions`` call
             with epass's ``Decompose`` (:func:`epass.fast_decompositions`); False
             leaves it to torch. What was served is logged at DEBUG level and recorded
