@@ -61,12 +61,9 @@ def export(
     if onnx_kwargs.pop("dynamo", True) is not True:
         raise ArgumentValueError("epass.onnx.export needs the dynamo exporter; drop dynamo=False")
     ep = _program_of(ep_or_module, args, onnx_kwargs)
+    serve = serve_decompositions
     hand_off = _handoff.start(
-        {"forward": ep},
-        pipeline,
-        "torch.onnx.export",
-        serve=serve_decompositions,
-        at_decomposition=True,
+        {"forward": ep}, pipeline, "torch.onnx.export", serve=serve, at_decomposition=True
     )
     onnx_program = hand_off.call(
         torch.onnx.export, hand_off.private["forward"], tuple(args), dynamo=True, **onnx_kwargs
