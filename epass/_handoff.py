@@ -20,7 +20,11 @@ from epass.errors import EpassError, StateMutationError
 from epass.io import prune
 from epass.linker import LinkReport, StateLinker
 from epass.manager import PassManager, PipelineResult, as_pipeline
+from epass.passes.constant_fold import ConstantFold
+from epass.passes.cse import CSE
+from epass.passes.dce import DeadCodeElimination
 from epass.passes.decompose import Decompose
+from epass.passes.remove_assertions import RemoveAssertions
 from epass.records import PassRecord
 from epass.watch import StoreWatch
 
@@ -82,17 +86,10 @@ class HandOff:
             with self._serving():
                 out = convert(*args, **kwargs)
         except BaseException as exc:
-            self._check(watch, exc)
-            if self.deferred is not None and self.deferred.failure is not None:
-                # the pipeline's own error, not the consumer's wrapping of it
-                failure = self.deferred.failure
-                failure.__suppress_context__ = True
-                raise failure from failure.__cause__
+            self._raise_failure(watch, exc)
             raise
-        self._check(watch, None)
-        if self.deferred is not None and self.deferred.failure is not None:
-            # the consumer went on without the program the pipeline failed to make
-            raise self.deferred.failure
+        # a pipeline's failure the consumer went on without
+        self._raise_failure(watch, None)
         if self.deferred is not None and self.deferred.pending:
             raise EpassError(
                 f"{self.consumer} returned without decomposing "
@@ -101,6 +98,16 @@ class HandOff:
                 "pipeline before the hand-off"
             )
         return out
+
+    def _raise_failure(self, watch: StoreWatch, exc: BaseException | None) -> None:
+        """Raise the deferred pipeline's own error where it failed (not the consumer's
+        wrapping of it), or a write into the shared tensors it does not explain."""
+        failure = None if self.deferred is None else self.deferred.failure
+        if not isinstance(failure, StateMutationError):  # it names the pass that wrote
+            self._check(watch, exc if failure is None else failure)
+        if failure is not None:
+            failure.__suppress_context__ = True
+            raise failure from failure.__cause__
 
     def _serving(self) -> contextlib.AbstractContextManager[Any]:
         if self.served is None:
@@ -181,18 +188,13 @@ def start(
     ``at_decomposition``: for a consumer that decomposes each program it is given
     before it reads anything else of it, with a table of its own (the ONNX
     exporter). Where the pipeline holds a ``Decompose`` without a table (torch's
-    default) and calls are served, the pipeline runs instead at the consumer's first
-    ``run_decompositions`` call on each private program, that ``Decompose`` taking
-    the consumer's table: the consumer gets the program its own decomposition makes,
-    cleaned up by the rest of the pipeline, rather than a core-ATen program
-    decomposed again."""
+    default) followed by table-blind passes alone (:func:`_deferrable`) and calls are
+    served, the pipeline runs instead at the consumer's first ``run_decompositions``
+    call on each private program, that ``Decompose`` taking the consumer's table:
+    the consumer gets the program its own decomposition makes, cleaned up by the
+    rest of the pipeline, rather than a core-ATen program decomposed again."""
     manager = as_pipeline(pipeline)
-    deferred = (
-        serve
-        and at_decomposition
-        and manager is not None
-        and _retabled(manager, {}, None) is not None
-    )
+    deferred = serve and at_decomposition and manager is not None and _deferrable(manager)
     pipelines: dict[str, PipelineResult] = {}
     programs: dict[str, ExportedProgram] = {}
     for name, ep in sources.items():
@@ -205,6 +207,36 @@ def start(
     served = _switch.DecompositionLog() if serve else None
     later = _Deferred({name: manager for name in sources}) if deferred and manager else None
     return HandOff(consumer, programs, pipelines, private, dict(sources), served, later)
+
+
+# Passes that neither match operators nor make new ones: after the consumer's
+# decomposition they do what they would do after torch's core-ATen one.
+_TABLE_BLIND = (RemoveAssertions, ConstantFold, CSE, DeadCodeElimination)
+
+
+def _deferrable(manager: PassManager) -> bool:
+    """Whether ``manager`` may run at the consumer's decomposition: it holds a
+    table-less ``Decompose``, and after the first one (or anywhere in a repeated
+    manager, whose later rounds run it after) only such ``Decompose`` steps and
+    epass's table-blind passes. A pass that matches core ATen (``ReplaceOps`` on
+    ``addmm``) or makes operators the consumer would decompose runs as written."""
+    seen = False
+
+    def allowed(group: PassManager, repeated: bool) -> bool:
+        nonlocal seen
+        if type(group) is not PassManager:
+            return False
+        for step in group.passes:
+            if isinstance(step, PassManager):
+                if not allowed(step, repeated or step.steps > 1):
+                    return False
+            elif _table_less(step):
+                seen = True
+            elif type(step) not in _TABLE_BLIND and (seen or repeated):
+                return False
+        return True
+
+    return allowed(manager, manager.steps > 1) and seen
 
 
 def _retabled(manager: PassManager, table: Any, check: bool | None) -> PassManager | None:

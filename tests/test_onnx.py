@@ -11,9 +11,10 @@ from fingerprint import fingerprint
 import epass
 import epass.onnx
 from epass import Decompose, FxPass
-from epass._handoff import start
-from epass.errors import EpassError, PassError
-from epass.passes import presets
+from epass._handoff import _deferrable, start
+from epass.errors import EpassError, PassError, StateMutationError
+from epass.manager import as_pipeline
+from epass.passes import CSE, ReplaceOps, presets
 
 aten = torch.ops.aten
 
@@ -137,7 +138,7 @@ def test_a_pass_failing_at_the_exporters_decomposition_is_named_and_loses_nothin
     def explode(gm: torch.fx.GraphModule) -> None:
         raise RuntimeError("boom")
 
-    pipeline = [Decompose(), FxPass(explode, name="explode")]
+    pipeline = [FxPass(explode, name="explode"), Decompose()]  # run at the exporter's call
     with pytest.raises(PassError, match="explode") as caught:
         epass.onnx.export(ep, args, pipeline=pipeline, **_quiet())
     assert isinstance(caught.value.__cause__, RuntimeError)
@@ -173,10 +174,59 @@ def test_a_deferred_pipelines_failure_a_consumer_swallowed_is_raised():
         except PassError:
             return program  # a consumer going on without the pipeline's program
 
-    pipeline = [Decompose(), FxPass(explode, name="explode")]
+    pipeline = [FxPass(explode, name="explode"), Decompose()]  # run at the exporter's call
     hand_off = start({"forward": ep}, pipeline, "consumer", at_decomposition=True)
     with pytest.raises(PassError, match="explode"):
         hand_off.call(forgiving, hand_off.private["forward"])
+
+
+def _scribble(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    with torch.no_grad():
+        next(iter(ep.state_dict.values())).mul_(1.0)  # a write that leaves the bytes
+    return ep
+
+
+def _twice_addmm(bias, x, weight):
+    return aten.addmm.default(bias, x, weight) * 2
+
+
+def test_a_pipeline_runs_at_the_exporters_decomposition_only_where_nothing_reads_core_aten():
+    scaled = ReplaceOps({aten.addmm.default: _twice_addmm})
+    deferrable = {
+        "lower": presets.lower(),
+        "decompose": [Decompose()],
+        "a pass before": [_scribble, Decompose(), CSE()],
+        "nested": [epass.PassManager([Decompose()]), CSE()],
+        "repeated cleanup": epass.PassManager([Decompose(), CSE()], steps=2),
+    }
+    as_written = {
+        "matches addmm after": [Decompose(), scaled],
+        "a function after": [Decompose(), _scribble],
+        "after a nested lower": [presets.lower(), scaled],
+        "repeated with a pass": epass.PassManager([_scribble, Decompose()], steps=2),
+        "a table given": [Decompose(table=torch.export.default_decompositions())],
+        "no decompose": [CSE()],
+    }
+    for name, pipeline in (*deferrable.items(), *as_written.items()):
+        manager = as_pipeline(pipeline)
+        assert manager is not None
+        assert _deferrable(manager) == (name in deferrable), name
+    # what it means: a pass matching core ATen after Decompose still finds it
+    module, ep, args = models.export("mlp")
+    served = epass.onnx.export(ep, args, pipeline=[Decompose(), scaled], **_quiet())
+    written = epass.onnx.export(
+        ep, args, pipeline=[Decompose(), scaled], serve_decompositions=False, **_quiet()
+    )
+    assert aten.addmm.default in _targets(served.exported_program)
+    assert not torch.allclose(served(*args)[0], module(*args))  # the replacement ran
+    torch.testing.assert_close(served(*args)[0], written(*args)[0], rtol=0, atol=0)
+
+
+def test_a_pass_writing_state_at_the_exporters_decomposition_is_the_one_named():
+    _, ep, args = models.export("mlp")
+    with pytest.raises(StateMutationError, match="_scribble") as caught:
+        epass.onnx.export(ep, args, pipeline=[_scribble, Decompose()], **_quiet())
+    assert "torch.onnx.export" not in str(caught.value)
 
 
 ONNX_ZOO = ["bert", "gpt2", "llama", "resnet", "cond", "running_mean"]
