@@ -100,19 +100,41 @@ def _program_of(
     ep_or_module: ExportedProgram | torch.nn.Module, args: tuple[Any, ...], onnx_kwargs: Any
 ) -> ExportedProgram:
     """The program to export: ``ep_or_module`` itself, or the module exported with the
-    export arguments among ``onnx_kwargs`` (taken out of them)."""
+    export arguments among ``onnx_kwargs`` (``kwargs`` and ``dynamic_shapes`` stay
+    there: the exporter names the axes given as strings, as it does for its own
+    capture)."""
     if isinstance(ep_or_module, ExportedProgram):
-        onnx_kwargs.pop("dynamic_shapes", None)  # already part of the program
         return ep_or_module
     if isinstance(ep_or_module, torch.nn.Module):
+        shapes = onnx_kwargs.get("dynamic_shapes")
+        if shapes is None and onnx_kwargs.get("dynamic_axes") is not None:
+            raise ArgumentValueError(
+                "epass.onnx.export exports the module with torch.export.export, which "
+                "does not read dynamic_axes; give dynamic_shapes instead (a string "
+                "names an axis, as in {0: 'batch'})"
+            )
         return torch.export.export(
             ep_or_module,
             tuple(args),
             kwargs=onnx_kwargs.get("kwargs"),
-            dynamic_shapes=onnx_kwargs.pop("dynamic_shapes", None),
+            dynamic_shapes=_export_dims(shapes),
             strict=onnx_kwargs.pop("strict", False),
         )
     raise ArgumentTypeError(
         "epass.onnx.export takes an ExportedProgram or an nn.Module, "
         f"got {type(ep_or_module).__name__}"
     )
+
+
+def _export_dims(shapes: Any) -> Any:
+    """``dynamic_shapes`` for ``torch.export.export``: an axis named by a string, which
+    only the exporter reads, is ``Dim.DYNAMIC`` (as the exporter's own capture makes
+    it)."""
+    if isinstance(shapes, str):
+        return torch.export.Dim.DYNAMIC
+    if isinstance(shapes, dict):
+        return {key: _export_dims(value) for key, value in shapes.items()}
+    if isinstance(shapes, (list, tuple)):
+        made = [_export_dims(value) for value in shapes]
+        return made if isinstance(shapes, list) else tuple(made)
+    return shapes

@@ -229,6 +229,30 @@ def test_a_pass_writing_state_at_the_exporters_decomposition_is_the_one_named():
     assert "torch.onnx.export" not in str(caught.value)
 
 
+def _first_input_dims(onnx_program) -> list[object]:
+    return [str(d) for d in onnx_program.model.graph.inputs[0].shape]
+
+
+def test_an_axis_named_by_a_string_is_dynamic_and_named_as_torch_names_it():
+    module, ep, args = models.export("mlp", dynamic=True)
+    shapes = ({0: "batch"},)
+    from_module = epass.onnx.export(module, args, dynamic_shapes=shapes, **_quiet())
+    from_program = epass.onnx.export(ep, args, dynamic_shapes=shapes, **_quiet())
+    plain = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=shapes, verbose=False)
+    assert _first_input_dims(from_module) == _first_input_dims(plain)
+    assert _first_input_dims(from_program) == _first_input_dims(plain)
+    assert _first_input_dims(plain)[0] == "batch"
+    other = (torch.randn(5, *args[0].shape[1:]),)
+    torch.testing.assert_close(from_module(*other)[0], module(*other), rtol=1e-5, atol=1e-6)
+
+
+def test_dynamic_axes_for_a_module_is_refused_not_made_static():
+    module = models.build("mlp")
+    args = models.CASES["mlp"].inputs()
+    with pytest.raises(ValueError, match="dynamic_axes"):
+        epass.onnx.export(module, args, input_names=["x"], dynamic_axes={"x": {0: "b"}}, **_quiet())
+
+
 ONNX_ZOO = ["bert", "gpt2", "llama", "resnet", "cond", "running_mean"]
 
 
