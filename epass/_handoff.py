@@ -103,8 +103,10 @@ class HandOff:
         """Raise the deferred pipeline's own error where it failed (not the consumer's
         wrapping of it), or a write into the shared tensors it does not explain."""
         failure = None if self.deferred is None else self.deferred.failure
-        if not isinstance(failure, StateMutationError):  # it names the pass that wrote
-            self._check(watch, exc if failure is None else failure)
+        if failure is None:
+            self._check(watch, exc)
+        elif not isinstance(failure, StateMutationError):  # that one names the pass
+            self._check(watch, failure, f"{self.consumer}, or the pipeline run in it,")
         if failure is not None:
             failure.__suppress_context__ = True
             raise failure from failure.__cause__
@@ -136,12 +138,14 @@ class HandOff:
             return _switch.Lowered(result.program)
         return _switch.Lowered(result.program, *_how(result.records), pipeline=manager.name)
 
-    def _check(self, watch: StoreWatch, cause: BaseException | None) -> None:
+    def _check(
+        self, watch: StoreWatch, cause: BaseException | None, who: str | None = None
+    ) -> None:
         touched = watch.touched()
         if touched:
             raise StateMutationError(
-                f"{self.consumer} wrote in place into shared state tensors {touched}; "
-                "the user's model holds these tensors",
+                f"{who or self.consumer} wrote in place into shared state tensors "
+                f"{touched}; the user's model holds these tensors",
                 keys=touched,
             ) from cause
 
