@@ -144,16 +144,18 @@ class DecompositionLog:
 
     def summary(self) -> str:
         """One line, e.g. ``epass served 2 run_decompositions calls in 0.41 s: 1
-        incremental, 1 no-op, 0 retrace, 0 torch``, and the reasons."""
+        incremental, 1 no-op, 0 retrace, 0 torch``, the reasons, and the hand-off
+        pipelines that made served programs."""
         served = self.served
         counts = ", ".join(f"{n} {how}" for how, n in self.counts.items())
         line = (
             f"epass served {len(served)} run_decompositions call"
             f"{'' if len(served) == 1 else 's'} in {self.seconds:.2f} s: {counts}"
         )
-        reasons = self.reasons
-        if reasons:
-            line += " (" + "; ".join(f"{n}x {why}" for why, n in reasons.items()) + ")"
+        notes = self.reasons
+        notes.update(Counter(f"made by the pipeline {e.pipeline!r}" for e in served if e.pipeline))
+        if notes:
+            line += " (" + "; ".join(f"{n}x {why}" for why, n in notes.items()) + ")"
         return line
 
     def __repr__(self) -> str:

@@ -107,6 +107,7 @@ def test_a_handoffs_decompose_lowers_to_the_exporters_own_table():
     assert len(onnx_program.model.graph) == len(plain.model.graph)
     (entry,) = log.served
     assert (entry.how, entry.pipeline, entry.reason) == ("incremental", "lower", None)
+    assert "(1x made by the pipeline 'lower')" in log.summary()
     assert entry.table != "default"
     _assert_shares(exported, ep)
     assert fingerprint(ep) == before
