@@ -136,7 +136,10 @@ class HandOff:
         self.pipelines[name] = result
         if retabled is None:
             return _switch.Lowered(result.program)
-        return _switch.Lowered(result.program, *_how(result.records), pipeline=manager.name)
+        program = result.program
+        if not _closed(retabled):  # outside code may keep it; the consumer edits its own
+            program = _program.private_view(program, copy_graph=True, copy_state=False)
+        return _switch.Lowered(program, *_how(result.records), pipeline=manager.name)
 
     def _check(
         self, watch: StoreWatch, cause: BaseException | None, who: str | None = None
@@ -271,6 +274,20 @@ def _retabled(manager: PassManager, table: Any, check: bool | None) -> PassManag
         fingerprint=manager.fingerprint,
         name=manager.name,
     )
+
+
+def _closed(manager: PassManager) -> bool:
+    """Whether only epass's code saw the programs ``manager`` made: it has no
+    instruments and holds only table-less ``Decompose`` steps and table-blind passes
+    (nested managers too). Any other pass, or an instrument, may keep a program
+    (a pass's output that the next one leaves unchanged is the pipeline's output)."""
+    return not manager.instruments and all(_epass_only(step) for step in manager.passes)
+
+
+def _epass_only(step: Any) -> bool:
+    if type(step) is PassManager:
+        return _closed(step)
+    return _table_less(step) or type(step) in _TABLE_BLIND
 
 
 def _table_less(step: Any) -> bool:

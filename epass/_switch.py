@@ -33,6 +33,7 @@ from epass.passes.decompose import Decompose, DecomposeResult
 
 __all__ = [
     "HOW",
+    "NOT_TAKEN",
     "DecompositionLog",
     "Lowered",
     "Lowering",
@@ -67,7 +68,7 @@ class Lowered:
     pipeline: str | None = None
 
 
-Lowering = Callable[[ExportedProgram, Any, "bool | None"], "Lowered | None"]
+Lowering = Callable[[ExportedProgram, Any, bool | None], Lowered | None]
 """A hand-off's lowering of its private programs: called with a program, the
 caller's table (:data:`NOT_TAKEN` where the engine cannot take the call) and the
 scope's check mode; None for a program it does not lower (or lowered already)."""

@@ -254,6 +254,34 @@ def test_dynamic_axes_for_a_module_is_refused_not_made_static():
         epass.onnx.export(module, args, input_names=["x"], dynamic_axes={"x": {0: "b"}}, **_quiet())
 
 
+class _Promoting(torch.nn.Module):
+    # The exporter inserts a type promotion into the graph it decomposed, in place.
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("idx", torch.arange(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.idx
+
+
+def test_a_program_an_instrument_kept_from_the_deferred_pipeline_is_not_edited():
+    args = (torch.randn(2, 4),)
+    ep = torch.export.export(_Promoting(), args)
+    kept: list[tuple[torch.export.ExportedProgram, str]] = []
+
+    class Keep:
+        def after_pipeline(self, manager, result, parent=None):
+            kept.append((result.program, result.program.graph_module.code))
+
+    with epass.fast_decompositions() as log:
+        onnx_program = epass.onnx.export(
+            ep, args, pipeline=presets.lower(instruments=[Keep()]), **_quiet()
+        )
+    assert [e.pipeline for e in log.served] == ["lower"]  # it ran at the exporter's call
+    assert "convert_element_type" in onnx_program.exported_program.graph_module.code
+    assert kept and all(p.graph_module.code == code for p, code in kept)
+
+
 ONNX_ZOO = ["bert", "gpt2", "llama", "resnet", "cond", "running_mean"]
 
 
