@@ -50,7 +50,7 @@ class HandOff:
     Attributes:
         consumer: the consumer's name, used in errors and link reports.
         programs: per method, the pipeline's output (sharing the user's state), or
-            the user's program without a pipeline.
+            the user's program without a pipeline or while its pipeline is deferred.
         pipelines: per method, the pipeline's result (empty without a pipeline).
         private: per method, the program the consumer is given
             (:func:`private_program` of ``programs``).
@@ -61,11 +61,11 @@ class HandOff:
             runs).
         deferred: the pipelines that run at the consumer's first decomposition of
             each private program instead of before the hand-off (see :func:`start`);
-            ``pipelines`` gets their results there.
+            ``pipelines`` and ``programs`` get their results there.
     """
 
     consumer: str
-    programs: Mapping[str, ExportedProgram]
+    programs: dict[str, ExportedProgram]
     pipelines: dict[str, PipelineResult]
     private: Mapping[str, ExportedProgram]
     sources: Mapping[str, ExportedProgram]
@@ -121,25 +121,49 @@ class HandOff:
         """The deferred pipeline of the private program ``ep``, run at the consumer's
         first decomposition of it with every table-less ``Decompose`` taking the
         consumer's ``table``; where epass cannot take that table, the pipeline as
-        given, and the call is served on its output as any other."""
-        assert self.deferred is not None
+        given, and the call is served on its output as any other.
+
+        The pipeline runs on dicts of its own and its output is kept as it made it:
+        the consumer gets a copy (dicts always; the graph too unless only epass's
+        code saw the output and the caller shows it to nobody), since it may write
+        into the program its decomposition returns and edit its graph."""
+        deferred = self.deferred
+        assert deferred is not None
         name = next((n for n, p in self.private.items() if p is ep), None)
-        manager = None if name is None else self.deferred.take(name)
+        manager = None if name is None else deferred.take(name)
         if name is None or manager is None:
             return None
         retabled = None if table is _switch.NOT_TAKEN else _taken(manager, table, check)
+        given = _program.private_view(ep, copy_graph=False, copy_state=True)
         try:
-            result = (manager if retabled is None else retabled)(ep)
+            result = (manager if retabled is None else retabled)(given)
         except BaseException as exc:
-            self.deferred.failure = exc
+            deferred.failure = exc
             raise
-        self.pipelines[name] = result
-        if retabled is None:
+        self._keep(name, result)
+        if retabled is None:  # served on a view of its own, as any other program
             return _switch.Lowered(result.program)
-        program = result.program
-        if not _closed(retabled):  # outside code may keep it; the consumer edits its own
-            program = _program.private_view(program, copy_graph=True, copy_state=False)
+        copy_graph = deferred.shown or not _closed(manager)
+        program = _program.private_view(result.program, copy_graph=copy_graph, copy_state=True)
         return _switch.Lowered(program, *_how(result.records), pipeline=manager.name)
+
+    def _keep(self, name: str, result: PipelineResult) -> None:
+        """Record the deferred pipeline's result for ``name``, its program linked to
+        the user's dicts as a pipeline run before the hand-off would have left it
+        (the user's dict objects where it holds the same entries or fewer)."""
+        assert self.deferred is not None
+        self.deferred.made[name] = result.program
+        program = _program.private_view(result.program, copy_graph=False, copy_state=True)
+        source = self.sources[name]
+        StateLinker().link(source, program, pass_name=self.consumer, user=source)
+        self.pipelines[name] = attrs.evolve(result, program=program)
+        self.programs[name] = program
+
+    def made(self, name: str) -> ExportedProgram | None:
+        """The program the deferred pipeline of ``name`` made at the consumer's
+        decomposition, with the dicts as it made them (the consumer got a copy of
+        their entries), or None where no pipeline ran there."""
+        return None if self.deferred is None else self.deferred.made.get(name)
 
     def _check(
         self, watch: StoreWatch, cause: BaseException | None, who: str | None = None
@@ -172,7 +196,11 @@ class _Deferred:
     them raised there (which the consumer may have wrapped in its own)."""
 
     pending: dict[str, PassManager]
+    # The caller shows the pipelines' programs to the user (ExecuTorch's result):
+    # the consumer always gets a copy of their graphs.
+    shown: bool = False
     failure: BaseException | None = None
+    made: dict[str, ExportedProgram] = attrs.field(factory=dict)
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def take(self, name: str) -> PassManager | None:
@@ -187,6 +215,7 @@ def start(
     *,
     serve: bool = True,
     at_decomposition: bool = False,
+    shown: bool = False,
 ) -> HandOff:
     """Run ``pipeline`` (see :func:`~epass.manager.as_pipeline`) on every program of
     ``sources`` and build the private programs the consumer gets; ``serve``: serve
@@ -194,12 +223,14 @@ def start(
 
     ``at_decomposition``: for a consumer that decomposes each program it is given
     before it reads anything else of it, with a table of its own (the ONNX
-    exporter). Where the pipeline holds a ``Decompose`` without a table (torch's
-    default) followed by table-blind passes alone (:func:`_deferrable`) and calls are
-    served, the pipeline runs instead at the consumer's first ``run_decompositions``
-    call on each private program, that ``Decompose`` taking the consumer's table:
-    the consumer gets the program its own decomposition makes, cleaned up by the
-    rest of the pipeline, rather than a core-ATen program decomposed again."""
+    exporter, ExecuTorch's ``to_edge``). Where the pipeline holds a ``Decompose``
+    without a table (torch's default) followed by table-blind passes alone
+    (:func:`_deferrable`) and calls are served, the pipeline runs instead at the
+    consumer's first ``run_decompositions`` call on each private program, that
+    ``Decompose`` taking the consumer's table: the consumer gets the program its own
+    decomposition makes, cleaned up by the rest of the pipeline, rather than a
+    core-ATen program decomposed again. ``shown``: the caller gives the pipelines'
+    programs to the user, so the consumer never gets their graphs."""
     manager = as_pipeline(pipeline)
     deferred = serve and at_decomposition and manager is not None and _deferrable(manager)
     pipelines: dict[str, PipelineResult] = {}
@@ -212,7 +243,9 @@ def start(
             programs[name] = ep
     private = {name: private_program(p) for name, p in programs.items()}
     served = _switch.DecompositionLog() if serve else None
-    later = _Deferred({name: manager for name in sources}) if deferred and manager else None
+    later = None
+    if deferred and manager is not None:
+        later = _Deferred({name: manager for name in sources}, shown=shown)
     return HandOff(consumer, programs, pipelines, private, dict(sources), served, later)
 
 
@@ -226,12 +259,14 @@ def _deferrable(manager: PassManager) -> bool:
     table-less ``Decompose``, and after the first one (or anywhere in a repeated
     manager, whose later rounds run it after) only such ``Decompose`` steps and
     epass's table-blind passes. A pass that matches core ATen (``ReplaceOps`` on
-    ``addmm``) or makes operators the consumer would decompose runs as written."""
+    ``addmm``) or makes operators the consumer would decompose runs as written, as
+    does a manager whose linker writes into the user's dicts or refuses changed
+    values (the deferred pipeline links to private dicts)."""
     seen = False
 
     def allowed(group: PassManager, repeated: bool) -> bool:
         nonlocal seen
-        if type(group) is not PassManager:
+        if type(group) is not PassManager or group.linker.policy != "share":
             return False
         for step in group.passes:
             if isinstance(step, PassManager):

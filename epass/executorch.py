@@ -29,8 +29,10 @@ class EdgeResult:
         edge: the ``EdgeProgramManager``; each method's ``exported_program()`` holds
             the user's ``state_dict`` and ``constants`` dicts wherever ExecuTorch
             changed no existing entry.
-        programs: per method, the program handed to ExecuTorch (the pipeline's
-            output, sharing the user's state).
+        programs: per method, the pipeline's output, sharing the user's state (the
+            program handed to ExecuTorch; where the pipeline ran at ``to_edge``'s
+            own decomposition, the program it made there), or the user's program
+            without a pipeline.
         pipelines: per method, the pipeline's result (empty without a pipeline).
         links: per method, how the edge program's state was linked back: entries
             ExecuTorch added (such as the scalars it lifts; the edge program then
@@ -100,13 +102,16 @@ def _hand_off(
     caller: str,
     convert: Any,
     serve: bool,
+    at_decomposition: bool = False,
 ) -> EdgeResult:
     sources = _programs(ep_or_module, args, kwargs, caller)
     # ExecuTorch writes into the dicts of the program it is given (it replaces
     # non-contiguous constants by contiguous copies) and may edit its graph: it gets
     # private programs holding the same tensors, and only what each signature
     # references (it rejects a constant without an input spec).
-    hand_off = _handoff.start(sources, pipeline, caller, serve=serve)
+    hand_off = _handoff.start(
+        sources, pipeline, caller, serve=serve, at_decomposition=at_decomposition, shown=True
+    )
     private = hand_off.private
     given: ExportedProgram | dict[str, ExportedProgram]
     given = private["forward"] if list(private) == ["forward"] else dict(private)
@@ -114,6 +119,10 @@ def _hand_off(
     # gives it a program holding the private dicts, into which it lifts scalars.
     keys = {(n, f): set(getattr(p, f)) for n, p in private.items() for f in _FIELDS}
     edge = hand_off.call(convert, given, **kwargs)
+    for name in private:
+        made = hand_off.made(name)  # a pipeline run at to_edge's decomposition
+        if made is not None:
+            keys.update({(name, f): set(getattr(made, f)) for f in _FIELDS})
     links: dict[str, LinkReport] = {}
     for name in edge.methods:
         program = edge.exported_program(name)
@@ -198,6 +207,14 @@ def to_edge(
     otherwise the edge program holds a dict of its own with the user's tensor
     objects, and the user's dict is untouched (see :class:`EdgeResult`).
 
+    Where calls are served and the pipeline holds a ``Decompose()`` without a table
+    followed only by passes that neither match operators nor make new ones
+    (``presets.lower()``), the pipeline runs at ``to_edge``'s own decomposition of
+    each program, that ``Decompose`` taking ExecuTorch's table: ExecuTorch gets the
+    program its decomposition makes, with the operators ``compile_config``'s
+    ``preserve_ops`` names kept, and decomposes nothing twice. Any other pipeline
+    runs before the hand-off, as written.
+
     Args:
         ep_or_module: an ExportedProgram, a dict of method name to ExportedProgram,
             or a module to export first with ``torch.export.export`` (``args``,
@@ -221,8 +238,17 @@ def to_edge(
     """
     from executorch.exir import to_edge as et_to_edge
 
+    # to_edge decomposes each program first thing, with its own table (less the
+    # operators compile_config preserves): the pipeline runs there.
     return _hand_off(
-        ep_or_module, args, pipeline, kwargs, "to_edge", et_to_edge, serve_decompositions
+        ep_or_module,
+        args,
+        pipeline,
+        kwargs,
+        "to_edge",
+        et_to_edge,
+        serve_decompositions,
+        at_decomposition=True,
     )
 
 

@@ -9,7 +9,7 @@ from fingerprint import fingerprint
 
 import epass
 import epass.executorch
-from epass.passes import CSE, ConstantFold, DeadCodeElimination, Decompose, presets
+from epass.passes import CSE, ConstantFold, DeadCodeElimination, Decompose, ReplaceOps, presets
 
 exir = pytest.importorskip("executorch.exir", reason="executorch is not installed")
 
@@ -176,3 +176,82 @@ def test_xnnpack_lowers_pre_transposed_weights() -> None:
     assert result.exported_program().state_dict is ep.state_dict
     pte = result.to_executorch().buffer
     torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
+
+
+def _targets(program: torch.export.ExportedProgram) -> set[str]:
+    return {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+
+
+def test_to_edge_runs_lower_at_its_own_decomposition_keeping_preserved_ops() -> None:
+    # to_edge decomposes with ExecuTorch's table less the preserved operators; lower()
+    # before it would have decomposed aten.linear away. The pipeline runs at that
+    # call instead, its Decompose taking ExecuTorch's table, and nothing is
+    # decomposed twice.
+    module, ep, args = models.export("mlp")
+    before = fingerprint(ep)
+    config = exir.EdgeCompileConfig(preserve_ops=[torch.ops.aten.linear.default])
+    result = epass.executorch.to_edge(ep, pipeline=presets.lower(), compile_config=config)
+    plain = exir.to_edge(ep, compile_config=config)
+    edge_program = result.exported_program()
+    assert "aten.linear.default" in _targets(result.pipelines["forward"].program)
+    assert _targets(edge_program) == _targets(plain.exported_program())
+    assert result.served is not None
+    (entry,) = result.served.served
+    assert (entry.how, entry.pipeline) == ("incremental", "lower")
+    # the pipeline's output is reported as one run before the hand-off would be
+    assert result.programs["forward"] is result.pipelines["forward"].program
+    assert result.programs["forward"].state_dict is ep.state_dict
+    assert edge_program.state_dict is ep.state_dict and result.shared
+    pte = result.to_executorch().buffer
+    assert fingerprint(ep) == before
+    torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
+
+
+class _Unused(torch.nn.Module):
+    # ExecuTorch removes the unused parameter from the graph and the dicts of the
+    # program its decomposition returned, in place, and lifts the scalar it adds
+    # into them.
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+        self.extra = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.extra * 2  # dead: export keeps the parameter as an input
+        return self.lin(x) + 1
+
+
+def test_executorch_never_edits_the_program_a_pipeline_made_at_its_decomposition() -> None:
+    args = (torch.randn(2, 8),)
+    module = _Unused().eval()
+    ep = torch.export.export(module, args)
+    keys = list(ep.state_dict)
+    result = epass.executorch.to_edge(ep, pipeline=[Decompose()])  # keeps every input
+    assert result.served is not None and result.served.served[0].pipeline is not None
+    made = result.pipelines["forward"].program
+    placeholders = [n.name for n in made.graph.nodes if n.op == "placeholder"]
+    assert placeholders == ["p_extra", "p_lin_weight", "p_lin_bias", "x"]
+    assert list(made.state_dict) == keys and made.state_dict is ep.state_dict
+    link = result.links["forward"].state_dict
+    assert (link.added, link.removed) == (("_lifted_tensor_constant0",), ("extra",))
+    assert list(ep.state_dict) == keys
+    pte = result.to_executorch().buffer
+    torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
+
+
+def _twice_addmm(bias, x, weight):
+    return torch.ops.aten.addmm.default(bias, x, weight) * 2
+
+
+def test_a_pipeline_matching_core_aten_after_decompose_runs_before_to_edge() -> None:
+    # ReplaceOps on addmm must see core ATen: the pipeline runs as written, and
+    # to_edge's own decomposition is served on its output.
+    _, ep, args = models.export("mlp")
+    pipeline = [Decompose(), ReplaceOps({torch.ops.aten.addmm.default: _twice_addmm})]
+    result = epass.executorch.to_edge(ep, pipeline=pipeline)
+    assert result.served is not None
+    assert [e.pipeline for e in result.served.served] == [None]
+    made = result.pipelines["forward"].program
+    assert "aten.addmm.default" in _targets(made) and "aten.mul.Tensor" in _targets(made)
+    pte = result.to_executorch().buffer
+    torch.testing.assert_close(_run_pte(pte, args)[0], made.module()(*args))

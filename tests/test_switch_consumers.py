@@ -13,7 +13,7 @@ from fingerprint import fingerprint
 import epass
 from epass import _switch
 from epass._decomp.check import first_difference
-from epass.passes import presets
+from epass.passes import Decompose, presets
 
 
 def _keys(ep: torch.export.ExportedProgram) -> tuple[set[str], set[str], list[int]]:
@@ -101,7 +101,11 @@ def test_executorch_hand_off_says_what_it_served():
     assert result.served is not None and result.served.counts["incremental"] == 1
     assert result.exported_program().state_dict is ep.state_dict
     lowered = epass.executorch.to_edge(ep, pipeline=presets.lower())
-    assert lowered.served is not None and lowered.served.counts["no-op"] == 1
+    assert lowered.served is not None and lowered.served.counts["incremental"] == 1
+    assert [e.pipeline for e in lowered.served.served] == ["lower"]  # run at to_edge's call
+    table = torch.export.default_decompositions()
+    before = epass.executorch.to_edge(ep, pipeline=[Decompose(table=table)])  # run as written
+    assert before.served is not None and before.served.counts["no-op"] == 1
     plain = epass.executorch.to_edge(ep, serve_decompositions=False)
     assert plain.served is None
     assert first_difference(result.exported_program(), plain.exported_program()) is None
