@@ -34,6 +34,8 @@ logger = logging.getLogger("epass")
 
 T = TypeVar("T")
 
+_FIELDS = ("state_dict", "constants")
+
 
 def private_program(program: ExportedProgram) -> ExportedProgram:
     """A program a consumer may edit and keep: its own graph, signature and dicts,
@@ -123,10 +125,13 @@ class HandOff:
         consumer's ``table``; where epass cannot take that table, the pipeline as
         given, and the call is served on its output as any other.
 
-        The pipeline runs on dicts of its own and its output is kept as it made it:
-        the consumer gets a copy (dicts always; the graph too unless only epass's
-        code saw the output and the caller shows it to nobody), since it may write
-        into the program its decomposition returns and edit its graph."""
+        The pipeline runs as it would before the hand-off: on ``ep``'s graph and on
+        copies of the user's whole dicts (a pass naming a new entry sees every key),
+        and its output is kept as it made it. The consumer gets a copy holding only
+        what the output's signature references (:func:`private_program`; the graph
+        too unless only epass's code saw the output and the caller shows it to
+        nobody), since it may write into the program its decomposition returns and
+        edit its graph."""
         deferred = self.deferred
         assert deferred is not None
         name = next((n for n, p in self.private.items() if p is ep), None)
@@ -134,36 +139,40 @@ class HandOff:
         if name is None or manager is None:
             return None
         retabled = None if table is _switch.NOT_TAKEN else _taken(manager, table, check)
-        given = _program.private_view(ep, copy_graph=False, copy_state=True)
+        source = self.sources[name]
+        given = _program.private_view(ep, copy_graph=False, copy_state=False)
+        _program.set_state(given, dict(source.state_dict), dict(source.constants))
         try:
             result = (manager if retabled is None else retabled)(given)
         except BaseException as exc:
             deferred.failure = exc
             raise
         self._keep(name, result)
-        if retabled is None:  # served on a view of its own, as any other program
-            return _switch.Lowered(result.program)
-        copy_graph = deferred.shown or not _closed(manager)
-        program = _program.private_view(result.program, copy_graph=copy_graph, copy_state=True)
+        # (the switch serves a program it is handed on a graph of its own)
+        copy_graph = retabled is not None and (deferred.shown or not _closed(manager))
+        program = prune(
+            _program.private_view(result.program, copy_graph=copy_graph, copy_state=False)
+        )
+        deferred.handed[name] = {f: frozenset(getattr(program, f)) for f in _FIELDS}
+        if retabled is None:  # served on that program as on any other
+            return _switch.Lowered(program)
         return _switch.Lowered(program, *_how(result.records), pipeline=manager.name)
 
     def _keep(self, name: str, result: PipelineResult) -> None:
         """Record the deferred pipeline's result for ``name``, its program linked to
         the user's dicts as a pipeline run before the hand-off would have left it
         (the user's dict objects where it holds the same entries or fewer)."""
-        assert self.deferred is not None
-        self.deferred.made[name] = result.program
         program = _program.private_view(result.program, copy_graph=False, copy_state=True)
         source = self.sources[name]
         StateLinker().link(source, program, pass_name=self.consumer, user=source)
         self.pipelines[name] = attrs.evolve(result, program=program)
         self.programs[name] = program
 
-    def made(self, name: str) -> ExportedProgram | None:
-        """The program the deferred pipeline of ``name`` made at the consumer's
-        decomposition, with the dicts as it made them (the consumer got a copy of
-        their entries), or None where no pipeline ran there."""
-        return None if self.deferred is None else self.deferred.made.get(name)
+    def handed(self, name: str) -> dict[str, frozenset[str]] | None:
+        """The keys of the dicts (``state_dict``, ``constants``) of the program the
+        deferred pipeline of ``name`` made for the consumer, as handed over, or None
+        where no pipeline ran at the consumer's decomposition."""
+        return None if self.deferred is None else self.deferred.handed.get(name)
 
     def _check(
         self, watch: StoreWatch, cause: BaseException | None, who: str | None = None
@@ -200,7 +209,7 @@ class _Deferred:
     # the consumer always gets a copy of their graphs.
     shown: bool = False
     failure: BaseException | None = None
-    made: dict[str, ExportedProgram] = attrs.field(factory=dict)
+    handed: dict[str, dict[str, frozenset[str]]] = attrs.field(factory=dict)
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def take(self, name: str) -> PassManager | None:

@@ -120,9 +120,9 @@ def _hand_off(
     keys = {(n, f): set(getattr(p, f)) for n, p in private.items() for f in _FIELDS}
     edge = hand_off.call(convert, given, **kwargs)
     for name in private:
-        made = hand_off.made(name)  # a pipeline run at to_edge's decomposition
-        if made is not None:
-            keys.update({(name, f): set(getattr(made, f)) for f in _FIELDS})
+        handed = hand_off.handed(name)  # what a pipeline run at to_edge's call gave it
+        if handed is not None:
+            keys.update({(name, f): set(handed[f]) for f in _FIELDS})
     links: dict[str, LinkReport] = {}
     for name in edge.methods:
         program = edge.exported_program(name)

@@ -255,3 +255,36 @@ def test_a_pipeline_matching_core_aten_after_decompose_runs_before_to_edge() -> 
     assert "aten.addmm.default" in _targets(made) and "aten.mul.Tensor" in _targets(made)
     pte = result.to_executorch().buffer
     torch.testing.assert_close(_run_pte(pte, args)[0], made.module()(*args))
+
+
+class _Offset(torch.nn.Module):
+    # lower() folds ``offset * 2`` into a new constant, named after its operator.
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.offset = torch.linspace(0, 1, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.offset * 2
+
+
+def test_a_pipeline_run_at_to_edges_decomposition_sees_the_users_whole_dicts() -> None:
+    # An entry no signature references (left by an earlier lowering) holds the name
+    # the fold would take: the pipeline names its constant around it, as it does when
+    # it runs before the hand-off, and ExecuTorch gets only what the output uses.
+    module = _Offset().eval()
+    args = (torch.randn(2, 4),)
+    made = []
+    for serve in (True, False):
+        ep = torch.export.export(module, args)
+        stray = torch.full((4,), 99.0)
+        ep.state_dict["folded_mul"] = stray
+        result = epass.executorch.to_edge(ep, pipeline=presets.lower(), serve_decompositions=serve)
+        assert ep.state_dict["folded_mul"] is stray
+        specs = result.exported_program().graph_signature.input_specs
+        made.append(([s.target for s in specs], result.links["forward"].as_dict()))
+        pte = result.to_executorch().buffer
+        torch.testing.assert_close(_run_pte(pte, args)[0], module(*args))
+    deferred, written = made
+    assert deferred == written and "folded_mul_1" in deferred[0]
+    assert list(deferred[1]["state_dict"]["removed"]) == ["folded_mul"]
