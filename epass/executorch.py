@@ -207,13 +207,10 @@ def to_edge(
     otherwise the edge program holds a dict of its own with the user's tensor
     objects, and the user's dict is untouched (see :class:`EdgeResult`).
 
-    Where calls are served and the pipeline holds a ``Decompose()`` without a table
-    followed only by passes that neither match operators nor make new ones
-    (``presets.lower()``), the pipeline runs at ``to_edge``'s own decomposition of
-    each program, that ``Decompose`` taking ExecuTorch's table: ExecuTorch gets the
-    program its decomposition makes, with the operators ``compile_config``'s
-    ``preserve_ops`` names kept, and decomposes nothing twice. Any other pipeline
-    runs before the hand-off, as written.
+    A pipeline such as ``presets.lower()`` (a table-less ``Decompose()``, then only
+    passes that neither match nor make operators) runs at ``to_edge``'s own
+    decomposition when calls are served, that ``Decompose`` taking ExecuTorch's table
+    (``preserve_ops`` kept, nothing decomposed twice); any other runs before it.
 
     Args:
         ep_or_module: an ExportedProgram, a dict of method name to ExportedProgram,
