@@ -36,6 +36,11 @@ T = TypeVar("T")
 
 _FIELDS = ("state_dict", "constants")
 
+# One consumer call at a time in the process: ExecuTorch's to_edge and the ONNX
+# exporter fail when two threads run them at once (they share the fake tensor mode
+# of the program's values and register kernels on first use), plain as under epass.
+_CONSUMER = threading.RLock()
+
 
 def private_program(program: ExportedProgram) -> ExportedProgram:
     """A program a consumer may edit and keep: its own graph, signature and dicts,
@@ -82,10 +87,10 @@ class HandOff:
         wrote nothing has its ``SystemExit`` or ``KeyboardInterrupt`` re-raised as it
         was. While it runs, its ``run_decompositions`` calls are served by epass
         (unless :attr:`served` is None); a served result of a private program holds
-        that program's dicts."""
+        that program's dicts. Hand-offs in other threads wait for it to return."""
         watch = StoreWatch.of(self.private.values(), fingerprint=True)
         try:
-            with self._serving():
+            with _CONSUMER, self._serving():
                 out = convert(*args, **kwargs)
         except BaseException as exc:
             self._raise_failure(watch, exc)
