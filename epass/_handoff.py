@@ -167,7 +167,8 @@ class HandOff:
         """Record the deferred pipeline's result for ``name``, its program linked to
         the user's dicts as a pipeline run before the hand-off would have left it
         (the user's dict objects where it holds the same entries or fewer)."""
-        program = _program.private_view(result.program, copy_graph=False, copy_state=True)
+        # the linker gives the view dicts of its own (the user's, or new ones)
+        program = _program.private_view(result.program, copy_graph=False, copy_state=False)
         source = self.sources[name]
         StateLinker().link(source, program, pass_name=self.consumer, user=source)
         self.pipelines[name] = attrs.evolve(result, program=program)
