@@ -66,6 +66,7 @@ def normalize(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[A
     assert schema is not None  # only operator overloads are normalized
     bound: list[Any] = []
     params = schema.arguments
+    _check_binds(op, params, args, kwargs)
     missing = object()
     for i, param in enumerate(params):
         if i < len(args):
@@ -90,6 +91,21 @@ def normalize(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[A
         if p.kwarg_only and not _is_default(bound[i], p)
     }
     return new_args, new_kwargs
+
+
+def _check_binds(op: Any, params: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise :class:`Fallback` where the node's arguments do not bind to the schema (the
+    retrace, calling the operator, raises the dispatcher's error)."""
+    positional = [p.name for p in params if not p.kwarg_only]
+    if len(args) > len(positional):
+        raise Fallback(
+            f"a call of {op} with {len(args)} positional arguments, where it takes "
+            f"{len(positional)}"
+        )
+    names = {p.name for p in params}
+    for name in kwargs:
+        if name not in names or name in positional[: len(args)]:
+            raise Fallback(f"a call of {op} with an argument {name!r} it does not take there")
 
 
 def sym_key(value: Any) -> Any:

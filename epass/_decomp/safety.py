@@ -486,7 +486,7 @@ def _state_problem(ep: ExportedProgram) -> str | None:
         if node.op != "placeholder":
             break
         vals[node.name] = node.meta.get("val")
-    for name, tensor in state_tensors(ep).items():
+    for name, tensor in (state_tensors(ep) | _constant_tensors(ep)).items():
         if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
             return f"a state tensor of type {type(tensor).__name__} ({name})"
         val = vals.get(name)
@@ -533,6 +533,18 @@ def state_tensors(ep: ExportedProgram) -> dict[str, Any]:
             if spec.target in store:
                 found[spec.arg.name] = store[spec.target]
     return found
+
+
+def _constant_tensors(ep: ExportedProgram) -> dict[str, Any]:
+    """The tensors of the constant-tensor placeholders, which the retrace also fakes
+    from the tensors themselves (registered as buffers for the trace)."""
+    return {
+        spec.arg.name: ep.constants[spec.target]
+        for spec in ep.graph_signature.input_specs
+        if spec.kind == InputKind.CONSTANT_TENSOR
+        and spec.target is not None
+        and isinstance(ep.constants.get(spec.target), torch.Tensor)
+    }
 
 
 def returns_a_view_of_an_input(graph: torch.fx.Graph) -> bool:
