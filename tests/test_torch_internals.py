@@ -483,6 +483,20 @@ def _shape_env_snapshot_and_forget() -> None:
     assert env._maybe_evaluate_static.cache_info().currsize > 0
     fakes.forget_static_evaluations(env)
     assert env._maybe_evaluate_static.cache_info().currsize == 0
+    # A symbol made by a trace given up leaves nothing the retrace's range
+    # constraints (every symbol of var_to_range without a replacement) would list.
+    known = dict(env.var_to_range)
+    made = env.create_unbacked_symint().node.expr
+    checked = env.create_unbacked_symint()
+    torch._check(checked != 5)
+    made = [made, checked.node.expr]
+    assert all(m in env.var_to_range and m in env.pending_fresh_unbacked_symbols for m in made)
+    assert made[1] in env.deferred_runtime_asserts
+    fakes.forget_symbols(env, known)
+    assert env.var_to_range.keys() == known.keys()
+    assert not set(made) & set(env.pending_fresh_unbacked_symbols)
+    for field in fakes._BY_SYMBOL:
+        assert not set(made) & set(getattr(env, field, {})), field
 
 
 def _size_of_an_intermediate(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:

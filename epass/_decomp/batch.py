@@ -12,6 +12,7 @@ import torch
 
 from epass._decomp import keys, shapes, table, tracing
 from epass._decomp.safety import Fallback
+from epass._torch import fakes as torch_fakes
 from epass._torch import tracing as torch_tracing
 from epass._torch.programs import pytree
 
@@ -60,6 +61,8 @@ def trace_batch(
         return {}
     if shapes.snapshot(shape_env) != known:
         # New symbols, or a guard one of the calls would have taught alone.
+        if known is not None:
+            torch_fakes.forget_symbols(shape_env, known[1])
         return {}
     return _split(list(gm.graph.nodes), len(fakes), calls, bounds, tables)
 

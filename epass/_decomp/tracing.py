@@ -13,6 +13,7 @@ import torch
 from epass import _operators
 from epass._decomp import keys, safety, shapes, state, table
 from epass._decomp.safety import Fallback
+from epass._torch import fakes as torch_fakes
 from epass._torch import tracing as torch_tracing
 from epass._torch.programs import pytree
 
@@ -202,6 +203,8 @@ def trace(
         fakes = keys.fresh_fakes(fake_mode, inputs, grads)
     gm = capture(fn, fakes, tables, fake_mode, overrides, frames)
     if shape_env is not None and symbol_count(shape_env) != before:
+        # The retrace, which runs instead, would list them among its program's ranges.
+        torch_fakes.forget_symbols(shape_env, known[1] if known is not None else ())
         raise Fallback(f"the decomposition of {op} creates new symbols")
     check_template(gm.graph, op, tables)
     after = shapes.snapshot(shape_env)

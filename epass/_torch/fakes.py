@@ -1,10 +1,12 @@
 """Fake values and the shape environment: finding a fake mode, its cache, contiguity
-asked without a guard, and the retrace's runtime assertions."""
+asked without a guard, forgetting symbols a given-up trace made, and the retrace's
+runtime assertions."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -14,6 +16,7 @@ __all__ = [
     "fake_cache_off",
     "is_contiguous_or_false",
     "forget_static_evaluations",
+    "forget_symbols",
     "insert_runtime_asserts",
     "tensor_metadata",
 ]
@@ -43,6 +46,41 @@ def is_contiguous_or_false(t: Any, memory_format: Any = torch.contiguous_format)
 def forget_static_evaluations(shape_env: Any) -> None:
     """Clear ``ShapeEnv._maybe_evaluate_static``'s cache."""
     shape_env._maybe_evaluate_static.cache_clear()
+
+
+# What a shape environment records of each symbol, by symbol.
+_BY_SYMBOL = (
+    "var_to_range",
+    "var_to_range_sloc",
+    "var_to_stack",
+    "unbacked_var_to_val",
+    "oblivious_var_to_val",
+    "var_to_hint_override",
+    "deferred_runtime_asserts",
+    "replacements",
+    "replacements_slocs",
+)
+
+
+def forget_symbols(shape_env: Any, known: Collection[Any]) -> None:
+    """Drop every symbol the shape environment made since it knew only ``known`` (the
+    keys of its ``var_to_range`` then): a trace that made symbols and was given up
+    leaves no trace of them (torch's retrace lists each symbol it finds there, with
+    no replacement, among the program's range constraints)."""
+    made = [s for s in shape_env.var_to_range if s not in known]
+    if not made:
+        return
+    for field in _BY_SYMBOL:
+        held = getattr(shape_env, field, None)
+        if isinstance(held, dict):
+            for symbol in made:
+                held.pop(symbol, None)
+    size_like = getattr(shape_env, "size_like", None)
+    if isinstance(size_like, set):
+        size_like.difference_update(made)
+    pending = getattr(shape_env, "pending_fresh_unbacked_symbols", None)
+    if isinstance(pending, list):
+        pending[:] = [s for s in pending if s not in made]
 
 
 def insert_runtime_asserts(gm: torch.fx.GraphModule, shape_env: Any, stack_trace: str) -> bool:
