@@ -110,17 +110,20 @@ class HandOff:
         """Raise the deferred pipeline's own error where it failed (not the consumer's
         wrapping of it), or a write into the shared tensors it does not explain."""
         failure = None if self.deferred is None else self.deferred.failure
+        both = f"{self.consumer}, or the pipeline run in it,"
         if failure is None:
-            self._check(watch, exc)
+            # a pipeline that ran in the consumer's call wrote in the same span
+            ran = self.deferred is not None and bool(self.deferred.handed)
+            self._check(watch, exc, both if ran else None)
         elif not isinstance(failure, StateMutationError):  # that one names the pass
-            self._check(watch, failure, f"{self.consumer}, or the pipeline run in it,")
+            self._check(watch, failure, both)
         if failure is not None:
             failure.__suppress_context__ = True
             raise failure from failure.__cause__
 
     def _serving(self) -> contextlib.AbstractContextManager[Any]:
-        if self.served is None:
-            return contextlib.nullcontext()
+        if self.served is None:  # the caller's choice, over any switch around it
+            return _switch.torchs_method()
         lowering = None if self.deferred is None else self._lower
         return _switch.switched(private=self.private.values(), log=self.served, lowering=lowering)
 

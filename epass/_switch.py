@@ -43,6 +43,7 @@ __all__ = [
     "process_log",
     "process_wide",
     "switched",
+    "torchs_method",
 ]
 
 HOW = ("incremental", "no-op", "retrace", "torch")
@@ -281,6 +282,9 @@ def switched(
     stores = tuple(store for ep in private for store in (ep.state_dict, ep.constants))
     if outer is not None:
         stores += outer.private
+    if check is None:  # the enclosing block's, or the process-wide switch's
+        enclosing = _current()
+        check = None if enclosing is None else enclosing.check
     scope = _Scope(DecompositionLog() if log is None else log, check, stores, outer)
     scope.lowering = lowering
     _install()
@@ -293,6 +297,18 @@ def switched(
             _SCOPE.reset(token)
     finally:
         _uninstall()
+
+
+@contextlib.contextmanager
+def torchs_method() -> Iterator[None]:
+    """Leave ``run_decompositions`` to torch's own method in this context while the
+    block runs, whatever block or process-wide switch encloses it (a hand-off told
+    not to serve)."""
+    token = _SERVING.set(True)
+    try:
+        yield
+    finally:
+        _SERVING.reset(token)
 
 
 def fast_decompositions(
@@ -365,6 +381,28 @@ def _arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, bool
     return bound.get("decomp_table"), bound.get("decompose_custom_triton_ops", False)
 
 
+def _reusable(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments with a table that can be read only once (an iterator or a
+    generator of pairs, which torch's method reads into a dict) read into a list, so
+    that torch's method, when it takes the call, gets every entry epass read."""
+    if args:
+        table = args[0]
+        if _one_shot(table):
+            return (list(table), *args[1:]), kwargs
+    elif _one_shot(kwargs.get("decomp_table")):
+        return args, {**kwargs, "decomp_table": list(kwargs["decomp_table"])}
+    return args, kwargs
+
+
+def _one_shot(table: Any) -> bool:
+    try:
+        return table is not None and iter(table) is table
+    except TypeError:  # not iterable: torch's method raises its own error
+        return False
+
+
 def _refusal(ep: ExportedProgram, arguments: tuple[Any, bool] | None) -> str | None:
     """Why torch's own method takes this call (None: the engine may)."""
     if arguments is None:
@@ -389,6 +427,7 @@ def _serve(
 ) -> ExportedProgram:
     began = time.perf_counter()
     nodes = len(ep.graph.nodes)
+    args, kwargs = _reusable(args, kwargs)
     arguments = _arguments(args, kwargs)
     table = None if arguments is None else arguments[0]
     described = "default" if table is None else _describe(table)

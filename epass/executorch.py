@@ -220,7 +220,8 @@ def to_edge(
         pipeline: a PassManager, a list of passes, a single pass, or None.
         serve_decompositions: serve ExecuTorch's own ``run_decompositions`` calls
             with epass's ``Decompose`` (:func:`epass.fast_decompositions`;
-            ``result.served`` says how); False leaves them to torch.
+            ``result.served`` says how); False leaves them to torch, also inside
+            a ``fast_decompositions()`` block.
         **kwargs: passed to ``executorch.exir.to_edge`` (``compile_config``,
             ``constant_methods``).
 

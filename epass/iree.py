@@ -38,7 +38,8 @@ def export(
         pipeline: a PassManager, a list of passes, a single pass, or None.
         serve_decompositions: serve any ``run_decompositions`` call iree-turbine
             makes with epass's ``Decompose`` (:func:`epass.fast_decompositions`,
-            whose log around this call records it); False leaves it to torch.
+            whose log around this call records it); False leaves it to torch, also
+            inside a ``fast_decompositions()`` block.
         **iree_kwargs: passed to ``iree.turbine.aot.export`` (``module_name``,
             ``function_name``, ``arg_device``, ...).
 

@@ -46,8 +46,9 @@ def export(
             exporter's table (docs/onnx.md, "Where the pipeline runs").
         serve_decompositions: serve the exporter's own ``run_decompositions`` call
             with epass's ``Decompose`` (:func:`epass.fast_decompositions`); False
-            leaves it to torch. What was served is logged at DEBUG level and recorded
-            in the log of any ``fast_decompositions()`` block around this call.
+            leaves it to torch, also inside a ``fast_decompositions()`` block. What was
+            served is logged at DEBUG level and recorded in the log of any
+            ``fast_decompositions()`` block around this call.
         **onnx_kwargs: passed to ``torch.onnx.export`` (``dynamo`` must stay True).
 
     Returns:

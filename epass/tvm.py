@@ -73,7 +73,7 @@ def from_exported_program(
         pipeline: a PassManager, a list of passes, a single pass, or None.
         serve_decompositions: serve TVM's own ``run_decompositions`` call with
             epass's ``Decompose`` (:func:`epass.fast_decompositions`); False
-            leaves it to torch.
+            leaves it to torch, also inside a ``fast_decompositions()`` block.
         **tvm_kwargs: passed to ``from_exported_program`` (``keep_params_as_input``,
             ``unwrap_unit_return_tuple``, ``custom_convert_map``, ...).
 

@@ -230,6 +230,20 @@ def test_a_pass_writing_state_at_the_exporters_decomposition_is_the_one_named():
     assert "torch.onnx.export" not in str(caught.value)
 
 
+def _writes_through_data(ep):
+    # .data writes bump no version counter: the manager's default check misses them,
+    # the hand-off's fingerprint of the span the pipeline shares with the exporter not
+    ep.state_dict[next(iter(ep.state_dict))].data.mul_(2)
+    return ep
+
+
+def test_a_write_in_the_span_the_pipeline_shares_with_the_exporter_names_both():
+    _, ep, args = models.export("mlp")
+    with pytest.raises(StateMutationError, match="pipeline run in it") as caught:
+        epass.onnx.export(ep, args, pipeline=[_writes_through_data, Decompose()], **_quiet())
+    assert str(caught.value).startswith("torch.onnx.export, or the pipeline run in it,")
+
+
 def _first_input_dims(onnx_program) -> list[object]:
     return [str(d) for d in onnx_program.model.graph.inputs[0].shape]
 

@@ -234,6 +234,68 @@ def test_a_bad_table_raises_what_torch_raises(table):
     assert str(ours.value).splitlines()[0] == str(theirs.value).splitlines()[0]
 
 
+@pytest.mark.parametrize("kind", ["iterator", "generator"])
+def test_a_table_read_once_reaches_torchs_method_whole(kind):
+    # torch's method reads any iterable of pairs into a dict; one epass read first
+    # must not leave torch an empty one
+    _, ep, _ = models.export("mlp")
+    pairs = [(aten.relu.default, _relu_as_clamp)]
+
+    def table():
+        return iter(pairs) if kind == "iterator" else (pair for pair in pairs)
+
+    ref = ep.run_decompositions(table())
+    assert aten.clamp.default in {n.target for n in ref.graph.nodes}
+    out, _ = _served(ep, table())
+    assert first_difference(out, ref) is None
+    out, _ = _served(ep, decomp_table=table())
+    assert first_difference(out, ref) is None
+
+
+class _Gelu(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.c = torch.ones(4)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.linear(x)) + self.c
+
+
+def _constant_of_another_shape(ep):
+    ep.constants["c"] = torch.ones(7)
+
+
+def _call_that_does_not_bind(ep):
+    for node in ep.graph.nodes:
+        if node.target is aten.gelu.default:
+            node.args = (node.args[0], "tanh")
+    ep.graph_module.recompile()
+
+
+def _keyword_it_does_not_take(ep):
+    for node in ep.graph.nodes:
+        if node.target is aten.gelu.default:
+            node.kwargs = {"approx": "tanh"}
+    ep.graph_module.recompile()
+
+
+@pytest.mark.parametrize(
+    "spoil", [_constant_of_another_shape, _call_that_does_not_bind, _keyword_it_does_not_take]
+)
+def test_a_program_torch_refuses_raises_what_torch_raises(spoil):
+    # the retrace reads the constants themselves and calls every operator; the
+    # engine, which reads the recorded values, must not make a program of these
+    ep = torch.export.export(_Gelu(), (torch.randn(2, 4),))
+    spoil(ep)
+    with pytest.raises(Exception) as theirs:
+        ep.run_decompositions()
+    with pytest.raises(Exception) as ours, epass.fast_decompositions():
+        ep.run_decompositions()
+    assert type(ours.value) is type(theirs.value)
+    assert str(ours.value).splitlines()[0] == str(theirs.value).splitlines()[0]
+
+
 def test_a_table_epass_refuses_goes_to_torchs_method():
     _, ep, _ = models.export("mlp")
     out, log = _served(ep, {"aten::relu": _relu_as_clamp})  # torch ignores such a key
@@ -262,6 +324,73 @@ def test_check_mode_compares_with_torch(monkeypatch):
     with epass.fast_decompositions(check=True):
         ep.run_decompositions()
     assert seen == [True]
+
+
+class _Item(torch.nn.Module):
+    def forward(self, x, n):
+        k = n.item()
+        torch._check(k >= 1)
+        torch._check(k <= 4)
+        return torch.nn.functional.gelu(x[:k])
+
+
+def test_a_trace_given_up_leaves_no_symbol_in_the_programs_shape_environment():
+    # the template trace of item() makes a symbol and is given up for the retrace;
+    # that symbol, left in the input's shape environment, would be listed among the
+    # range constraints of the retrace's program, and of torch's own ever after
+    ep = torch.export.export(_Item(), (torch.randn(4, 4), torch.tensor(2)))
+    ranges = ep.run_decompositions().range_constraints.keys()
+    out, log = _served(ep)
+    assert log.counts["retrace"] == 1, log.summary()
+    assert out.range_constraints.keys() == ranges
+    assert ep.run_decompositions().range_constraints.keys() == ranges
+
+
+class _Items(torch.nn.Module):
+    def forward(self, x, n):
+        k = n.item()
+        torch._check(k >= 1)
+        torch._check(k <= 4)
+        return torch.nn.functional.silu(torch.nn.functional.gelu(x[:k])) + n.float().item()
+
+
+def test_a_batched_trace_given_up_leaves_no_symbol_either(monkeypatch):
+    # static calls missing from every cache are traced in one batch first
+    from epass._decomp import templates
+
+    monkeypatch.setenv("EPASS_CACHE_DIR", "")
+    templates.clear_memory()
+    ep = torch.export.export(_Items(), (torch.randn(4, 4), torch.tensor(2)))
+    ranges = ep.run_decompositions().range_constraints.keys()
+    out, _ = _served(ep)
+    assert out.range_constraints.keys() == ranges
+    assert ep.run_decompositions().range_constraints.keys() == ranges
+
+
+def test_an_inner_block_without_check_keeps_the_enclosing_check(monkeypatch):
+    # a hand-off's own block, or a library's, inside a checking block or the
+    # process-wide --check
+    seen = []
+    call = decompose.Decompose.__call__
+
+    def spy(self, ep):
+        seen.append(self.check)
+        return call(self, ep)
+
+    monkeypatch.setattr(decompose.Decompose, "__call__", spy)
+    monkeypatch.delenv("EPASS_DECOMPOSE_CHECK", raising=False)
+    _, ep, _ = models.export("mlp")
+    with epass.fast_decompositions(check=True), epass.fast_decompositions():
+        ep.run_decompositions()
+    stop = _switch.process_wide(check=True)
+    try:
+        with epass.fast_decompositions():
+            ep.run_decompositions()
+        with epass.fast_decompositions(check=False):
+            ep.run_decompositions()
+    finally:
+        stop()
+    assert seen == [True, True, False]
 
 
 def test_a_call_under_a_fake_mode_goes_to_torchs_method():

@@ -65,6 +65,10 @@ def test_onnx_hand_off_serves_by_default_and_opts_out(monkeypatch):
     assert log.counts["incremental"] == 1 and len(calls) == 1
     epass.onnx.export(ep, args, verbose=False, serve_decompositions=False)
     assert len(calls) == 1 and not _switch.installed()
+    # the opt-out holds inside a block too: the caller chose for this export
+    with epass.fast_decompositions() as log:
+        epass.onnx.export(ep, args, verbose=False, serve_decompositions=False)
+    assert len(calls) == 1 and not log.served
 
 
 # --- ExecuTorch ----------------------------------------------------------------------------
