@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import attrs
 from torch.export import ExportedProgram
 
-from epass import _program, _switch
+from epass import _program, _served, _switch
 from epass.errors import EpassError, StateMutationError
 from epass.io import prune
 from epass.linker import LinkReport, StateLinker
@@ -76,7 +76,7 @@ class HandOff:
     pipelines: dict[str, PipelineResult]
     private: Mapping[str, ExportedProgram]
     sources: Mapping[str, ExportedProgram]
-    served: _switch.DecompositionLog | None = None
+    served: _served.DecompositionLog | None = None
     deferred: _Deferred | None = None
 
     def call(self, convert: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -260,7 +260,7 @@ def start(
         else:
             programs[name] = ep
     private = {name: private_program(p) for name, p in programs.items()}
-    served = _switch.DecompositionLog() if serve else None
+    served = _served.DecompositionLog() if serve else None
     later = None
     if deferred and manager is not None:
         later = _Deferred({name: manager for name in sources}, shown=shown)

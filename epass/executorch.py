@@ -11,7 +11,7 @@ import torch
 from torch.export import ExportedProgram
 
 from epass import _graph, _handoff
-from epass._switch import DecompositionLog
+from epass._served import DecompositionLog
 from epass.errors import HandOffError
 from epass.linker import LinkReport
 from epass.manager import PipelineResult

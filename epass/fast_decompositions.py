@@ -16,14 +16,8 @@ import os
 import runpy
 import sys
 
-from epass._switch import (
-    HOW,
-    DecompositionLog,
-    ServedDecomposition,
-    fast_decompositions,
-    process_log,
-    process_wide,
-)
+from epass._served import HOW, DecompositionLog, ServedDecomposition
+from epass._switch import fast_decompositions, process_log, process_wide
 
 __all__ = [
     "HOW",

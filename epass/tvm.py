@@ -9,7 +9,7 @@ import attrs
 from torch.export import ExportedProgram
 
 from epass import _handoff
-from epass._switch import DecompositionLog
+from epass._served import DecompositionLog
 from epass.errors import ArgumentTypeError
 from epass.manager import PipelineResult
 from epass.passes import Decompose
