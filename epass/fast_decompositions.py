@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import builtins
+import importlib.util
+import io
 import os
 import runpy
 import sys
+import types
+from typing import Any
 
 from epass._served import HOW, DecompositionLog, ServedDecomposition
 from epass._switch import fast_decompositions, process_log, process_wide
@@ -62,18 +67,68 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Run the script or module named in ``argv`` (default: ``sys.argv[1:]``) under
     the process-wide switch; its ``SystemExit`` and exceptions pass through."""
-    options = _parser().parse_args(argv)
+    head, rest = _split(sys.argv[1:] if argv is None else argv)
+    options = _parser().parse_args(head)
+    if not options.module and not os.path.exists(options.target):
+        print(
+            f"{_PROG}: can't open file {options.target!r}: [Errno 2] No such file or directory",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     stop = process_wide(check=True if options.check else None)
     log = process_log()
     # After every non-daemon thread has ended: exit handlers run after the
     # interpreter joins them.
     atexit.register(_at_exit, stop, log)
-    sys.argv[:] = [options.target, *options.args]
+    sys.argv[:] = [options.target, *rest]
     if options.module:
-        runpy.run_module(options.target, run_name="__main__", alter_sys=True)
-    else:
+        spec = importlib.util.find_spec(options.target)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(f"{options.target}.__main__")
+        if spec is None or spec.loader is None:
+            runpy.run_module(options.target, run_name="__main__", alter_sys=True)  # its error
+            return
+        sys.argv[0] = spec.origin or options.target
+        _run_as_main(spec.loader.get_code(spec.name), spec.origin, spec)  # type: ignore[attr-defined]
+    elif os.path.isfile(options.target):
+        # As python runs a script: its folder first on the path, symbolic links
+        # resolved; __file__ absolute.
+        sys.path[0] = os.path.dirname(os.path.realpath(options.target))
+        path = os.path.abspath(options.target)
+        with io.open_code(path) as source:
+            code = compile(source.read(), path, "exec")
+        _run_as_main(code, path, None)
+    else:  # a folder or an archive holding __main__.py
         sys.path[0] = os.path.dirname(os.path.abspath(options.target))
         runpy.run_path(options.target, run_name="__main__")
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """This command's options and the target, and the target's arguments, verbatim
+    (a ``--`` or an option after the target is the target's, as python passes it)."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return argv[i + 1 : i + 2], argv[i + 2 :]
+        if arg not in ("--check", "-m", "-h", "--help"):
+            return argv[: i + 1], argv[i + 1 :]
+    return argv, []
+
+
+def _run_as_main(code: types.CodeType, path: str | None, spec: Any) -> None:
+    """Run ``code`` as the module ``__main__``, which stays in ``sys.modules`` after it
+    returns (threads still running and exit handlers find what it defined, as under
+    ``python script.py``)."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=path,
+        __builtins__=builtins,
+        __spec__=spec,
+        __loader__=None if spec is None else spec.loader,
+        __package__=None if spec is None else spec.parent,
+        __cached__=None,
+    )
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 
 def _at_exit(stop: object, log: DecompositionLog | None) -> None:

@@ -437,6 +437,82 @@ def test_whole_script_form_covers_every_thread_and_passes_the_exit_code(tmp_path
     assert "0 torch" in last
 
 
+_RUNS_AS_PYTHON_RUNS_IT = """
+import atexit, pickle, sys, threading
+import sibling
+
+class Checkpoint:
+    pass
+
+def save():
+    pickle.dumps(Checkpoint())  # looks the class up in sys.modules["__main__"]
+    print("saved at exit", flush=True)
+
+atexit.register(save)
+print("argv", sys.argv[1:], "file", __file__, sibling.NAME, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_whole_script_form_runs_the_script_as_python_runs_it(tmp_path):
+    # its own __main__ after the body too (exit handlers, late threads), the folder
+    # of the real file first on the path, an absolute __file__, every argument after
+    # the script the script's own
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.mkdir()
+    (real / "export.py").write_text(textwrap.dedent(_RUNS_AS_PYTHON_RUNS_IT))
+    (real / "sibling.py").write_text('NAME = "sibling"\n')
+    (link / "export.py").symlink_to(real / "export.py")
+    command = [sys.executable, "-m", "epass.fast_decompositions"]
+    done = subprocess.run(
+        [*command, "link/export.py", "--", "--check", "x"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    file = str(tmp_path / "link" / "export.py")
+    assert f"argv ['--', '--check', 'x'] file {file} sibling" in done.stdout
+    assert "saved at exit" in done.stdout
+    missing = subprocess.run(
+        [*command, "nowhere.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert missing.returncode == 2
+    assert "can't open file 'nowhere.py'" in missing.stderr
+
+
+_CHILDREN = """
+import multiprocessing
+
+def report(method):
+    from epass import _switch
+    print(method, _switch.installed(), flush=True)
+
+if __name__ == "__main__":
+    for method in ("fork", "spawn"):
+        child = multiprocessing.get_context(method).Process(target=report, args=(method,))
+        child.start()
+        child.join()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_whole_script_form_reaches_forked_children_not_spawned_ones(tmp_path):
+    script = tmp_path / "children.py"
+    script.write_text(textwrap.dedent(_CHILDREN))
+    done = subprocess.run(
+        [sys.executable, "-m", "epass.fast_decompositions", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fork", "True", "spawn", "False"]
+
+
 def test_whole_script_form_says_it_is_process_wide():
     done = subprocess.run(
         [sys.executable, "-m", "epass.fast_decompositions", "--help"],
