@@ -346,6 +346,10 @@ class _Walk:
         ``Settings.SCALE``: state no file names)."""
         read = []
         for chain in sorted(_global_chains(fn.__code__)):
+            if chain[0] in _BY_NAME and chain[0] not in fn.__globals__:
+                raise NotMade(
+                    f"{label(fn)} reads attributes by name ({chain[0]}), which no name covers"
+                )
             if chain[0] not in fn.__globals__:
                 continue  # a builtin, or a name the code never finds
             value = fn.__globals__[chain[0]]
@@ -362,17 +366,21 @@ class _Walk:
 
     @staticmethod
     def _holds_state(obj: Any) -> bool:
-        """Whether ``obj``'s attributes are state beside its file: a module or class
-        that is not torch's (torch's are named by the build)."""
+        """Whether ``obj``'s attributes are state beside its file: a module, class,
+        function or object of a class that is not torch's (torch's are named by the
+        build); an object's include its class's (``options.scale`` set on the class)."""
         if isinstance(obj, types.ModuleType):
             return not _torch_module(obj.__name__)
-        if isinstance(obj, type):
-            return not (_torch_module(obj.__module__) or obj.__module__ == "builtins")
-        return False
+        if isinstance(obj, types.FunctionType):
+            return not _in_torch(obj.__code__)
+        kind = obj if isinstance(obj, type) else type(obj)
+        return not (_torch_module(kind.__module__) or kind.__module__ == "builtins")
 
 
 _MISSING = object()
 _ATTRIBUTE = ("LOAD_ATTR", "LOAD_METHOD")
+# Builtins reading an attribute named at run time: what they read is named nowhere.
+_BY_NAME = frozenset({"getattr", "vars"})
 
 
 @functools.lru_cache(maxsize=4096)

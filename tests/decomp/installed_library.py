@@ -43,6 +43,32 @@ SOURCE = textwrap.dedent(
             return aten.mul.Tensor(aten.mul.Tensor(x, aten.sigmoid.default(x)), k[0])
 
         return silu
+
+
+    class Options:
+        scale = 2.0
+
+
+    OPTIONS = Options()
+
+
+    def through_an_instance(x):
+        return aten.mul.Tensor(aten.mul.Tensor(x, aten.sigmoid.default(x)), OPTIONS.scale)
+
+
+    def helper(x):
+        return aten.mul.Tensor(x, aten.sigmoid.default(x))
+
+
+    helper.factor = 2.0
+
+
+    def through_a_function(x):
+        return aten.mul.Tensor(helper(x), helper.factor)
+
+
+    def by_name(x):
+        return aten.mul.Tensor(helper(x), getattr(Options, "scale"))
     """
 )
 SETTINGS = "FACTOR = 2.0\n"

@@ -58,6 +58,24 @@ def test_an_installed_librarys_function_is_named_by_its_version_and_what_it_read
     assert _name(lib.configured) != configured
 
 
+def test_state_a_library_function_reads_through_an_instance_or_a_function_is_named(library):
+    # a class attribute read through an instance, an attribute set on a function
+    lib, _ = library()
+    for fn, holder, field in (
+        (lib.through_an_instance, lib.Options, "scale"),
+        (lib.through_a_function, lib.helper, "factor"),
+    ):
+        name = _name(fn)
+        setattr(holder, field, 5.0)
+        assert _name(fn) != name, fn.__name__
+
+
+def test_a_library_function_reading_attributes_by_name_has_no_name(library):
+    lib, _ = library()
+    with pytest.raises(identity.Unnamed, match="getattr"):
+        _name(lib.by_name)
+
+
 def test_a_library_function_reading_a_mutable_or_a_users_object_has_no_name(library):
     lib, _ = library()
     with pytest.raises(identity.Unnamed, match=r"it reads a builtins\.list, which can change"):
