@@ -20,6 +20,7 @@ import re
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import attrs
@@ -64,9 +65,9 @@ class _Distribution:
 
 
 _LOCK = threading.Lock()
-# Per file as code objects spell it: what installed it (resolved once, as torch's
-# own files are).
-_FILES: dict[str, Installed | NotInstalled] = {}
+# Per file as code objects spell it: what installed it, and the file's stat when that
+# was read (a file edited since, and perhaps reloaded, is read again).
+_FILES: dict[str, tuple[Any, Installed | NotInstalled]] = {}
 # Per site directory: its distributions' metadata folders.
 _SITES: dict[str, list[Path]] = {}
 # Per RECORD file: path -> sha256.
@@ -84,17 +85,27 @@ def clear() -> None:
 def lookup(filename: str) -> Installed | NotInstalled:
     """The distribution that installed ``filename`` (a code object's file), with the
     file's bytes checked against its ``RECORD``; or why there is none. Cached per
-    file name."""
+    file name while the file's size and modification time stay the same."""
+    stamp = _stamp(filename)
     with _LOCK:
-        found = _FILES.get(filename)
-    if found is None:
-        try:
-            found = _resolve(filename)
-        except (OSError, ValueError, UnicodeDecodeError) as exc:
-            found = NotInstalled(f"{filename} cannot be read ({type(exc).__name__}: {exc})")
-        with _LOCK:
-            _FILES[filename] = found
+        known = _FILES.get(filename)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    try:
+        found = _resolve(filename)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        found = NotInstalled(f"{filename} cannot be read ({type(exc).__name__}: {exc})")
+    with _LOCK:
+        _FILES[filename] = (stamp, found)
     return found
+
+
+def _stamp(filename: str) -> Any:
+    try:
+        stat = os.stat(filename)
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def _resolve(filename: str) -> Installed | NotInstalled:

@@ -105,6 +105,24 @@ def test_a_file_changed_after_installing_has_no_name(library):
     assert _name(lib.silu) == named
 
 
+def test_a_file_edited_in_a_running_process_is_judged_again(library):
+    # edited and reloaded under a process that named it before: its functions must not
+    # keep the installed file's name (a template traced from them would be stored
+    # under it, for every later process to read)
+    import os
+
+    lib, package = library()
+    _name(lib.silu)
+    source = package / "__init__.py"
+    text = source.read_text()
+    source.write_text(text.replace("SCALE = 2.0", "SCALE = 17.0"))
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    lib = importlib.reload(lib)
+    with pytest.raises(identity.Unnamed, match=r"differs from the file epass_fakelib 1\.0"):
+        _name(lib.silu)
+
+
 def test_an_editable_install_has_no_name(library):
     lib, _ = library(editable=True)
     with pytest.raises(identity.Unnamed, match="an editable install of epass_fakelib"):
