@@ -20,8 +20,8 @@ import re
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import attrs
 
