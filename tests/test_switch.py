@@ -317,7 +317,8 @@ def test_triton_decomposition_goes_to_torchs_method():
     assert log.served[0].reason == "decompose_custom_triton_ops=True"
 
 
-def test_check_mode_compares_with_torch(monkeypatch):
+def _checks_seen(monkeypatch) -> list:
+    """The ``check`` of every ``Decompose`` the switch runs, in order."""
     seen = []
     call = decompose.Decompose.__call__
 
@@ -326,6 +327,11 @@ def test_check_mode_compares_with_torch(monkeypatch):
         return call(self, ep)
 
     monkeypatch.setattr(decompose.Decompose, "__call__", spy)
+    return seen
+
+
+def test_check_mode_compares_with_torch(monkeypatch):
+    seen = _checks_seen(monkeypatch)
     _, ep, _ = models.export("mlp")
     with epass.fast_decompositions(check=True):
         ep.run_decompositions()
@@ -376,14 +382,7 @@ def test_a_batched_trace_given_up_leaves_no_symbol_either(monkeypatch):
 def test_an_inner_block_without_check_keeps_the_enclosing_check(monkeypatch):
     # a hand-off's own block, or a library's, inside a checking block or the
     # process-wide --check
-    seen = []
-    call = decompose.Decompose.__call__
-
-    def spy(self, ep):
-        seen.append(self.check)
-        return call(self, ep)
-
-    monkeypatch.setattr(decompose.Decompose, "__call__", spy)
+    seen = _checks_seen(monkeypatch)
     monkeypatch.delenv("EPASS_DECOMPOSE_CHECK", raising=False)
     _, ep, _ = models.export("mlp")
     with epass.fast_decompositions(check=True), epass.fast_decompositions():
